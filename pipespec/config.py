@@ -1,0 +1,268 @@
+"""Pipeline configs: the YAML of design section 6, validated once, here, into frozen dataclasses.
+
+Every error names the offending key path and value (`stages[1].kind: unknown kind 'causal-lm' ...`),
+and unknown keys are errors with a did-you-mean hint. Nothing downstream re-validates. Model
+directories must exist; whether their tokenizers agree is checked by `pipespec.tokenization` before
+any weights load.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipespec.params import SamplingParams, VerifyMode
+
+KINDS = ("causal_lm", "ngram", "dream", "vlm", "mock")
+MODEL_KINDS = ("causal_lm", "dream", "vlm")  # kinds that load a directory with from_pretrained
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+    """A pipeline config (or a value given at its boundary) is invalid; the message names it."""
+
+
+@dataclass(frozen=True)
+class MockOptions:
+    """A deterministic toy model, for protocol tests and scaling experiments (not a real model).
+
+    Its logits at a position depend on the two previous context tokens and the position. With
+    probability `agreement` (decided per position by a hash) they equal the next stage's logits;
+    otherwise they are independent random logits. `latency_ms` is slept per forward call on the
+    compute thread, plus `per_token_ms` per fed token.
+    """
+
+    agreement: float = 0.8
+    latency_ms: float = 0.0
+    per_token_ms: float = 0.0
+    vocab_size: int = 256
+    scale: float = 3.0  # std-like scale of the random logits; larger = peakier distributions
+    eos_token_id: int | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class NgramOptions:
+    """Prompt-lookup drafter: propose what followed the longest earlier match of the context's suffix."""
+
+    min_n: int = 1
+    max_n: int = 4
+
+
+KIND_OPTIONS: dict[str, type] = {"mock": MockOptions, "ngram": NgramOptions}
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    kind: str
+    model: str | None = None  # directory that from_pretrained loads (model kinds)
+    max_lookahead: int = 8  # uncommitted tokens this stage may run ahead of its verifier
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    resources: Mapping[str, float] = field(default_factory=lambda: {"num_cpus": 1})
+    options: MockOptions | NgramOptions | None = None
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """Defaults for requests that do not set them; `verify` is a property of the pipeline."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    verify: VerifyMode = VerifyMode.COUPLED
+
+    def params(self, **overrides: Any) -> SamplingParams:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return SamplingParams(**values)
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    host: str = "127.0.0.1"
+    port: int = 50051
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    name: str
+    stages: tuple[StageSpec, ...]  # upstream to downstream; the last is the target
+    sampling: SamplingSpec = SamplingSpec()
+    server: ServerSpec = ServerSpec()
+
+    @property
+    def target(self) -> StageSpec:
+        return self.stages[-1]
+
+
+def load_config(source: str | os.PathLike | Mapping[str, Any]) -> PipelineConfig:
+    """Parse and validate a pipeline config from a YAML path or an already-parsed mapping."""
+    if isinstance(source, Mapping):
+        raw = source
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from e
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"a pipeline config must be a mapping, got {type(raw).__name__}")
+    _reject_unknown(raw, ("name", "stages", "sampling", "server"), "config")
+
+    stages_raw = raw.get("stages")
+    if not isinstance(stages_raw, list) or not stages_raw:
+        raise ConfigError("config.stages: must be a non-empty list of stages (the last one is the target)")
+    stages = tuple(_stage(s, i) for i, s in enumerate(stages_raw))
+    _check_chain(stages)
+    return PipelineConfig(
+        name=_typed(raw.get("name", "pipeline"), str, "config.name"),
+        stages=stages,
+        sampling=_sampling(raw.get("sampling") or {}),
+        server=_server(raw.get("server") or {}),
+    )
+
+
+def _reject_unknown(raw: Mapping[str, Any], allowed: tuple[str, ...] | list[str], where: str) -> None:
+    for key in raw:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{where}: unknown key {key!r}{hint}; allowed keys: {', '.join(allowed)}")
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ConfigError(f"{where}: expected {names}, got {value!r}")
+    return value
+
+
+def _stage(raw: Any, i: int) -> StageSpec:
+    where = f"stages[{i}]"
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: a stage must be a mapping, got {raw!r}")
+    kind = raw.get("kind")
+    if kind not in KINDS:
+        close = difflib.get_close_matches(str(kind), KINDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{where}.kind: unknown kind {kind!r}{hint}; expected one of {', '.join(KINDS)}")
+    option_cls = KIND_OPTIONS.get(kind)
+    option_keys = [f.name for f in fields(option_cls)] if option_cls else []
+    common = ["name", "kind", "model", "max_lookahead", "dtype", "device", "resources"]
+    _reject_unknown(raw, common + option_keys, f"{where} ({kind})")
+
+    name = _typed(raw.get("name", f"stage{i}"), str, f"{where}.name")
+    model = raw.get("model")
+    if kind in MODEL_KINDS:
+        if model is None:
+            raise ConfigError(f"{where}.model: kind {kind!r} needs a model directory")
+        model = _typed(model, str, f"{where}.model")
+        if not Path(model).is_dir():
+            raise ConfigError(f"{where}.model: model directory {model!r} does not exist")
+    elif model is not None:
+        raise ConfigError(f"{where}.model: kind {kind!r} takes no model, got {model!r}")
+
+    lookahead = _typed(raw.get("max_lookahead", 8), int, f"{where}.max_lookahead")
+    if lookahead < 0:
+        raise ConfigError(f"{where}.max_lookahead: must be >= 0, got {lookahead}")
+    dtype = raw.get("dtype", "bfloat16")
+    if dtype not in DTYPES:
+        raise ConfigError(f"{where}.dtype: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    device = _typed(raw.get("device", "cpu"), str, f"{where}.device")
+    resources = raw.get("resources", {"num_cpus": 1})
+    if not isinstance(resources, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+        for k, v in resources.items()
+    ):
+        raise ConfigError(f"{where}.resources: must map resource names to non-negative numbers, got {resources!r}")
+
+    options = None
+    if option_cls is not None:
+        values = {}
+        for f in fields(option_cls):
+            if f.name in raw:
+                ftype = {"float": float, "int": int, "int | None": (int, type(None))}[str(f.type)]
+                values[f.name] = _typed(raw[f.name], ftype, f"{where}.{f.name}")
+        options = option_cls(**values)
+        _check_options(options, where)
+    return StageSpec(name, kind, model, lookahead, dtype, device, dict(resources), options)
+
+
+def _check_options(options: MockOptions | NgramOptions, where: str) -> None:
+    if isinstance(options, MockOptions):
+        if not 0.0 <= options.agreement <= 1.0:
+            raise ConfigError(f"{where}.agreement: must be in [0, 1], got {options.agreement}")
+        if options.latency_ms < 0 or options.per_token_ms < 0:
+            raise ConfigError(f"{where}.latency_ms / per_token_ms: must be >= 0")
+        if options.vocab_size < 2:
+            raise ConfigError(f"{where}.vocab_size: must be >= 2, got {options.vocab_size}")
+        if options.eos_token_id is not None and not 0 <= options.eos_token_id < options.vocab_size:
+            raise ConfigError(f"{where}.eos_token_id: {options.eos_token_id} is outside the vocabulary")
+    else:
+        if not 1 <= options.min_n <= options.max_n:
+            raise ConfigError(f"{where}.min_n / max_n: need 1 <= min_n <= max_n, got {options.min_n}, {options.max_n}")
+
+
+def _check_chain(stages: tuple[StageSpec, ...]) -> None:
+    names = [s.name for s in stages]
+    for n in names:
+        if names.count(n) > 1:
+            raise ConfigError(f"stages: duplicate stage name {n!r}")
+    for i, s in enumerate(stages):
+        if s.kind == "ngram" and i != 0:
+            raise ConfigError(f"stages[{i}] ({s.name}): an ngram stage has no model to verify with; it can only be first")
+        if s.kind == "dream" and i == len(stages) - 1:
+            raise ConfigError(f"stages[{i}] ({s.name}): a dream drafter cannot be the target")
+        if s.kind == "mock" and any(t.kind != "mock" for t in stages[i + 1 :]):
+            raise ConfigError(
+                f"stages[{i}] ({s.name}): a mock stage emulates its agreement with the stages after it, so they must be mocks too"
+            )
+    mocks = [s for s in stages if s.kind == "mock"]
+    if len({s.options.vocab_size for s in mocks}) > 1:
+        raise ConfigError("stages: mock stages have different vocab_size values " + str([s.options.vocab_size for s in mocks]))
+
+
+def _sampling(raw: Any) -> SamplingSpec:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config.sampling: must be a mapping, got {raw!r}")
+    _reject_unknown(raw, [f.name for f in fields(SamplingSpec)], "sampling")
+    verify = raw.get("verify", "coupled")
+    try:
+        mode = VerifyMode(verify)
+    except ValueError:
+        raise ConfigError(f"sampling.verify: unknown mode {verify!r}; expected coupled or rejection") from None
+    spec = SamplingSpec(
+        temperature=_typed(raw.get("temperature", 0.0), float, "sampling.temperature"),
+        top_p=_typed(raw.get("top_p", 1.0), float, "sampling.top_p"),
+        top_k=_typed(raw.get("top_k", 0), int, "sampling.top_k"),
+        seed=_typed(raw.get("seed", 0), int, "sampling.seed"),
+        verify=mode,
+    )
+    try:
+        spec.params()
+    except ValueError as e:
+        raise ConfigError(f"sampling: {e}") from None
+    return spec
+
+
+def _server(raw: Any) -> ServerSpec:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config.server: must be a mapping, got {raw!r}")
+    _reject_unknown(raw, ["host", "port"], "server")
+    port = _typed(raw.get("port", 50051), int, "server.port")
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"server.port: {port} is not a TCP port")
+    return ServerSpec(_typed(raw.get("host", "127.0.0.1"), str, "server.host"), port)

@@ -1,0 +1,193 @@
+"""LocalPipeline: the whole pipeline in one process, for tests, notebooks and debugging.
+
+Same stages, same `StageRunner`s, same coordinator as the distributed runtime; only the links are
+in-process. One background thread runs the asyncio event loop shared by every runner and the
+coordinator; each runner has its own compute thread.
+
+    with LocalPipeline(load_config("pipeline.yaml")) as p:
+        r = p.generate("Describe the image.", max_new_tokens=32)
+        print(r.text, r.stats.pairs)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from pipespec.config import PipelineConfig
+from pipespec.coordinator import Coordinator
+from pipespec.links import Inbox, InProcessLink, Link
+from pipespec.messages import RequestSpec
+from pipespec.outputs import Delta, Generation
+from pipespec.runner import StageRunner
+from pipespec.stage import Stage
+from pipespec.tokenization import IncrementalDetokenizer, check_shared_tokenizer, encode_prompt
+
+
+class LocalPipeline:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        *,
+        link_factory: Callable[[Inbox], Link] = InProcessLink,
+        stages: Sequence[Stage] | None = None,  # already-built stages (to share weights across pipelines)
+    ):
+        self.config = config
+        self.link_factory = link_factory
+        self.tokenizer = check_shared_tokenizer(config)  # before any weights load
+        if stages is None:
+            from stages import load_stages
+
+            stages = load_stages(config)
+        self.stages = list(stages)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread: threading.Thread | None = None
+        self.runners: list[StageRunner] = []
+        self.coordinator: Coordinator | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalPipeline:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def start(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="pipespec-loop", daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._wire(), self.loop).result()
+
+    async def _wire(self) -> None:
+        specs = self.config.stages
+        k = len(specs)
+        self.runners = [
+            StageRunner(
+                stage,
+                name=spec.name,
+                depth=k - 1 - i,
+                max_lookahead=spec.max_lookahead,
+                drafter_name=specs[i - 1].name if i else None,
+            )
+            for i, (spec, stage) in enumerate(zip(specs, self.stages))
+        ]
+        detok = (lambda: IncrementalDetokenizer(self.tokenizer)) if self.tokenizer is not None else None
+        self.coordinator = Coordinator([s.name for s in specs], detok)
+        link = self.link_factory
+        for i, runner in enumerate(self.runners):
+            runner.coordinator = link(self.coordinator)
+            if i > 0:
+                runner.upstream = link(self.runners[i - 1])
+            if i < k - 1:
+                runner.downstream = link(self.runners[i + 1])
+        self.coordinator.stages = [link(r) for r in self.runners]
+        self._tasks = [asyncio.create_task(r.run(), name=f"runner-{r.name}") for r in self.runners]
+
+    def close(self) -> None:
+        if self.loop is None:
+            return
+
+        async def stop() -> None:
+            for t in self._tasks:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+        self.loop = None
+
+    # ---- requests -----------------------------------------------------------------------------
+
+    def request(
+        self,
+        prompt: str | None = None,
+        *,
+        prompt_token_ids: Sequence[int] | None = None,
+        image: Any = None,
+        max_new_tokens: int = 64,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> tuple[RequestSpec, tuple[str, ...]]:
+        """Validate one request at the front door; sampling defaults come from the config."""
+        if (prompt is None) == (prompt_token_ids is None):
+            raise ValueError("give exactly one of prompt and prompt_token_ids")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if image is not None:
+            raise ValueError(f"target stage {self.config.target.name!r} ({self.config.target.kind}) does not take images")
+        target = self.stages[-1]
+        if prompt_token_ids is None:
+            if self.tokenizer is None:
+                raise ValueError("this pipeline has no tokenizer (mock stages): pass prompt_token_ids")
+            ids = encode_prompt(self.tokenizer, prompt)
+        else:
+            ids = [int(t) for t in prompt_token_ids]
+        if not ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        bad = [t for t in ids if not 0 <= t < target.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary of {target.vocab_size}")
+        limit = getattr(target, "max_context", None)
+        if limit is not None and len(ids) + max_new_tokens > limit:
+            raise ValueError(
+                f"prompt of {len(ids)} tokens + max_new_tokens {max_new_tokens} exceeds the context of "
+                f"{limit} tokens of target {self.config.target.name!r}"
+            )
+        if stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this pipeline has none (mock stages)")
+        try:
+            params = self.config.sampling.params(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+        spec = RequestSpec(
+            request_id=self.coordinator.new_request_id(),
+            prompt_token_ids=tuple(ids),
+            params=params,
+            max_new_tokens=max_new_tokens,
+            stop_token_ids=frozenset(getattr(target, "eos_token_ids", frozenset())),
+        )
+        return spec, tuple(stop or ())
+
+    def stream(self, prompt: str | None = None, **kwargs: Any) -> Iterator[Delta]:
+        """Yield deltas as the target commits them; leaving the loop early aborts the request."""
+        spec, stop = self.request(prompt, **kwargs)
+        out: queue.Queue = queue.Queue()
+
+        async def pump() -> None:
+            async for delta in self.coordinator.generate(spec, stop):
+                out.put(delta)
+
+        asyncio.run_coroutine_threadsafe(pump(), self.loop)
+        finished = False
+        try:
+            while not finished:
+                delta = out.get()
+                finished = delta.finish_reason is not None
+                yield delta
+        finally:
+            if not finished:
+                self.loop.call_soon_threadsafe(self.coordinator.abort, spec.request_id)
+
+    def submit(self, prompt: str | None = None, **kwargs: Any) -> concurrent.futures.Future:
+        """Start a request without waiting; the future resolves to its `Generation`."""
+        spec, stop = self.request(prompt, **kwargs)
+
+        async def collect() -> Generation:
+            return Generation.from_deltas([d async for d in self.coordinator.generate(spec, stop)])
+
+        return asyncio.run_coroutine_threadsafe(collect(), self.loop)
+
+    def generate(self, prompt: str | None = None, **kwargs: Any) -> Generation:
+        return self.submit(prompt, **kwargs).result()

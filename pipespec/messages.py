@@ -1,0 +1,86 @@
+"""The pipeline protocol's messages (design section 2). Frozen, small, and deltas only.
+
+Positions are absolute indices into a request's generated sequence (0 = first generated token).
+
+    coordinator -> every stage   Open, Close
+    drafter     -> verifier      Draft    "my tokens at positions start.. are these"
+    verifier    -> drafter       Verdict  "I agree with all you sent before `position`; there my token is `token`"
+    target      -> coordinator   Commit   "positions start.. are committed"
+    every stage -> coordinator   Closed (statistics), Failed (an error in this request)
+
+Epochs live per link. A verifier bumps its epoch whenever a drafter's tokens contradict its own; drafts
+carrying an older epoch are dropped on arrival.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipespec.params import SamplingParams
+from pipespec.stats import PairStats, StageStats
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """What every stage needs to open a request."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    max_new_tokens: int
+    stop_token_ids: frozenset[int] = frozenset()
+    image: Any = None  # decoded image for image-capable stages; text stages ignore it
+
+
+@dataclass(frozen=True)
+class Open:
+    request: RequestSpec
+
+
+@dataclass(frozen=True)
+class Close:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Draft:
+    request_id: str
+    epoch: int
+    start: int
+    tokens: tuple[int, ...]
+    probs: Any = None  # [len(tokens), V] the drafter's p' (torch.Tensor), rejection mode only
+
+
+@dataclass(frozen=True)
+class Verdict:
+    request_id: str
+    epoch: int
+    position: int
+    token: int
+
+
+@dataclass(frozen=True)
+class Commit:
+    request_id: str
+    start: int
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Closed:
+    request_id: str
+    stage: str
+    stage_stats: StageStats
+    pair_stats: PairStats | None = None  # as a verifier of its drafter; None on the first stage
+
+
+@dataclass(frozen=True)
+class Failed:
+    request_id: str
+    stage: str
+    error: str
+    kind: str = field(default="error")
+
+
+Message = Open | Close | Draft | Verdict | Commit | Closed | Failed

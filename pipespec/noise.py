@@ -1,0 +1,64 @@
+"""Counter-based noise: the same random numbers on every stage, device and run.
+
+Coupled sampling needs every stage to see *identical* Gumbel noise for a given (seed, position,
+token id), whatever device it runs on and whatever else it has drawn before. A device RNG cannot
+promise that; a hash of the counter can. The hash is Chris Wellons' `lowbias32`, computed with
+integer operations that never overflow int64 (32x16-bit partial products), so CPU and CUDA agree
+bit for bit on the integers; only the final `log` is floating point.
+
+Streams separate independent uses of the noise at the same position: coupled choices use stream 0
+on every stage (that is the coupling); rejection sampling gives each stage its own streams.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x, c: int):
+    """(x * c) mod 2**32 for 0 <= x < 2**32, without int64 overflow. Works on ints and tensors."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
+
+
+def mix32(x):
+    """lowbias32: a 32-bit integer hash with good avalanche. Works on ints and int64 tensors."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def counter_key(seed: int, position: int, stream: int = 0) -> tuple[int, int]:
+    """Two 32-bit keys for one (seed, position, stream) counter."""
+    seed &= (1 << 64) - 1
+    k = mix32(stream * 0x9E3779B9 & _M32)
+    k = mix32(k ^ (position & _M32))
+    k = mix32(k ^ (seed & _M32))
+    k = mix32(k ^ (seed >> 32))
+    return k, mix32(k ^ 0x5BD1E995)
+
+
+def uniform(seed: int, position: int, num: int, stream: int = 0, device="cpu") -> torch.Tensor:
+    """[num] float64 uniforms in (0, 1), element i keyed by (seed, position, stream, i)."""
+    k1, k2 = counter_key(seed, position, stream)
+    idx = torch.arange(num, dtype=torch.int64, device=device)
+    h1 = mix32(mix32(idx ^ k1) ^ k2)
+    h2 = mix32(mix32(idx ^ k2) ^ k1)
+    bits = (h1 >> 5) * (1 << 26) + (h2 >> 6)  # 53 random bits
+    return (bits.to(torch.float64) + 0.5) * (1.0 / (1 << 53))
+
+
+def gumbel(seed: int, position: int, num: int, stream: int = 0, device="cpu") -> torch.Tensor:
+    """[num] float64 standard Gumbel noise, element i keyed by (seed, position, stream, i)."""
+    return -torch.log(-torch.log(uniform(seed, position, num, stream, device)))
+
+
+def scalar_uniform(seed: int, position: int, stream: int) -> float:
+    """One uniform in (0, 1) for (seed, position, stream), computed in Python integers."""
+    k1, k2 = counter_key(seed, position, stream)
+    h1, h2 = mix32(mix32(k1) ^ k2), mix32(mix32(k2) ^ k1)
+    return (((h1 >> 5) * (1 << 26) + (h2 >> 6)) + 0.5) / (1 << 53)

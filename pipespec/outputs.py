@@ -1,0 +1,44 @@
+"""What clients receive: streamed `Delta`s, and the `Generation` they add up to."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pipespec.stats import RequestStats
+
+
+class GenerationError(RuntimeError):
+    """A request ended with an error inside the pipeline (the message names the stage)."""
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One streamed piece of a generation; the last one has a finish reason and the statistics."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    stats: RequestStats | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stats: RequestStats
+
+    @classmethod
+    def from_deltas(cls, deltas: Iterable[Delta]) -> Generation:
+        ids: list[int] = []
+        text: list[str] = []
+        for d in deltas:
+            ids.extend(d.token_ids)
+            text.append(d.text)
+            if d.finish_reason is not None:
+                if d.finish_reason == "error":
+                    raise GenerationError(d.error)
+                return cls(ids, "".join(text), d.finish_reason, d.stats)
+        raise GenerationError("the stream ended without a finish reason")

@@ -1,0 +1,373 @@
+"""StageRunner: drives one stage of the asynchronous pipeline (design section 2).
+
+One runner per stage, one asyncio task per runner, one compute thread per runner. The event loop
+only does bookkeeping on token ids; forward passes and choices run on the compute thread, one step at
+a time, so messages keep arriving while a model runs. Every state change happens on the event loop,
+in the handler of one message, so there are no locks.
+
+Per request a runner keeps its generated tokens (committed part + its own speculative tail) and:
+
+- as a verifier of its drafter (upstream): the link epoch and the drafts received but not yet
+  verified (`pending`, covering positions len(tokens)..). A draft of an older epoch is dropped on
+  arrival; a draft that contradicts a token of ours bumps the epoch ("conflict").
+- as a drafter of its verifier (downstream): the verifier's epoch, how many tokens were sent, and how
+  many the verifier has confirmed (`verified`), which bounds the lookahead.
+
+A step verifies the pending drafts (or, with none, generates one token itself: a verifier never
+idles), then sends a Verdict upstream, a Draft downstream, or a Commit (target). A verdict from
+downstream that contradicts our tokens truncates them and bumps our own upstream epoch; a step that
+was computing on the old tokens is discarded when it returns (`rev` changed). The KV cache is
+truncated lazily: `fed` counts the context tokens in the cache that are still valid, and the next
+forward passes it as `keep`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from pipespec.choice import Decision, decide
+from pipespec.links import Link
+from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, RequestSpec, Verdict
+from pipespec.stage import Session, Stage
+from pipespec.stats import PairStats, StageStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    spec: RequestSpec
+    stats: StageStats
+    pair: PairStats | None
+    session: Session | None = None  # None until prefill returns
+    tokens: list[int] = field(default_factory=list)  # generated tokens: committed + speculative tail
+    probs: list[torch.Tensor | None] = field(default_factory=list)  # our p' per unsent token (rejection)
+    fed: int = 0  # context tokens (prompt + generated) in the cache still valid for `tokens`
+    rev: int = 0  # bumped whenever a verdict changes `tokens`
+    touched: int = 1 << 60  # smallest position a verdict changed since the step in flight began
+    # verifier side (upstream link)
+    up_epoch: int = 0
+    pending: list[int] = field(default_factory=list)  # drafts at pending_start..
+    pending_probs: list[torch.Tensor | None] = field(default_factory=list)
+    pending_start: int = 0
+    # drafter side (downstream link)
+    down_epoch: int = 0
+    sent: int = 0
+    verified: int = 0
+    committed: int = 0  # target only: tokens sent to the coordinator
+
+    @property
+    def prompt_len(self) -> int:
+        assert self.session is not None
+        return self.session.prompt_len
+
+
+@dataclass(frozen=True)
+class _Plan:
+    request_id: str
+    rev: int
+    up_epoch: int
+    keep: int  # context tokens to keep in the cache
+    feed: tuple[int, ...]  # our own tokens to feed first (at least the last unfed one)
+    start: int  # position of the first decided token (= len(tokens) at launch)
+    drafts: tuple[int, ...]
+    draft_probs: torch.Tensor | None  # [len(drafts), V]
+
+
+@dataclass(frozen=True)
+class _Done:
+    """A compute-thread result, posted back to the inbox."""
+
+    request_id: str
+    plan: _Plan | None  # None for a prefill
+    future: Future
+
+
+class StageRunner:
+    def __init__(
+        self,
+        stage: Stage,
+        *,
+        name: str,
+        depth: int,  # hops to the target (target = 0)
+        max_lookahead: int,
+        drafter_name: str | None = None,
+    ):
+        self.stage = stage
+        self.name = name
+        self.depth = depth
+        self.max_lookahead = max_lookahead
+        self.drafter_name = drafter_name
+        self.upstream: Link | None = None  # to our drafter
+        self.downstream: Link | None = None  # to our verifier
+        self.coordinator: Link | None = None
+        self.requests: OrderedDict[str, _Request] = OrderedDict()
+        self.early: dict[str, list[Message]] = {}  # messages that overtook their request's Open
+        self.closed: OrderedDict[str, None] = OrderedDict()  # recently closed ids, to drop stragglers
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{name}")
+        self.busy = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- wiring -------------------------------------------------------------------------------
+
+    def deliver(self, message: Message) -> None:
+        self.inbox.put_nowait(message)
+
+    async def run(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        try:
+            while True:
+                if not self.busy:
+                    self._launch()
+                self._handle(await self.inbox.get())
+        finally:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def _handle(self, message: Message | _Done) -> None:
+        rid = getattr(message, "request_id", None)
+        if isinstance(message, (Draft, Verdict)) and rid not in self.requests:
+            if rid not in self.closed:  # overtook its Open on another link: replay after the Open
+                self.early.setdefault(rid, []).append(message)
+            return
+        if isinstance(message, _Done):
+            self._on_done(message)
+        elif isinstance(message, Draft):
+            self._on_draft(message)
+        elif isinstance(message, Verdict):
+            self._on_verdict(message)
+        elif isinstance(message, Open):
+            self._on_open(message)
+        elif isinstance(message, Close):
+            self._on_close(message.request_id)
+        else:
+            raise TypeError(f"stage {self.name!r} cannot handle {type(message).__name__}")
+
+    # ---- scheduling ---------------------------------------------------------------------------
+
+    def _launch(self) -> None:
+        """Start the next step on the compute thread: prefills first, then round robin."""
+        for rid, req in self.requests.items():
+            if req.session is None:
+                self._submit(rid, None, self.stage.open, req.spec)
+                return
+        for rid, req in list(self.requests.items()):
+            plan = self._plan(rid, req)
+            if plan is not None:
+                self.requests.move_to_end(rid)
+                self._submit(rid, plan, self._compute, req.session, req.spec, plan)
+                return
+
+    def _submit(self, rid: str, plan: _Plan | None, fn, *args) -> None:
+        self.busy = True
+        if plan is not None:
+            self.requests[rid].touched = 1 << 60
+        future = self.executor.submit(fn, *args)
+        future.add_done_callback(lambda f: self.loop.call_soon_threadsafe(self.deliver, _Done(rid, plan, f)))
+
+    def _limit(self, req: _Request) -> int:
+        """How many generated tokens this stage may hold now."""
+        limit = req.spec.max_new_tokens
+        if self.downstream is not None:
+            limit = min(limit, req.verified + self.max_lookahead)
+        return limit
+
+    def _plan(self, rid: str, req: _Request) -> _Plan | None:
+        start = len(req.tokens)
+        limit = self._limit(req)
+        if start >= limit or (start and req.tokens[-1] in req.spec.stop_token_ids):
+            return None
+        prompt_len = req.prompt_len
+        assert prompt_len - 1 <= req.fed <= prompt_len + start - 1, (req.fed, prompt_len, start)
+        last_prompt = (req.spec.prompt_token_ids[-1],) if req.fed < prompt_len else ()
+        feed = last_prompt + tuple(req.tokens[max(req.fed - prompt_len, 0) :])
+        n = min(len(req.pending), limit - start - 1)
+        probs = torch.stack(req.pending_probs[:n]) if n and req.spec.params.rejection else None
+        return _Plan(rid, req.rev, req.up_epoch, req.fed, feed, start, tuple(req.pending[:n]), probs)
+
+    def _compute(self, session: Session, spec: RequestSpec, plan: _Plan) -> tuple[Decision, float]:
+        """Compute thread: one forward over our unfed tokens and the drafts, then decide."""
+        t0 = time.perf_counter()
+        logits = session.forward(plan.keep, plan.feed + plan.drafts)  # [F + n, V]
+        rows = logits[len(plan.feed) - 1 :]  # [n + 1, V]: positions start .. start + n
+        decision = decide(rows, plan.drafts, plan.draft_probs, spec.params, plan.start, self.depth)
+        return decision, time.perf_counter() - t0
+
+    # ---- events -------------------------------------------------------------------------------
+
+    def _on_open(self, message: Open) -> None:
+        spec = message.request
+        pair = PairStats(self.drafter_name, self.name) if self.drafter_name is not None else None
+        self.requests[spec.request_id] = _Request(spec, StageStats(self.name), pair)
+        for early in self.early.pop(spec.request_id, ()):
+            self._handle(early)
+
+    def _forget(self, rid: str) -> _Request | None:
+        self.early.pop(rid, None)
+        self.closed[rid] = None
+        if len(self.closed) > 100_000:
+            self.closed.popitem(last=False)
+        return self.requests.pop(rid, None)
+
+    def _on_close(self, rid: str) -> None:
+        req = self._forget(rid)
+        if req is None:  # already failed here: still acknowledge, so the coordinator can finish
+            self.coordinator.send(Closed(rid, self.name, StageStats(self.name), None))
+            return
+        if req.session is not None:
+            self.executor.submit(req.session.close)
+        self.coordinator.send(Closed(rid, self.name, req.stats, req.pair))
+
+    def _fail(self, rid: str, error: BaseException) -> None:
+        log.error("stage %s: request %s failed", self.name, rid, exc_info=error)
+        req = self._forget(rid)
+        if req is not None and req.session is not None:
+            self.executor.submit(req.session.close)
+        self.coordinator.send(Failed(rid, self.name, f"{type(error).__name__}: {error}"))
+
+    def _on_done(self, done: _Done) -> None:
+        self.busy = False
+        req = self.requests.get(done.request_id)
+        if req is None:  # closed while computing
+            return
+        error = done.future.exception()
+        if error is not None:
+            self._fail(done.request_id, error)
+            return
+        if done.plan is None:  # prefill
+            req.session = done.future.result()
+            req.fed = req.session.prompt_len - 1
+            req.stats.forwards += 1
+            return
+        decision, seconds = done.future.result()
+        plan = done.plan
+        req.stats.forwards += 1
+        req.stats.tokens_fed += len(plan.feed) + len(plan.drafts)
+        req.stats.compute_s += seconds
+        if plan.rev != req.rev:  # a verdict changed our tokens meanwhile: keep only the valid cache
+            req.fed = req.prompt_len + min(plan.start, req.touched)
+            return
+        self._apply(req, plan, decision)
+
+    def _apply(self, req: _Request, plan: _Plan, decision: Decision) -> None:
+        tokens = decision.tokens
+        for i, t in enumerate(tokens):  # nothing after a stop token
+            if t in req.spec.stop_token_ids:
+                tokens = tokens[: i + 1]
+                break
+        req.tokens.extend(tokens)
+        req.probs.extend(decision.probs[: len(tokens)] if decision.probs is not None else [None] * len(tokens))
+        req.fed = req.prompt_len + min(plan.start + decision.accepted, len(req.tokens) - 1)
+        if req.pair is not None:
+            req.pair.record(len(plan.drafts), decision.accepted)
+        if plan.up_epoch == req.up_epoch:
+            del req.pending[: len(plan.drafts)], req.pending_probs[: len(plan.drafts)]
+            req.pending_start += len(plan.drafts)
+        if self.upstream is not None:
+            if decision.accepted < len(plan.drafts) and len(tokens) == len(decision.tokens):
+                self._conflict(req, plan.start + decision.accepted)  # rejection
+            elif self._absorb(req):
+                self._verdict(req)
+        self._publish(req)
+
+    def _on_draft(self, draft: Draft) -> None:
+        req = self.requests.get(draft.request_id)
+        if req is None:
+            return
+        if draft.epoch < req.up_epoch:
+            req.stats.dropped_drafts += 1
+            return
+        assert draft.epoch == req.up_epoch, (draft.epoch, req.up_epoch)
+        end = req.pending_start + len(req.pending)
+        assert draft.start <= end, (draft.start, end)  # drafts are contiguous within an epoch
+        known = len(req.tokens)
+        for i, token in enumerate(draft.tokens):
+            position = draft.start + i
+            if position < known:  # the drafter had not yet heard of our token there
+                if token != req.tokens[position]:
+                    self._conflict(req, known - 1)
+                    return
+            elif position >= end:
+                req.pending.append(token)
+                req.pending_probs.append(draft.probs[i] if draft.probs is not None else None)
+            else:  # within an epoch a drafter never re-sends a position we hold as pending
+                assert req.pending[position - req.pending_start] == token, (position, token)
+        if req.pending_start < known and not req.pending:
+            req.pending_start = known
+
+    def _on_verdict(self, verdict: Verdict) -> None:
+        req = self.requests.get(verdict.request_id)
+        if req is None:
+            return
+        p, t = verdict.position, verdict.token
+        length = len(req.tokens)
+        assert verdict.epoch >= req.down_epoch and p <= length, (verdict, req.down_epoch, length)
+        rollback = p < length and req.tokens[p] != t
+        changed = rollback or p == length
+        if changed:
+            del req.tokens[p:], req.probs[p:]
+            req.tokens.append(t)
+            req.probs.append(None)
+            req.rev += 1
+            req.touched = min(req.touched, p)
+            if req.session is not None:
+                req.fed = min(req.fed, req.prompt_len + p)
+            req.stats.rollbacks += rollback
+        req.sent = p + 1 if changed or verdict.epoch > req.down_epoch else max(req.sent, p + 1)
+        req.down_epoch = verdict.epoch
+        req.verified = max(req.verified, p + 1)
+        if changed and self.upstream is not None:
+            if rollback:
+                self._conflict(req, p)
+            elif self._absorb(req):
+                self._verdict(req)
+        self._publish(req)
+
+    # ---- upstream / downstream ----------------------------------------------------------------
+
+    def _conflict(self, req: _Request, position: int) -> None:
+        """Our token at `position` (our last) contradicts the drafter: new epoch, tell it."""
+        assert position == len(req.tokens) - 1
+        req.up_epoch += 1
+        req.pending.clear()
+        req.pending_probs.clear()
+        req.pending_start = len(req.tokens)
+        self._verdict(req)
+
+    def _absorb(self, req: _Request) -> bool:
+        """Match pending drafts against tokens we now hold; False if one conflicted."""
+        known = len(req.tokens)
+        while req.pending and req.pending_start < known:
+            if req.pending[0] != req.tokens[req.pending_start]:
+                self._conflict(req, known - 1)
+                return False
+            del req.pending[0], req.pending_probs[0]
+            req.pending_start += 1
+        if not req.pending:
+            req.pending_start = known
+        return True
+
+    def _verdict(self, req: _Request) -> None:
+        position = len(req.tokens) - 1
+        self.upstream.send(Verdict(req.spec.request_id, req.up_epoch, position, req.tokens[position]))
+
+    def _publish(self, req: _Request) -> None:
+        """Send what downstream has not seen: a Draft to our verifier, or a Commit (target)."""
+        rid = req.spec.request_id
+        if self.downstream is not None:
+            if len(req.tokens) > req.sent:
+                new = req.probs[req.sent :]
+                probs = torch.stack(new) if req.spec.params.rejection else None
+                self.downstream.send(Draft(rid, req.down_epoch, req.sent, tuple(req.tokens[req.sent :]), probs))
+                req.probs[req.sent :] = [None] * len(new)
+                req.sent = len(req.tokens)
+        elif len(req.tokens) > req.committed:
+            self.coordinator.send(Commit(rid, req.committed, tuple(req.tokens[req.committed :])))
+            req.committed = len(req.tokens)

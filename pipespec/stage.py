@@ -1,0 +1,52 @@
+"""The role every stage kind plays: a model that can open a request and feed it tokens.
+
+A `Session` is one request's model state on one stage: a KV cache (or its equivalent) over the
+request's *context* = the stage's prompt tokens followed by the generated tokens. `Stage.open`
+prefills all prompt tokens but the last, so that every later `forward` feeds at least one token and
+returns the logits the runner needs; the runner never asks a stage for logits it has already thrown
+away. `forward(keep, tokens)` truncates the cache to its first `keep` context tokens, feeds `tokens`
+after them, and returns one row of logits per fed token (row i predicts the token after tokens[i]).
+After every call `cache_len == keep + len(tokens)` holds, and stages assert it.
+
+Stages run on the runner's compute thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from pipespec.messages import RequestSpec
+
+
+class Session(Protocol):
+    prompt_len: int  # context tokens before generated position 0
+
+    def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
+        """-> [len(tokens), V] float32 logits."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Stage(Protocol):
+    name: str
+    vocab_size: int
+
+    def open(self, request: RequestSpec) -> Session: ...
+
+
+class KVLengthError(AssertionError):
+    """The cache length invariant `cache_len == keep + fed` broke: a rollback bug, never user error."""
+
+
+def check_keep(stage: str, keep: int, cache_len: int) -> None:
+    if not 0 <= keep <= cache_len:
+        raise KVLengthError(f"stage {stage!r}: asked to keep {keep} context tokens of a cache holding {cache_len}")
+
+
+def check_length(stage: str, cache_len: int, expected: int) -> None:
+    if cache_len != expected:
+        raise KVLengthError(f"stage {stage!r}: cache holds {cache_len} tokens, expected {expected} (prompt + fed)")

@@ -1,0 +1,105 @@
+"""Statistics, named like vLLM's spec-decode metrics.
+
+`PairStats` is kept by a verifier about its drafter: how many verification steps saw drafts
+(`num_drafts`), how many draft tokens it checked and accepted, and how often each draft index was
+accepted. Mean acceptance length = 1 + accepted / drafts (the bonus or correction token counts 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PairStats:
+    drafter: str
+    verifier: str
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps accepting draft index i
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
+        if len(self.accepted_per_position) < accepted:
+            self.accepted_per_position.extend([0] * (accepted - len(self.accepted_per_position)))
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+
+    def merge(self, other: PairStats) -> None:
+        self.num_drafts += other.num_drafts
+        self.num_draft_tokens += other.num_draft_tokens
+        self.num_accepted_tokens += other.num_accepted_tokens
+        for i, c in enumerate(other.accepted_per_position):
+            if i < len(self.accepted_per_position):
+                self.accepted_per_position[i] += c
+            else:
+                self.accepted_per_position.append(c)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    def per_position_acceptance(self) -> list[float]:
+        return [c / self.num_drafts for c in self.accepted_per_position] if self.num_drafts else []
+
+    def as_dict(self) -> dict:
+        return {
+            "drafter": self.drafter,
+            "verifier": self.verifier,
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "per_position_acceptance": self.per_position_acceptance(),
+        }
+
+
+@dataclass
+class StageStats:
+    """What one stage did for one request."""
+
+    stage: str
+    forwards: int = 0  # model calls (prefill included)
+    tokens_fed: int = 0  # tokens pushed through the model after prefill
+    rollbacks: int = 0  # times a verdict truncated this stage's sequence
+    dropped_drafts: int = 0  # stale-epoch drafts dropped on arrival
+    compute_s: float = 0.0  # seconds inside the model and the choice function
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RequestStats:
+    """End-to-end figures of one request, prefill apart from decode."""
+
+    prompt_tokens: int
+    generated_tokens: int
+    prefill_s: float  # submission -> first committed token
+    decode_s: float  # first committed token -> finish
+    pairs: list[PairStats]
+    stages: list[StageStats]
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return (self.generated_tokens - 1) / self.decode_s if self.decode_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "pairs": [p.as_dict() for p in self.pairs],
+            "stages": [s.as_dict() for s in self.stages],
+        }

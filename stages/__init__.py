@@ -1,0 +1,43 @@
+"""Stage kinds, one file each, and `load_stages`, the one place a config's `kind` picks a class."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipespec.config import ConfigError, PipelineConfig, StageSpec
+from pipespec.stage import Stage
+
+
+def build_stage(spec: StageSpec, chain: Sequence[StageSpec], target_vocab_size: int | None = None) -> Stage:
+    """Build the stage `spec`; `chain` is the stages from it down to the target (inclusive)."""
+    if spec.kind == "causal_lm":
+        from stages.causal_lm import CausalLMStage
+
+        return CausalLMStage(spec.name, spec.model, spec.dtype, spec.device)
+    if spec.kind == "mock":
+        from stages.mock import MockStage
+
+        return MockStage(spec.name, [s.options for s in chain])
+    if spec.kind == "ngram":
+        from stages.ngram import NgramStage
+
+        assert target_vocab_size is not None
+        return NgramStage(spec.name, spec.options, target_vocab_size)
+    raise ConfigError(f"stage {spec.name!r}: kind {spec.kind!r} is not available in this build yet")
+
+
+def load_stages(config: PipelineConfig) -> list[Stage]:
+    """Build every stage of `config`, target first, and check their vocabularies line up."""
+    specs = config.stages
+    target = build_stage(specs[-1], specs[-1:])
+    built = [target]
+    for i in range(len(specs) - 2, -1, -1):
+        built.append(build_stage(specs[i], specs[i:], target.vocab_size))
+    built.reverse()
+    for spec, stage in zip(specs, built):
+        if stage.vocab_size != target.vocab_size:
+            raise ConfigError(
+                f"stage {spec.name!r}: vocabulary of {stage.vocab_size} logits differs from the target "
+                f"{specs[-1].name!r} ({target.vocab_size}); stages must share the target's vocabulary"
+            )
+    return built

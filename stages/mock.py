@@ -1,0 +1,78 @@
+"""Mock stages: deterministic toy models with a tunable agreement rate and an emulated latency.
+
+Labelled as what they are: *not* real models. They exist for protocol tests (rollback storms at
+chosen agreement rates) and for scaling experiments past the hardware at hand (per-forward latencies
+of, say, 1B / 8B / 70B models). Their "KV cache" is the list of context tokens, held to the same
+length invariant as a real cache, so rollback bugs show up here first.
+
+The world: at context index t with previous tokens (a, b), the stage `level` hops above the target
+agrees with the level below with probability `agreement` (a hash of (a, b, t, level) decides); the
+first level that disagrees produces its own random logits. Level 0 (the target) always produces its
+own. So the mock at level d reproduces the target's logits exactly where the whole chain agrees.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from pipespec import noise
+from pipespec.config import MockOptions
+from pipespec.messages import RequestSpec
+from pipespec.stage import check_keep, check_length
+
+
+class MockStage:
+    def __init__(self, name: str, chain: Sequence[MockOptions]):
+        """chain[0] is this stage's options, chain[-1] the target's (levels d .. 0)."""
+        self.name = name
+        self.chain = tuple(chain)
+        self.options = chain[0]
+        self.vocab_size = self.options.vocab_size
+        self.world_seed = chain[-1].seed
+        self.eos_token_ids = frozenset() if chain[-1].eos_token_id is None else frozenset({chain[-1].eos_token_id})
+
+    def open(self, request: RequestSpec) -> MockSession:
+        session = MockSession(self, list(request.prompt_token_ids[:-1]), len(request.prompt_token_ids))
+        self.sleep(len(session.context))
+        return session
+
+    def sleep(self, fed: int) -> None:
+        delay = (self.options.latency_ms + self.options.per_token_ms * fed) / 1000.0
+        if delay > 0:
+            time.sleep(delay)
+
+    def row(self, prev2: int, prev1: int, index: int) -> torch.Tensor:
+        """[V] float32 logits for context index `index` after tokens (prev2, prev1)."""
+        context = noise.mix32((prev2 + 1) * 0x10001 ^ noise.mix32(prev1 + 1))
+        level = len(self.chain) - 1
+        for options in self.chain[:-1]:
+            if noise.scalar_uniform(self.world_seed, index, context ^ (level << 24) ^ 0xA5) >= options.agreement:
+                break
+            level -= 1
+        g = noise.gumbel(self.world_seed + level * 7919, index, self.vocab_size, context)
+        return (self.chain[0].scale * g).to(torch.float32)
+
+
+class MockSession:
+    def __init__(self, stage: MockStage, context: list[int], prompt_len: int):
+        self.stage = stage
+        self.context = context  # the emulated KV cache: context tokens fed so far
+        self.prompt_len = prompt_len
+
+    def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
+        check_keep(self.stage.name, keep, len(self.context))
+        del self.context[keep:]
+        self.context.extend(tokens)
+        check_length(self.stage.name, len(self.context), keep + len(tokens))
+        rows = []
+        for i in range(keep, keep + len(tokens)):
+            prev2 = self.context[i - 1] if i >= 1 else -1
+            rows.append(self.stage.row(prev2, self.context[i], i + 1))
+        self.stage.sleep(len(tokens))
+        return torch.stack(rows)
+
+    def close(self) -> None:
+        self.context = []

@@ -1,0 +1,60 @@
+"""The n-gram (prompt lookup) drafter: no weights, proposes what followed the context's suffix before.
+
+For each position it looks for the most recent earlier occurrence of the context's last n tokens
+(n from max_n down to min_n) and proposes the token that followed it, as a one-hot row of logits
+(0 for the proposal, -inf elsewhere). Without a match the row is uniform. Both are exact
+distributions, so the drafter is valid under every verify mode (rejection ships the one-hot q).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from pipespec.config import NgramOptions
+from pipespec.messages import RequestSpec
+from pipespec.stage import check_keep, check_length
+
+
+class NgramStage:
+    def __init__(self, name: str, options: NgramOptions, vocab_size: int):
+        self.name = name
+        self.options = options
+        self.vocab_size = vocab_size
+
+    def open(self, request: RequestSpec) -> NgramSession:
+        return NgramSession(self, list(request.prompt_token_ids[:-1]), len(request.prompt_token_ids))
+
+    def propose(self, context: Sequence[int]) -> int | None:
+        """The token that followed the most recent earlier match of the context's suffix, if any."""
+        opts = self.options
+        for n in range(min(opts.max_n, len(context) - 1), opts.min_n - 1, -1):
+            suffix = list(context[-n:])
+            for start in range(len(context) - n - 1, -1, -1):
+                if context[start] == suffix[0] and list(context[start : start + n]) == suffix:
+                    return context[start + n]
+        return None
+
+
+class NgramSession:
+    def __init__(self, stage: NgramStage, context: list[int], prompt_len: int):
+        self.stage = stage
+        self.context = context
+        self.prompt_len = prompt_len
+
+    def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
+        check_keep(self.stage.name, keep, len(self.context))
+        del self.context[keep:]
+        rows = torch.zeros(len(tokens), self.stage.vocab_size)
+        for i, token in enumerate(tokens):
+            self.context.append(token)
+            proposal = self.stage.propose(self.context)
+            if proposal is not None:
+                rows[i].fill_(float("-inf"))
+                rows[i, proposal] = 0.0
+        check_length(self.stage.name, len(self.context), keep + len(tokens))
+        return rows
+
+    def close(self) -> None:
+        self.context = []
