@@ -45,6 +45,7 @@ class DelayLink:
 
     def send(self, message: Message) -> None:
         loop = asyncio.get_running_loop()
-        due = max(self.last_due, loop.time() + self.rng.uniform(0.0, self.max_delay_s))
+        # strictly increasing: the loop's timer heap does not keep equal deadlines in order
+        due = max(self.last_due + 1e-9, loop.time() + self.rng.uniform(0.0, self.max_delay_s))
         self.last_due = due
         loop.call_at(due, self.peer.deliver, message)

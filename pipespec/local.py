@@ -35,7 +35,10 @@ class LocalPipeline:
         *,
         link_factory: Callable[[Inbox], Link] = InProcessLink,
         stages: Sequence[Stage] | None = None,  # already-built stages (to share weights across pipelines)
+        torch_threads: int | None = 1,
     ):
+        """`torch_threads`: torch's intra-op pool is shared by every stage of this process; one thread
+        each keeps concurrent stages from fighting over the cores (None leaves torch's setting)."""
         self.config = config
         self.link_factory = link_factory
         self.tokenizer = check_shared_tokenizer(config)  # before any weights load
@@ -44,6 +47,10 @@ class LocalPipeline:
 
             stages = load_stages(config)
         self.stages = list(stages)
+        if torch_threads is not None:
+            import torch
+
+            torch.set_num_threads(torch_threads)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
         self.runners: list[StageRunner] = []
@@ -100,6 +107,8 @@ class LocalPipeline:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(stop(), self.loop).result()
+        for runner in self.runners:  # let in-flight forwards finish while the loop can still take their results
+            runner.executor.shutdown(wait=True, cancel_futures=True)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
         self.loop.close()

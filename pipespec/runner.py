@@ -127,7 +127,14 @@ class StageRunner:
             while True:
                 if not self.busy:
                     self._launch()
-                self._handle(await self.inbox.get())
+                message = await self.inbox.get()
+                try:
+                    self._handle(message)
+                except Exception as error:  # a bug in one request must not take down the others
+                    rid = getattr(message, "request_id", None)
+                    if rid is None:
+                        raise
+                    self._fail(rid, error)
         finally:
             self.executor.shutdown(wait=False, cancel_futures=True)
 
