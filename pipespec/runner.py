@@ -48,7 +48,8 @@ class _Request:
     pair: PairStats | None
     session: Session | None = None  # None until prefill returns
     tokens: list[int] = field(default_factory=list)  # generated tokens: committed + speculative tail
-    probs: list[torch.Tensor | None] = field(default_factory=list)  # our p' per unsent token (rejection)
+    probs: list[torch.Tensor | None] = field(default_factory=list)  # our p' per token (rejection), None once verified
+    probs_kept_from: int = 0  # probs before this position were freed (the verifier has them)
     fed: int = 0  # context tokens (prompt + generated) in the cache still valid for `tokens`
     rev: int = 0  # bumped whenever a verdict changes `tokens`
     touched: int = 1 << 60  # smallest position a verdict changed since the step in flight began
@@ -330,6 +331,10 @@ class StageRunner:
         req.sent = p + 1 if changed or verdict.epoch > req.down_epoch else max(req.sent, p + 1)
         req.down_epoch = verdict.epoch
         req.verified = max(req.verified, p + 1)
+        req.probs_kept_from = min(req.probs_kept_from, len(req.probs))
+        while req.probs_kept_from <= p:  # a re-send after this verdict starts at p + 1 or later
+            req.probs[req.probs_kept_from] = None
+            req.probs_kept_from += 1
         if changed and self.upstream is not None:
             if rollback:
                 self._conflict(req, p)
@@ -370,10 +375,8 @@ class StageRunner:
         rid = req.spec.request_id
         if self.downstream is not None:
             if len(req.tokens) > req.sent:
-                new = req.probs[req.sent :]
-                probs = torch.stack(new) if req.spec.params.rejection else None
+                probs = torch.stack(req.probs[req.sent :]) if req.spec.params.rejection else None
                 self.downstream.send(Draft(rid, req.down_epoch, req.sent, tuple(req.tokens[req.sent :]), probs))
-                req.probs[req.sent :] = [None] * len(new)
                 req.sent = len(req.tokens)
         elif len(req.tokens) > req.committed:
             self.coordinator.send(Commit(rid, req.committed, tuple(req.tokens[req.committed :])))

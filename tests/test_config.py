@@ -1,0 +1,291 @@
+"""Tests for pipespec/config.py: `load_config` parses dicts and YAML files into frozen dataclasses,
+and rejects every invalid config with a `ConfigError` whose message names the key and the value."""
+
+import dataclasses
+
+import pytest
+
+from pipespec.config import (
+    ConfigError,
+    MockOptions,
+    NgramOptions,
+    PipelineConfig,
+    SamplingSpec,
+    ServerSpec,
+    StageSpec,
+    load_config,
+)
+from pipespec.params import VerifyMode
+
+
+def mock_config(**overrides):
+    """A valid two-stage mock pipeline; `overrides` replace top-level keys."""
+    config = {
+        "name": "toy",
+        "stages": [
+            {"name": "drafter", "kind": "mock", "agreement": 0.7, "vocab_size": 64},
+            {"name": "target", "kind": "mock", "vocab_size": 64},
+        ],
+    }
+    config.update(overrides)
+    return config
+
+
+def with_stage(index, **changes):
+    """The mock config with keys of stage `index` changed."""
+    config = mock_config()
+    config["stages"][index].update(changes)
+    return config
+
+
+# --- valid configs ------------------------------------------------------------------------------
+
+
+def test_valid_mock_config_parses_with_defaults():
+    config = load_config(mock_config())
+
+    assert isinstance(config, PipelineConfig)
+    assert config.name == "toy"
+    assert [s.name for s in config.stages] == ["drafter", "target"]
+    assert config.target is config.stages[-1]
+
+    drafter = config.stages[0]
+    assert isinstance(drafter, StageSpec)
+    assert drafter.kind == "mock"
+    assert drafter.model is None
+    assert drafter.max_lookahead == 8
+    assert drafter.dtype == "bfloat16"
+    assert drafter.device == "cpu"
+    assert drafter.resources == {"num_cpus": 1}
+    assert drafter.options == MockOptions(agreement=0.7, vocab_size=64)
+    assert config.target.options == MockOptions(vocab_size=64)
+
+    assert config.sampling == SamplingSpec()
+    assert config.sampling.verify is VerifyMode.COUPLED
+    assert config.server == ServerSpec()
+
+
+def test_config_dataclasses_are_frozen():
+    config = load_config(mock_config())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.name = "other"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.stages[0].max_lookahead = 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.stages[0].options.agreement = 0.1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.sampling.temperature = 1.0
+
+
+def test_sampling_and_server_sections_parse():
+    config = load_config(
+        mock_config(
+            sampling={"temperature": 1, "top_p": 0.9, "top_k": 5, "seed": 7, "verify": "rejection"},
+            server={"host": "0.0.0.0", "port": 8000},
+        )
+    )
+    assert config.sampling == SamplingSpec(temperature=1.0, top_p=0.9, top_k=5, seed=7, verify=VerifyMode.REJECTION)
+    assert isinstance(config.sampling.temperature, float)  # an int is accepted for a float
+    assert config.server == ServerSpec("0.0.0.0", 8000)
+    params = config.sampling.params(seed=11, top_k=None)  # None overrides are ignored
+    assert (params.seed, params.top_k, params.rejection) == (11, 5, True)
+
+
+def test_ngram_first_then_model_stage(tmp_path):
+    config = load_config(
+        {
+            "stages": [
+                {"name": "lookup", "kind": "ngram", "max_n": 3},
+                {"name": "target", "kind": "causal_lm", "model": str(tmp_path), "dtype": "float32"},
+            ]
+        }
+    )
+    assert config.name == "pipeline"
+    assert config.stages[0].options == NgramOptions(min_n=1, max_n=3)
+    assert config.target.model == str(tmp_path)
+    assert config.target.options is None
+    assert config.target.dtype == "float32"
+
+
+def test_yaml_file_parses(tmp_path):
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(
+        "name: from-yaml\n"
+        "stages:\n"
+        "  - {name: a, kind: mock, agreement: 0.5}\n"
+        "  - {name: b, kind: mock, max_lookahead: 0}\n"
+        "sampling: {temperature: 0.7}\n"
+    )
+    config = load_config(path)
+    assert config.name == "from-yaml"
+    assert config.stages[0].options.agreement == 0.5
+    assert config.stages[1].max_lookahead == 0
+    assert config.sampling.temperature == 0.7
+    assert load_config(str(path)) == config
+
+
+# --- invalid configs ----------------------------------------------------------------------------
+
+
+def test_unknown_top_level_key():
+    with pytest.raises(ConfigError, match=r"config: unknown key 'stage' \(did you mean 'stages'\?\)"):
+        load_config({"stage": [], **mock_config()})
+
+
+def test_unknown_stage_key_has_did_you_mean_hint():
+    with pytest.raises(ConfigError, match=r"stages\[0\].*unknown key 'max_lookahed' \(did you mean 'max_lookahead'\?\)"):
+        load_config(with_stage(0, max_lookahed=4))
+
+
+def test_unknown_kind_names_value_and_suggests():
+    with pytest.raises(ConfigError, match=r"stages\[1\]\.kind: unknown kind 'causal-lm' \(did you mean 'causal_lm'\?\)"):
+        load_config(with_stage(1, kind="causal-lm"))
+
+
+def test_missing_model_directory_is_named(tmp_path):
+    missing = tmp_path / "no-such-model"
+    config = {"stages": [{"name": "target", "kind": "causal_lm", "model": str(missing)}]}
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.model: model directory .*no-such-model.* does not exist"):
+        load_config(config)
+
+
+def test_model_kind_without_model():
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.model: kind 'causal_lm' needs a model directory"):
+        load_config({"stages": [{"name": "target", "kind": "causal_lm"}]})
+
+
+def test_model_given_to_mock_stage(tmp_path):
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.model: kind 'mock' takes no model"):
+        load_config(with_stage(0, model=str(tmp_path)))
+
+
+def test_negative_max_lookahead():
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.max_lookahead: must be >= 0, got -1"):
+        load_config(with_stage(0, max_lookahead=-1))
+
+
+def test_bad_dtype():
+    with pytest.raises(ConfigError, match=r"stages\[1\]\.dtype: unknown dtype 'float8'"):
+        load_config(with_stage(1, dtype="float8"))
+
+
+@pytest.mark.parametrize(
+    "sampling, message",
+    [
+        ({"temperature": -0.5}, r"sampling: temperature must be >= 0, got -0\.5"),
+        ({"top_p": 0.0}, r"sampling: top_p must be in \(0, 1\], got 0\.0"),
+        ({"top_p": 1.5}, r"sampling: top_p must be in \(0, 1\], got 1\.5"),
+        ({"top_k": -2}, r"sampling: top_k must be >= 0, got -2"),
+        ({"verify": "speculate"}, r"sampling\.verify: unknown mode 'speculate'"),
+        ({"temprature": 1.0}, r"sampling: unknown key 'temprature' \(did you mean 'temperature'\?\)"),
+        ({"temperature": "hot"}, r"sampling\.temperature: expected float, got 'hot'"),
+    ],
+)
+def test_bad_sampling(sampling, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(mock_config(sampling=sampling))
+
+
+def test_duplicate_stage_names():
+    with pytest.raises(ConfigError, match=r"duplicate stage name 'target'"):
+        load_config(with_stage(0, name="target"))
+
+
+def test_ngram_stage_must_be_first(tmp_path):
+    config = {
+        "stages": [
+            {"name": "drafter", "kind": "causal_lm", "model": str(tmp_path)},
+            {"name": "lookup", "kind": "ngram"},
+            {"name": "target", "kind": "causal_lm", "model": str(tmp_path)},
+        ]
+    }
+    with pytest.raises(ConfigError, match=r"stages\[1\] \(lookup\): an ngram stage .* can only be first"):
+        load_config(config)
+
+
+def test_mock_stage_followed_by_non_mock(tmp_path):
+    config = {
+        "stages": [
+            {"name": "drafter", "kind": "mock"},
+            {"name": "target", "kind": "causal_lm", "model": str(tmp_path)},  # a real directory
+        ]
+    }
+    with pytest.raises(ConfigError, match=r"stages\[0\] \(drafter\): a mock stage .* must be mocks too"):
+        load_config(config)
+
+
+def test_mock_stages_with_different_vocab_sizes():
+    with pytest.raises(ConfigError, match=r"different vocab_size"):
+        load_config(with_stage(0, vocab_size=32))
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"agreement": 1.5}, r"stages\[0\]\.agreement: must be in \[0, 1\], got 1\.5"),
+        ({"agreement": -0.1}, r"stages\[0\]\.agreement: must be in \[0, 1\], got -0\.1"),
+        ({"latency_ms": -1}, r"stages\[0\]\.latency_ms / per_token_ms: must be >= 0"),
+        ({"vocab_size": 1}, r"stages\[0\]\.vocab_size: must be >= 2, got 1"),
+        ({"eos_token_id": 64}, r"stages\[0\]\.eos_token_id: 64 is outside the vocabulary"),
+    ],
+)
+def test_mock_options_out_of_range(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(with_stage(0, **changes))
+
+
+def test_ngram_options_out_of_order():
+    config = {"stages": [{"name": "lookup", "kind": "ngram", "min_n": 3, "max_n": 2}, {"name": "t", "kind": "mock"}]}
+    with pytest.raises(ConfigError, match=r"need 1 <= min_n <= max_n, got 3, 2"):
+        load_config(config)
+
+
+def test_yaml_path_that_does_not_exist(tmp_path):
+    path = tmp_path / "missing.yaml"
+    with pytest.raises(ConfigError, match=r"config file .*missing\.yaml.* does not exist"):
+        load_config(path)
+
+
+def test_invalid_yaml_text(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("stages: [\n  {name: a, kind: mock\n")
+    with pytest.raises(ConfigError, match=r"config file .*broken\.yaml.* is not valid YAML"):
+        load_config(path)
+
+
+def test_yaml_that_is_not_a_mapping(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match=r"must be a mapping, got list"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("stages", [None, [], "mock"])
+def test_stages_must_be_a_non_empty_list(stages):
+    with pytest.raises(ConfigError, match=r"config\.stages: must be a non-empty list"):
+        load_config(mock_config(stages=stages))
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 100000])
+def test_port_out_of_range(port):
+    with pytest.raises(ConfigError, match=rf"server\.port: {port} is not a TCP port"):
+        load_config(mock_config(server={"port": port}))
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (with_stage(0, max_lookahead=True), r"stages\[0\]\.max_lookahead: expected int, got True"),
+        (with_stage(0, vocab_size=False), r"stages\[0\]\.vocab_size: expected int, got False"),
+        (mock_config(server={"port": True}), r"server\.port: expected int, got True"),
+        (mock_config(sampling={"seed": True}), r"sampling\.seed: expected int, got True"),
+        (mock_config(sampling={"temperature": True}), r"sampling\.temperature: expected float, got True"),
+    ],
+)
+def test_bool_where_number_expected(config, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(config)
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
