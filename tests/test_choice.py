@@ -18,6 +18,16 @@ GREEDY = SamplingParams()
 COUPLED = SamplingParams(temperature=1.0, verify=VerifyMode.COUPLED)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Thousands of tiny decide() calls: a second intra-op thread only adds contention (on a busy
+    2-core machine it made the statistical tests 20x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def rejection(seed=0, **kwargs):
     return SamplingParams(temperature=1.0, seed=seed, verify=VerifyMode.REJECTION, **kwargs)
 
