@@ -1,0 +1,117 @@
+"""Tests for pipespec/tokenization.py: `check_shared_tokenizer` accepts stages that share a tokenizer
+and rejects a mismatch (or a directory without one) with a ConfigError naming the stages and paths;
+`IncrementalDetokenizer` streams exactly the text a full decode gives, non-ASCII included."""
+
+import random
+import re
+
+import pytest
+
+from experiments.toy_models import train_tokenizer
+from pipespec.config import ConfigError, load_config
+from pipespec.tokenization import IncrementalDetokenizer, check_shared_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dirs(tokenizer, tmp_path_factory):
+    """Directories holding the shared tokenizer (twice), a different one, and nothing."""
+    dirs = {name: tmp_path_factory.mktemp(name) for name in ("shared_a", "shared_b", "other", "empty")}
+    tokenizer.save_pretrained(dirs["shared_a"])
+    tokenizer.save_pretrained(dirs["shared_b"])
+    train_tokenizer(vocab_size=400).save_pretrained(dirs["other"])
+    return {name: str(path) for name, path in dirs.items()}
+
+
+def pipeline(*stages):
+    """A config whose stages are (name, model directory) causal_lm stages; only tokenizers matter."""
+    return load_config({"stages": [{"name": name, "kind": "causal_lm", "model": model} for name, model in stages]})
+
+
+def test_shared_tokenizer_passes_and_is_returned(tokenizer, tokenizer_dirs):
+    config = pipeline(("drafter", tokenizer_dirs["shared_a"]), ("target", tokenizer_dirs["shared_b"]))
+    shared = check_shared_tokenizer(config)
+    assert shared is not None
+    assert shared.get_vocab() == tokenizer.get_vocab()
+    assert shared.encode("the red circle") == tokenizer.encode("the red circle")
+
+
+def test_ngram_stage_needs_no_tokenizer(tokenizer, tokenizer_dirs):
+    config = load_config(
+        {"stages": [{"name": "lookup", "kind": "ngram"}, {"name": "target", "kind": "causal_lm", "model": tokenizer_dirs["shared_a"]}]}
+    )
+    assert check_shared_tokenizer(config).get_vocab() == tokenizer.get_vocab()
+
+
+def test_mock_pipeline_has_no_tokenizer():
+    config = load_config({"stages": [{"name": "a", "kind": "mock"}, {"name": "b", "kind": "mock"}]})
+    assert check_shared_tokenizer(config) is None
+
+
+def test_different_tokenizers_name_both_stages_and_paths(tokenizer_dirs):
+    other, shared = tokenizer_dirs["other"], tokenizer_dirs["shared_a"]
+    config = pipeline(("tiny", other), ("big", shared))
+    with pytest.raises(ConfigError) as excinfo:
+        check_shared_tokenizer(config)
+    message = str(excinfo.value)
+    assert re.search(rf"stages\[0\] \(tiny\): tokenizer of '{re.escape(other)}' \(400 tokens\)", message)
+    assert re.search(rf"stage 'big' at '{re.escape(shared)}' \(512 tokens\)", message)
+
+
+def test_mismatch_in_the_middle_of_three_stages(tokenizer_dirs):
+    config = pipeline(("tiny", tokenizer_dirs["shared_a"]), ("mid", tokenizer_dirs["other"]), ("big", tokenizer_dirs["shared_b"]))
+    with pytest.raises(ConfigError, match=r"stages\[1\] \(mid\).*stage 'big'"):
+        check_shared_tokenizer(config)
+
+
+def test_directory_without_tokenizer_files(tokenizer_dirs):
+    empty = tokenizer_dirs["empty"]
+    config = pipeline(("drafter", tokenizer_dirs["shared_a"]), ("target", empty))
+    with pytest.raises(ConfigError, match=rf"stages\[1\] \(target\): cannot load a tokenizer from '{re.escape(empty)}'"):
+        check_shared_tokenizer(config)
+
+
+# --- IncrementalDetokenizer ---------------------------------------------------------------------
+
+
+def stream(tokenizer, ids):
+    detok = IncrementalDetokenizer(tokenizer)
+    pieces = [detok.push(i) for i in ids]
+    return pieces, detok.flush()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the red circle is next to a blue square.",
+        "café ünïcode ✓",
+        "日本語 😀 emoji ✓✓✓",
+        "a  b   c\n\nd\t",
+        " leading and trailing space ",
+        "",
+    ],
+)
+def test_incremental_detokenizer_equals_full_decode(tokenizer, text):
+    ids = tokenizer.encode(text)
+    pieces, rest = stream(tokenizer, ids)
+    assert "".join(pieces) + rest == tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert not any("\ufffd" in piece for piece in pieces)  # incomplete UTF-8 is held back, not streamed
+
+
+def test_incremental_detokenizer_skips_special_tokens(tokenizer):
+    ids = [tokenizer.bos_token_id, *tokenizer.encode("one two ✓"), tokenizer.eos_token_id]
+    pieces, rest = stream(tokenizer, ids)
+    assert "".join(pieces) + rest == "one two ✓"
+
+
+def test_incremental_detokenizer_on_random_ids(tokenizer):
+    # Arbitrary id sequences, including byte tokens that do not form valid UTF-8.
+    rng = random.Random(0)
+    for _ in range(200):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 16))]
+        pieces, rest = stream(tokenizer, ids)
+        assert "".join(pieces) + rest == tokenizer.decode(ids, skip_special_tokens=True), ids
