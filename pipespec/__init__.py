@@ -1,10 +1,23 @@
 """pipespec: asynchronous hierarchical speculative decoding, exactly equal to the target alone.
 
 The names users touch: `load_config` and `LocalPipeline` (one process), `Client` (remote).
+`LocalPipeline` is imported lazily so that torch-free parts (the coordinator, clients) stay torch-free.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from pipespec.config import ConfigError, PipelineConfig, load_config
-from pipespec.local import LocalPipeline
 from pipespec.outputs import Delta, Generation, GenerationError
 
+if TYPE_CHECKING:
+    from pipespec.local import LocalPipeline
+
 __all__ = ["ConfigError", "Delta", "Generation", "GenerationError", "LocalPipeline", "PipelineConfig", "load_config"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LocalPipeline":
+        from pipespec.local import LocalPipeline
+
+        return LocalPipeline
+    raise AttributeError(f"module 'pipespec' has no attribute {name!r}")

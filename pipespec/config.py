@@ -64,6 +64,7 @@ class StageSpec:
     kind: str
     model: str | None = None  # directory that from_pretrained loads (model kinds)
     max_lookahead: int = 8  # uncommitted tokens this stage may run ahead of its verifier
+    verify_window: int | None = None  # most drafts one step verifies; None: half the drafter's lookahead
     dtype: str = "bfloat16"
     device: str = "cpu"
     resources: Mapping[str, float] = field(default_factory=lambda: {"num_cpus": 1})
@@ -102,6 +103,14 @@ class PipelineConfig:
     @property
     def target(self) -> StageSpec:
         return self.stages[-1]
+
+    def window(self, i: int) -> int:
+        """Most drafts stage i verifies per step: the rest stay pending, so its drafter keeps
+        drafting while it verifies (the drafter may run at most max_lookahead ahead)."""
+        if i == 0:
+            return 0
+        spec = self.stages[i]
+        return spec.verify_window if spec.verify_window is not None else max(1, self.stages[i - 1].max_lookahead // 2)
 
 
 def load_config(source: str | os.PathLike | Mapping[str, Any]) -> PipelineConfig:
@@ -161,7 +170,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
         raise ConfigError(f"{where}.kind: unknown kind {kind!r}{hint}; expected one of {', '.join(KINDS)}")
     option_cls = KIND_OPTIONS.get(kind)
     option_keys = [f.name for f in fields(option_cls)] if option_cls else []
-    common = ["name", "kind", "model", "max_lookahead", "dtype", "device", "resources"]
+    common = ["name", "kind", "model", "max_lookahead", "verify_window", "dtype", "device", "resources"]
     _reject_unknown(raw, common + option_keys, f"{where} ({kind})")
 
     name = _typed(raw.get("name", f"stage{i}"), str, f"{where}.name")
@@ -178,6 +187,9 @@ def _stage(raw: Any, i: int) -> StageSpec:
     lookahead = _typed(raw.get("max_lookahead", 8), int, f"{where}.max_lookahead")
     if lookahead < 0:
         raise ConfigError(f"{where}.max_lookahead: must be >= 0, got {lookahead}")
+    window = raw.get("verify_window")
+    if window is not None and (_typed(window, int, f"{where}.verify_window") < 1):
+        raise ConfigError(f"{where}.verify_window: must be >= 1, got {window}")
     dtype = raw.get("dtype", "bfloat16")
     if dtype not in DTYPES:
         raise ConfigError(f"{where}.dtype: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
@@ -198,7 +210,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
                 values[f.name] = _typed(raw[f.name], ftype, f"{where}.{f.name}")
         options = option_cls(**values)
         _check_options(options, where)
-    return StageSpec(name, kind, model, lookahead, dtype, device, dict(resources), options)
+    return StageSpec(name, kind, model, lookahead, window, dtype, device, dict(resources), options)
 
 
 def _check_options(options: MockOptions | NgramOptions, where: str) -> None:

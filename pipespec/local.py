@@ -82,6 +82,8 @@ class LocalPipeline:
                 depth=k - 1 - i,
                 max_lookahead=spec.max_lookahead,
                 drafter_name=specs[i - 1].name if i else None,
+                drafter_lookahead=specs[i - 1].max_lookahead if i else 0,
+                verify_window=self.config.window(i),
             )
             for i, (spec, stage) in enumerate(zip(specs, self.stages))
         ]

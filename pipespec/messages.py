@@ -50,6 +50,7 @@ class Draft:
     start: int
     tokens: tuple[int, ...]
     probs: Any = None  # [len(tokens), V] the drafter's p' (torch.Tensor), rejection mode only
+    token_s: float | None = None  # the drafter's recent compute seconds per token (a scheduling hint)
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,8 @@ def uniform(seed: int, position: int, num: int, stream: int = 0, device="cpu") -
     idx = torch.arange(num, dtype=torch.int64, device=device)
     h1 = mix32(mix32(idx ^ k1) ^ k2)
     h2 = mix32(mix32(idx ^ k2) ^ k1)
-    bits = (h1 >> 5) * (1 << 26) + (h2 >> 6)  # 53 random bits
-    return (bits.to(torch.float64) + 0.5) * (1.0 / (1 << 53))
+    bits = (h1 >> 6) * (1 << 26) + (h2 >> 6)  # 52 random bits: bits + 0.5 is exact in float64
+    return (bits.to(torch.float64) + 0.5) * (1.0 / (1 << 52))
 
 
 def gumbel(seed: int, position: int, num: int, stream: int = 0, device="cpu") -> torch.Tensor:
@@ -61,4 +61,4 @@ def scalar_uniform(seed: int, position: int, stream: int) -> float:
     """One uniform in (0, 1) for (seed, position, stream), computed in Python integers."""
     k1, k2 = counter_key(seed, position, stream)
     h1, h2 = mix32(mix32(k1) ^ k2), mix32(mix32(k2) ^ k1)
-    return (((h1 >> 5) * (1 << 26) + (h2 >> 6)) + 0.5) / (1 << 53)
+    return (((h1 >> 6) * (1 << 26) + (h2 >> 6)) + 0.5) / (1 << 52)

@@ -35,6 +35,7 @@ import torch
 from pipespec.choice import Decision, decide
 from pipespec.links import Link
 from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, RequestSpec, Verdict
+from pipespec.patience import Patience
 from pipespec.stage import Session, Stage
 from pipespec.stats import PairStats, StageStats
 
@@ -63,6 +64,8 @@ class _Request:
     sent: int = 0
     verified: int = 0
     committed: int = 0  # target only: tokens sent to the coordinator
+    wait_until: float | None = None  # waiting for drafts (see pipespec.patience) until then
+    wait_for: int = 0  # ... or until this many are pending
 
     @property
     def prompt_len(self) -> int:
@@ -80,6 +83,9 @@ class _Plan:
     start: int  # position of the first decided token (= len(tokens) at launch)
     drafts: tuple[int, ...]
     draft_probs: torch.Tensor | None  # [len(drafts), V]
+
+
+_WAKE = object()  # posted by a timer when a wait for drafts runs out
 
 
 @dataclass(frozen=True)
@@ -100,12 +106,20 @@ class StageRunner:
         depth: int,  # hops to the target (target = 0)
         max_lookahead: int,
         drafter_name: str | None = None,
+        drafter_lookahead: int = 0,
+        verify_window: int = 0,
+        patience: Patience | None = None,
     ):
         self.stage = stage
         self.name = name
         self.depth = depth
         self.max_lookahead = max_lookahead
         self.drafter_name = drafter_name
+        self.drafter_lookahead = drafter_lookahead
+        self.verify_window = verify_window
+        self.patience = patience or Patience()
+        self.token_s: float | None = None  # our compute seconds per produced token (EMA), told to our verifier
+        self.drafter_token_s: float | None = None  # what our drafter last told us of its own
         self.upstream: Link | None = None  # to our drafter
         self.downstream: Link | None = None  # to our verifier
         self.coordinator: Link | None = None
@@ -140,6 +154,8 @@ class StageRunner:
             self.executor.shutdown(wait=False, cancel_futures=True)
 
     def _handle(self, message: Message | _Done) -> None:
+        if message is _WAKE:
+            return  # the run loop re-plans after every message
         rid = getattr(message, "request_id", None)
         if isinstance(message, (Draft, Verdict)) and rid not in self.requests:
             if rid not in self.closed:  # overtook its Open on another link: replay after the Open
@@ -196,9 +212,28 @@ class StageRunner:
         assert prompt_len - 1 <= req.fed <= prompt_len + start - 1, (req.fed, prompt_len, start)
         last_prompt = (req.spec.prompt_token_ids[-1],) if req.fed < prompt_len else ()
         feed = last_prompt + tuple(req.tokens[max(req.fed - prompt_len, 0) :])
-        n = min(len(req.pending), limit - start - 1)
+        room = min(self.verify_window, self.drafter_lookahead, limit - start - 1)
+        n = min(len(req.pending), room)
+        if self.upstream is not None and self._wait(req, n, room):
+            return None
         probs = torch.stack(req.pending_probs[:n]) if n and req.spec.params.rejection else None
         return _Plan(rid, req.rev, req.up_epoch, req.fed, feed, start, tuple(req.pending[:n]), probs)
+
+    def _wait(self, req: _Request, pending: int, room: int) -> bool:
+        """True while this request should wait for more drafts instead of stepping now."""
+        now = self.loop.time()
+        if req.pending and req.pending[-1] in req.spec.stop_token_ids:
+            room = pending  # the drafter has stopped: nothing more is coming
+        if req.wait_until is None:
+            want, seconds = self.patience.wait_for(pending, room, self.drafter_token_s)
+            if seconds <= 0.0:
+                return False
+            req.wait_until, req.wait_for = now + seconds, want
+            self.loop.call_at(req.wait_until, self.deliver, _WAKE)
+        if pending >= min(req.wait_for, room) or now >= req.wait_until:
+            req.wait_until = None
+            return False
+        return True
 
     def _compute(self, session: Session, spec: RequestSpec, plan: _Plan) -> tuple[Decision, float]:
         """Compute thread: one forward over our unfed tokens and the drafts, then decide."""
@@ -256,9 +291,12 @@ class StageRunner:
             return
         decision, seconds = done.future.result()
         plan = done.plan
+        per_token = seconds / len(decision.tokens)
+        self.token_s = per_token if self.token_s is None else 0.8 * self.token_s + 0.2 * per_token
         req.stats.forwards += 1
         req.stats.tokens_fed += len(plan.feed) + len(plan.drafts)
         req.stats.compute_s += seconds
+        self.patience.observe_forward(seconds)
         if plan.rev != req.rev:  # a verdict changed our tokens meanwhile: keep only the valid cache
             req.fed = req.prompt_len + min(plan.start, req.touched)
             return
@@ -275,6 +313,7 @@ class StageRunner:
         req.fed = req.prompt_len + min(plan.start + decision.accepted, len(req.tokens) - 1)
         if req.pair is not None:
             req.pair.record(len(plan.drafts), decision.accepted)
+            self.patience.observe_verification(len(plan.drafts), decision.accepted)
         if plan.up_epoch == req.up_epoch:
             del req.pending[: len(plan.drafts)], req.pending_probs[: len(plan.drafts)]
             req.pending_start += len(plan.drafts)
@@ -289,6 +328,8 @@ class StageRunner:
         req = self.requests.get(draft.request_id)
         if req is None:
             return
+        if draft.token_s is not None:
+            self.drafter_token_s = draft.token_s
         if draft.epoch < req.up_epoch:
             req.stats.dropped_drafts += 1
             return
@@ -376,7 +417,7 @@ class StageRunner:
         if self.downstream is not None:
             if len(req.tokens) > req.sent:
                 probs = torch.stack(req.probs[req.sent :]) if req.spec.params.rejection else None
-                self.downstream.send(Draft(rid, req.down_epoch, req.sent, tuple(req.tokens[req.sent :]), probs))
+                self.downstream.send(Draft(rid, req.down_epoch, req.sent, tuple(req.tokens[req.sent :]), probs, self.token_s))
                 req.sent = len(req.tokens)
         elif len(req.tokens) > req.committed:
             self.coordinator.send(Commit(rid, req.committed, tuple(req.tokens[req.committed :])))

@@ -17,6 +17,7 @@ class PairStats:
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    num_rejections: int = 0  # verification steps that rejected a draft (the rest accepted all)
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps accepting draft index i
 
     def record(self, drafted: int, accepted: int) -> None:
@@ -25,6 +26,7 @@ class PairStats:
         self.num_drafts += 1
         self.num_draft_tokens += drafted
         self.num_accepted_tokens += accepted
+        self.num_rejections += accepted < drafted
         if len(self.accepted_per_position) < accepted:
             self.accepted_per_position.extend([0] * (accepted - len(self.accepted_per_position)))
         for i in range(accepted):
@@ -34,6 +36,7 @@ class PairStats:
         self.num_drafts += other.num_drafts
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
+        self.num_rejections += other.num_rejections
         for i, c in enumerate(other.accepted_per_position):
             if i < len(self.accepted_per_position):
                 self.accepted_per_position[i] += c
@@ -46,7 +49,15 @@ class PairStats:
 
     @property
     def acceptance_rate(self) -> float:
+        """Accepted / drafted (vLLM's draft acceptance rate; depends on how many were drafted)."""
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def token_acceptance(self) -> float:
+        """Per-token acceptance probability alpha of the analytical models: each drafted token is
+        accepted with probability alpha until the first rejection (a truncated geometric law)."""
+        trials = self.num_accepted_tokens + self.num_rejections
+        return self.num_accepted_tokens / trials if trials else 0.0
 
     def per_position_acceptance(self) -> list[float]:
         return [c / self.num_drafts for c in self.accepted_per_position] if self.num_drafts else []
@@ -58,6 +69,7 @@ class PairStats:
             "num_drafts": self.num_drafts,
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
+            "num_rejections": self.num_rejections,
             "mean_acceptance_length": self.mean_acceptance_length,
             "per_position_acceptance": self.per_position_acceptance(),
         }

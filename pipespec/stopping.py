@@ -57,11 +57,11 @@ class StopRules:
     def _emit(self, piece: str, final: bool) -> StepOutcome:
         pending = self.held + piece
         self.held = ""
-        for s in self.stop:
-            at = pending.find(s)
-            if at >= 0:
-                self.text += pending[:at]
-                return StepOutcome(pending[:at], "stop")
+        hits = [at for at in (pending.find(s) for s in self.stop) if at >= 0]
+        if hits:  # the earliest stop string wins, whichever is listed first
+            at = min(hits)
+            self.text += pending[:at]
+            return StepOutcome(pending[:at], "stop")
         if not final and self.stop:  # hold back a suffix that could begin a stop string
             keep = max((k for s in self.stop for k in range(1, len(s)) if pending.endswith(s[:k])), default=0)
             if keep:

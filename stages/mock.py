@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from pipespec import noise
@@ -33,6 +34,7 @@ class MockStage:
         self.vocab_size = self.options.vocab_size
         self.world_seed = chain[-1].seed
         self.eos_token_ids = frozenset() if chain[-1].eos_token_id is None else frozenset({chain[-1].eos_token_id})
+        self._ids = np.arange(self.vocab_size, dtype=np.int64)
 
     def open(self, request: RequestSpec) -> MockSession:
         session = MockSession(self, list(request.prompt_token_ids[:-1]), len(request.prompt_token_ids))
@@ -52,8 +54,10 @@ class MockStage:
             if noise.scalar_uniform(self.world_seed, index, context ^ (level << 24) ^ 0xA5) >= options.agreement:
                 break
             level -= 1
-        g = noise.gumbel(self.world_seed + level * 7919, index, self.vocab_size, context)
-        return (self.chain[0].scale * g).to(torch.float32)
+        k1, k2 = noise.counter_key(self.world_seed + level * 7919, index, context)
+        h = noise.mix32(noise.mix32(self._ids ^ k1) ^ k2)  # numpy: cheaper than torch at this size
+        u = (h.astype(np.float64) + 0.5) * (1.0 / (1 << 32))
+        return torch.from_numpy((-self.chain[0].scale * np.log(-np.log(u))).astype(np.float32))
 
 
 class MockSession:

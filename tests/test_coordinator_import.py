@@ -51,11 +51,6 @@ def test_coordinator_modules_themselves_are_torch_free():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.xfail(
-    reason="bug: pipespec/__init__.py eagerly imports LocalPipeline (pipespec.local -> pipespec.runner "
-    "-> torch, and pipespec.tokenization), so `import pipespec.coordinator` imports torch",
-    strict=True,
-)
 def test_importing_the_coordinator_does_not_import_torch():
     result = run_python(import_code())
     assert result.returncode == 0, result.stdout + result.stderr

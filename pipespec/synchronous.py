@@ -1,0 +1,80 @@
+"""Synchronous speculative decoding (Leviathan et al.), the baseline the pipeline must beat.
+
+The same stages, sessions and choice function as the pipeline, in one thread and in lock step: the
+drafter proposes `gamma` tokens one forward at a time, then the target verifies them in one forward,
+then the drafter waits for the verdict. With `drafter=None` it is plain decoding with the target
+alone. Like the pipeline, its output equals the target alone token for token (greedy, coupled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pipespec.choice import decide
+from pipespec.messages import RequestSpec
+from pipespec.stage import Session, Stage
+from pipespec.stats import PairStats
+
+
+class _Cursor:
+    """One session plus how much of the token sequence its cache holds (context tokens)."""
+
+    def __init__(self, session: Session, last_prompt_token: int):
+        self.session = session
+        self.last = last_prompt_token
+        self.fed = session.prompt_len - 1
+
+    def rows(self, tokens: list[int], extra: tuple[int, ...] = ()) -> torch.Tensor:
+        """Feed the unfed part of `tokens` plus `extra`; -> [len(extra) + 1, V] logits at len(tokens).."""
+        p = self.session.prompt_len
+        feed = ([self.last] if self.fed < p else []) + tokens[max(self.fed - p, 0) :]
+        logits = self.session.forward(self.fed, list(feed) + list(extra))
+        self.fed = p + len(tokens) + len(extra)
+        return logits[len(feed) - 1 :]
+
+    def keep(self, valid_tokens: int) -> None:
+        self.fed = min(self.fed, self.session.prompt_len + valid_tokens)
+
+
+@dataclass
+class SyncResult:
+    token_ids: list[int]
+    pair: PairStats | None
+    target_forwards: int
+
+
+def generate_sync(target: Stage, spec: RequestSpec, drafter: Stage | None = None, gamma: int = 4) -> SyncResult:
+    last = spec.prompt_token_ids[-1]
+    t = _Cursor(target.open(spec), last)
+    d = _Cursor(drafter.open(spec), last) if drafter is not None else None
+    pair = PairStats(getattr(drafter, "name", "drafter"), getattr(target, "name", "target")) if d else None
+    tokens: list[int] = []
+    forwards = 0
+    try:
+        while len(tokens) < spec.max_new_tokens and not (tokens and tokens[-1] in spec.stop_token_ids):
+            n = min(gamma, spec.max_new_tokens - len(tokens) - 1) if d else 0
+            drafts: list[int] = []
+            probs = []
+            for _ in range(n):
+                step = decide(d.rows(tokens + drafts), (), None, spec.params, len(tokens) + len(drafts), 1)
+                drafts.append(step.tokens[0])
+                probs.append(step.probs[0] if step.probs is not None else None)
+            q = torch.stack(probs) if n and spec.params.rejection else None
+            start = len(tokens)
+            decision = decide(t.rows(tokens, tuple(drafts)), tuple(drafts), q, spec.params, start, 0)
+            forwards += 1
+            t.keep(start + decision.accepted)
+            if d:
+                d.keep(start + decision.accepted)
+                pair.record(n, decision.accepted)
+            for token in decision.tokens:
+                tokens.append(token)
+                if token in spec.stop_token_ids:
+                    break
+    finally:
+        t.session.close()
+        if d:
+            d.session.close()
+    return SyncResult(tokens[: spec.max_new_tokens], pair, forwards)
