@@ -1,0 +1,32 @@
+# The two commands of the README: `make demo` and `make test`. Each sets everything up first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
+export RAY_AUTH_MODE := disabled
+export RAY_USAGE_STATS_ENABLED := 0
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(VENV)/bin/pipespec demo
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) -m experiments.bench_engine --json experiments/results/bench_engine.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info
