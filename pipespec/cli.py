@@ -6,7 +6,9 @@
 an answer, then the target runs alone on the same prompt, and a table shows each stage pair's
 acceptance, tokens per second and the speedup, measured right then, and whether the two answers are
 identical. Until the trained demo models ship, the models are small Llamas with random weights built
-from configs (`experiments.toy_models`), saved once under --models and loaded from disk.
+from configs (`experiments.toy_models`), saved once under --models and loaded from disk. All stages
+run in this one process (LocalPipeline): they share two cores and Python's GIL, so the speedup shown
+is that of the in-process runtime, not of stages on their own devices.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_MODELS = Path(".cache/toy-models")
+DEFAULT_MODELS = Path(".cache/toy-models-v1")
 DEFAULT_PROMPT = "the red circle is left of the blue square and"
 
 
@@ -27,13 +29,13 @@ def _printable(text: str) -> str:
 
 
 def demo(args: argparse.Namespace) -> int:
-    from experiments.toy_models import build_family
+    from experiments.toy_models import DEMO_SIZES, build_family
     from pipespec import LocalPipeline, load_config
 
     models = Path(args.models)
     if not (models / "target" / "config.json").is_file():
         print(f"building the toy models (random weights) under {models} ...", flush=True)
-        build_family(models, target_layers=12, hidden=256)
+        build_family(models, **DEMO_SIZES)
     names = ["tiny", "mid", "target"]
     stage = lambda n: {"name": n, "kind": "causal_lm", "model": str(models / n), "dtype": args.dtype, "max_lookahead": 8}
     pipeline = load_config({"name": "demo", "stages": [stage(n) for n in names]})
@@ -91,7 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo", help="run the embedded default pipeline on this machine")
     d.add_argument("--prompt", default=DEFAULT_PROMPT)
     d.add_argument("--max-new-tokens", type=int, default=64)
-    d.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    d.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="float32 (default) compares exactly with the target alone; in bfloat16 a verifier's block "
+        "logits can differ in the last bit from one-token decoding and flip a near-tie",
+    )
     d.add_argument("--models", default=str(DEFAULT_MODELS), help="where the toy models are built and loaded from")
     d.add_argument("--json", help="also write the figures as JSON to this file")
     d.set_defaults(run=demo)
