@@ -36,11 +36,17 @@ class LocalPipeline:
         link_factory: Callable[[Inbox], Link] = InProcessLink,
         stages: Sequence[Stage] | None = None,  # already-built stages (to share weights across pipelines)
         torch_threads: int | None = 1,
+        over_grpc: bool = False,
     ):
         """`torch_threads`: torch's intra-op pool is shared by every stage of this process; one thread
-        each keeps concurrent stages from fighting over the cores (None leaves torch's setting)."""
+        each keeps concurrent stages from fighting over the cores (None leaves torch's setting).
+        `over_grpc`: every stage behind its own gRPC server on 127.0.0.1, the links real gRPC
+        streams (to measure the transport against in-process links; same process, same loop)."""
         self.config = config
         self.link_factory = link_factory
+        self.over_grpc = over_grpc
+        self._servers: list = []  # gRPC servers and clients (over_grpc only)
+        self._clients: list = []
         self.tokenizer = check_shared_tokenizer(config)  # before any weights load
         if stages is None:
             from stages import load_stages
@@ -97,7 +103,26 @@ class LocalPipeline:
             if i < k - 1:
                 runner.downstream = link(self.runners[i + 1])
         self.coordinator.stages = [link(r) for r in self.runners]
+        if self.over_grpc:
+            await self._wire_grpc()
         self._tasks = [asyncio.create_task(r.run(), name=f"runner-{r.name}") for r in self.runners]
+
+    async def _wire_grpc(self) -> None:
+        """Replace every link with a gRPC stream through a server per stage on 127.0.0.1."""
+        from pipespec.transport import StageClient, serve_stage
+
+        served = [await serve_stage(r) for r in self.runners]
+        clients = [StageClient(f"127.0.0.1:{port}") for _, port, _ in served]
+        self._servers, self._clients = [s for s, _, _ in served], clients
+        for client in clients:
+            await client.wait_ready()
+        for i, runner in enumerate(self.runners[:-1]):
+            runner.downstream = clients[i + 1].link(runner.deliver)
+        self.coordinator.stages = [c.control(self.coordinator.deliver) for c in clients]
+        for i, (_, _, service) in enumerate(served):
+            await service.coordinator_attached.wait()
+            if i > 0:
+                await service.drafter_attached.wait()
 
     def close(self) -> None:
         if self.loop is None:
@@ -107,6 +132,10 @@ class LocalPipeline:
             for t in self._tasks:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            for client in self._clients:
+                await client.close()
+            for server in self._servers:
+                await server.stop(grace=None)
 
         asyncio.run_coroutine_threadsafe(stop(), self.loop).result()
         for runner in self.runners:  # let in-flight forwards finish while the loop can still take their results
