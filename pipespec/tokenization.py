@@ -8,7 +8,6 @@ clear error at config time naming both stages, never garbage at run time.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from pipespec.config import MODEL_KINDS, ConfigError, PipelineConfig

@@ -72,19 +72,19 @@ class StageService(pb_grpc.StageServicer):
         self.coordinator_attached = asyncio.Event()
 
     async def Link(self, request_iterator, context) -> AsyncIterator[pb.Frame]:
-        link = StreamLink()
-        self.runner.upstream = link
-        self.drafter_attached.set()
-        reader = asyncio.create_task(_pump(request_iterator, self.runner.deliver, f"{self.runner.name} <- drafter"))
-        reader.add_done_callback(lambda _: link.close())
-        async for frame in link.frames():
+        async for frame in self._attach("upstream", request_iterator, self.drafter_attached):
             yield frame
 
     async def Control(self, request_iterator, context) -> AsyncIterator[pb.Frame]:
+        async for frame in self._attach("coordinator", request_iterator, self.coordinator_attached):
+            yield frame
+
+    async def _attach(self, role: str, incoming, attached: asyncio.Event) -> AsyncIterator[pb.Frame]:
+        """Make this stream the runner's `role` link: deliver what comes in, stream out what it sends."""
         link = StreamLink()
-        self.runner.coordinator = link
-        self.coordinator_attached.set()
-        reader = asyncio.create_task(_pump(request_iterator, self.runner.deliver, f"{self.runner.name} <- coordinator"))
+        setattr(self.runner, role, link)
+        attached.set()
+        reader = asyncio.create_task(_pump(incoming, self.runner.deliver, f"{self.runner.name} {role}"))
         reader.add_done_callback(lambda _: link.close())
         async for frame in link.frames():
             yield frame
