@@ -11,7 +11,6 @@ No torch here: the coordinator sees token ids and text only.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -48,10 +47,6 @@ class Coordinator:
         self.detokenizer_factory = detokenizer_factory
         self.ledger = Ledger()
         self.live: dict[str, _Live] = {}
-        self._ids = itertools.count()
-
-    def new_request_id(self) -> str:
-        return f"req-{next(self._ids)}"
 
     # ---- client side --------------------------------------------------------------------------
 

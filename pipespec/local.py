@@ -20,12 +20,13 @@ from typing import Any
 
 from pipespec.config import PipelineConfig
 from pipespec.coordinator import Coordinator
+from pipespec.frontdoor import FrontDoor, TargetInfo
 from pipespec.links import Inbox, InProcessLink, Link
 from pipespec.messages import RequestSpec
 from pipespec.outputs import Delta, Generation
 from pipespec.runner import StageRunner
 from pipespec.stage import Stage
-from pipespec.tokenization import IncrementalDetokenizer, check_shared_tokenizer, encode_prompt
+from pipespec.tokenization import IncrementalDetokenizer, check_shared_tokenizer
 
 
 class LocalPipeline:
@@ -53,6 +54,15 @@ class LocalPipeline:
 
             stages = load_stages(config)
         self.stages = list(stages)
+        target = self.stages[-1]
+        info = TargetInfo(
+            name=config.target.name,
+            kind=config.target.kind,
+            vocab_size=target.vocab_size,
+            max_context=getattr(target, "max_context", None),
+            eos_token_ids=frozenset(getattr(target, "eos_token_ids", frozenset())),
+        )
+        self.front_door = FrontDoor(config, info, self.tokenizer)
         if torch_threads is not None:
             import torch
 
@@ -147,58 +157,9 @@ class LocalPipeline:
 
     # ---- requests -----------------------------------------------------------------------------
 
-    def request(
-        self,
-        prompt: str | None = None,
-        *,
-        prompt_token_ids: Sequence[int] | None = None,
-        image: Any = None,
-        max_new_tokens: int = 64,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] | None = None,
-    ) -> tuple[RequestSpec, tuple[str, ...]]:
-        """Validate one request at the front door; sampling defaults come from the config."""
-        if (prompt is None) == (prompt_token_ids is None):
-            raise ValueError("give exactly one of prompt and prompt_token_ids")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        if image is not None:
-            raise ValueError(f"target stage {self.config.target.name!r} ({self.config.target.kind}) does not take images")
-        target = self.stages[-1]
-        if prompt_token_ids is None:
-            if self.tokenizer is None:
-                raise ValueError("this pipeline has no tokenizer (mock stages): pass prompt_token_ids")
-            ids = encode_prompt(self.tokenizer, prompt)
-        else:
-            ids = [int(t) for t in prompt_token_ids]
-        if not ids:
-            raise ValueError("the prompt is empty: at least one token is needed")
-        bad = [t for t in ids if not 0 <= t < target.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary of {target.vocab_size}")
-        limit = getattr(target, "max_context", None)
-        if limit is not None and len(ids) + max_new_tokens > limit:
-            raise ValueError(
-                f"prompt of {len(ids)} tokens + max_new_tokens {max_new_tokens} exceeds the context of "
-                f"{limit} tokens of target {self.config.target.name!r}"
-            )
-        if stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this pipeline has none (mock stages)")
-        try:
-            params = self.config.sampling.params(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-        except ValueError as e:
-            raise ValueError(str(e)) from None
-        spec = RequestSpec(
-            request_id=self.coordinator.new_request_id(),
-            prompt_token_ids=tuple(ids),
-            params=params,
-            max_new_tokens=max_new_tokens,
-            stop_token_ids=frozenset(getattr(target, "eos_token_ids", frozenset())),
-        )
-        return spec, tuple(stop or ())
+    def request(self, prompt: str | None = None, **kwargs: Any) -> tuple[RequestSpec, tuple[str, ...]]:
+        """Validate one request at the front door (see pipespec.frontdoor)."""
+        return self.front_door.request(prompt, **kwargs)
 
     def stream(self, prompt: str | None = None, **kwargs: Any) -> Iterator[Delta]:
         """Yield deltas as the target commits them; leaving the loop early aborts the request."""

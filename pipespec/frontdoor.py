@@ -1,0 +1,86 @@
+"""The front door: one request's inputs validated into a `RequestSpec`, or a clear error.
+
+Shared by every way in (LocalPipeline, the coordinator's gRPC service), so a bad value is refused
+the same way everywhere, before anything reaches a stage, and never disturbs running requests.
+Torch-free: it knows the target through a `TargetInfo`, not the model.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipespec.config import PipelineConfig
+from pipespec.messages import RequestSpec
+from pipespec.tokenization import encode_prompt
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What the front door needs to know of the target stage."""
+
+    name: str
+    kind: str
+    vocab_size: int
+    max_context: int | None
+    eos_token_ids: frozenset[int]
+    takes_images: bool = False
+
+
+class FrontDoor:
+    def __init__(self, config: PipelineConfig, target: TargetInfo, tokenizer: Any | None):
+        self.config = config
+        self.target = target
+        self.tokenizer = tokenizer
+        self._ids = itertools.count()
+
+    def request(
+        self,
+        prompt: str | None = None,
+        *,
+        prompt_token_ids: Sequence[int] | None = None,
+        image: Any = None,
+        max_new_tokens: int = 64,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> tuple[RequestSpec, tuple[str, ...]]:
+        """Validate one request; sampling defaults come from the config. Raises ValueError."""
+        target = self.target
+        if (prompt is None) == (prompt_token_ids is None):
+            raise ValueError("give exactly one of prompt and prompt_token_ids")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if image is not None and not target.takes_images:
+            raise ValueError(f"target stage {target.name!r} ({target.kind}) does not take images")
+        if prompt_token_ids is None:
+            if self.tokenizer is None:
+                raise ValueError("this pipeline has no tokenizer (mock stages): pass prompt_token_ids")
+            ids = encode_prompt(self.tokenizer, prompt)
+        else:
+            ids = [int(t) for t in prompt_token_ids]
+        if not ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        bad = [t for t in ids if not 0 <= t < target.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary of {target.vocab_size}")
+        if target.max_context is not None and len(ids) + max_new_tokens > target.max_context:
+            raise ValueError(
+                f"prompt of {len(ids)} tokens + max_new_tokens {max_new_tokens} exceeds the context of "
+                f"{target.max_context} tokens of target {target.name!r}"
+            )
+        if stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this pipeline has none (mock stages)")
+        params = self.config.sampling.params(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        spec = RequestSpec(
+            request_id=f"req-{next(self._ids)}",
+            prompt_token_ids=tuple(ids),
+            params=params,
+            max_new_tokens=max_new_tokens,
+            stop_token_ids=target.eos_token_ids,
+        )
+        return spec, tuple(stop or ())
