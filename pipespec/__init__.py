@@ -6,13 +6,14 @@ The names users touch: `load_config` and `LocalPipeline` (one process), `Client`
 
 from typing import TYPE_CHECKING, Any
 
+from pipespec.client import Client
 from pipespec.config import ConfigError, PipelineConfig, load_config
 from pipespec.outputs import Delta, Generation, GenerationError
 
 if TYPE_CHECKING:
     from pipespec.local import LocalPipeline
 
-__all__ = ["ConfigError", "Delta", "Generation", "GenerationError", "LocalPipeline", "PipelineConfig", "load_config"]
+__all__ = ["Client", "ConfigError", "Delta", "Generation", "GenerationError", "LocalPipeline", "PipelineConfig", "load_config"]
 
 
 def __getattr__(name: str) -> Any:

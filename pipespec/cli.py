@@ -1,6 +1,9 @@
 """The `pipespec` command line.
 
     pipespec demo [--prompt TEXT] [--max-new-tokens N] [--json FILE]
+    pipespec serve CONFIG [--address RAY_ADDRESS] [--port P] [--strategy pack|spread]
+    pipespec generate --address HOST:PORT --prompt TEXT [--image FILE] [--max-new-tokens N]
+                      [--temperature T] [--top-p P] [--seed S]
 
 `demo` runs the embedded default on this machine: a 3-stage pipeline (tiny -> mid -> target) streams
 an answer, then the target runs alone on the same prompt, and a table shows each stage pair's
@@ -87,6 +90,35 @@ def demo(args: argparse.Namespace) -> int:
     return 0 if figures["exact"] else 1
 
 
+def serve(args: argparse.Namespace) -> int:
+    from cluster.launch import serve as launch
+
+    return launch(args.config, args.address, args.host, args.port, args.strategy)
+
+
+def generate(args: argparse.Namespace) -> int:
+    from pipespec.client import Client
+
+    last = None
+    for delta in Client(args.address).stream(
+        args.prompt,
+        image=args.image,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+    ):
+        print(_printable(delta.text), end="", flush=True)
+        last = delta
+    print()
+    if last is None or last.finish_reason == "error":
+        print(f"pipespec: {last.error if last else 'no answer'}", file=sys.stderr)
+        return 1
+    pairs = ", ".join(f"{p.drafter}->{p.verifier} {p.mean_acceptance_length:.2f}" for p in last.stats.pairs)
+    print(f"[{last.finish_reason}; {last.stats.generated_tokens} tokens; mean acceptance length {pairs or '-'}]", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pipespec", description="Asynchronous hierarchical speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -103,6 +135,22 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--models", default=str(DEFAULT_MODELS), help="where the toy models are built and loaded from")
     d.add_argument("--json", help="also write the figures as JSON to this file")
     d.set_defaults(run=demo)
+    s = sub.add_parser("serve", help="start a pipeline on Ray (a local one by default) and serve it")
+    s.add_argument("config")
+    s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, help="coordinator port (default: the config's server.port)")
+    s.add_argument("--strategy", default="pack")
+    s.set_defaults(run=serve)
+    g = sub.add_parser("generate", help="stream a generation from a running pipeline")
+    g.add_argument("--address", required=True, help="HOST:PORT printed by serve")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--image")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float)
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--seed", type=int)
+    g.set_defaults(run=generate)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return args.run(args)

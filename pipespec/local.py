@@ -119,7 +119,7 @@ class LocalPipeline:
 
     async def _wire_grpc(self) -> None:
         """Replace every link with a gRPC stream through a server per stage on 127.0.0.1."""
-        from pipespec.transport import StageClient, serve_stage
+        from pipespec.transport.streams import StageClient, serve_stage
 
         served = [await serve_stage(r) for r in self.runners]
         clients = [StageClient(f"127.0.0.1:{port}") for _, port, _ in served]

@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from pipespec import LocalPipeline, load_config
-from pipespec.transport import StageClient, serve_stage
+from pipespec.transport.streams import StageClient, serve_stage
 
 
 def mocks(agreements, target_ms=0.0, **sampling):

@@ -1,6 +1,6 @@
 """gRPC links: the in-process `Link` interface over long-lived bidirectional streams.
 
-The only module that imports grpc. A stage serves `Stage.Link` (its drafter connects and streams
+A stage serves `Stage.Link` (its drafter connects and streams
 drafts; verdicts come back on the same stream) and `Stage.Control` (the coordinator connects: opens
 and closes go down, commits, statistics and failures come up). Each message is one msgpack frame
 (pipespec.codec). `send` never blocks the event loop: it queues the frame and a writer awaits gRPC's

@@ -1,0 +1,87 @@
+"""`Client`: stream generations from a running pipeline (`pipespec serve` / `cluster.launch`).
+
+    from pipespec import Client
+    client = Client("127.0.0.1:50051")
+    for delta in client.stream("Describe the image.", max_new_tokens=64):
+        print(delta.text, end="", flush=True)
+    print(delta.finish_reason, delta.stats.pairs)
+
+`stream` yields true deltas (new text, new token ids); the last one has the finish reason and the
+request's statistics. Leaving the loop early cancels the request on every stage. `astream` is the
+async twin, `generate` collects a whole `Generation`. Sampling values left as None take the
+pipeline config's defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipespec.outputs import Delta, Generation
+
+
+def _image_bytes(image: Any) -> bytes | None:
+    if image is None or isinstance(image, bytes):
+        return image
+    if isinstance(image, (str, Path)):
+        return Path(image).read_bytes()
+    raise TypeError(f"image must be a file path or bytes, got {type(image).__name__}")
+
+
+class Client:
+    def __init__(self, address: str, timeout: float | None = None):
+        self.address = address
+        self.timeout = timeout
+
+    def _request(self, prompt, prompt_token_ids, image, max_new_tokens, temperature, top_p, top_k, seed, stop):
+        from pipespec.transport.generate_client import build_request
+
+        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
+        ids = list(prompt_token_ids) if prompt_token_ids is not None else None
+        return build_request(prompt, ids, _image_bytes(image), max_new_tokens, sampling, list(stop or []))
+
+    def stream(
+        self,
+        prompt: str | None = None,
+        *,
+        prompt_token_ids: Sequence[int] | None = None,
+        image: Any = None,
+        max_new_tokens: int = 64,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> Iterator[Delta]:
+        from pipespec.transport.generate_client import stream
+
+        request = self._request(prompt, prompt_token_ids, image, max_new_tokens, temperature, top_p, top_k, seed, stop)
+        yield from stream(self.address, request, self.timeout)
+
+    async def astream(
+        self,
+        prompt: str | None = None,
+        *,
+        prompt_token_ids: Sequence[int] | None = None,
+        image: Any = None,
+        max_new_tokens: int = 64,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> AsyncIterator[Delta]:
+        from pipespec.transport.generate_client import astream
+
+        request = self._request(prompt, prompt_token_ids, image, max_new_tokens, temperature, top_p, top_k, seed, stop)
+        async for delta in astream(self.address, request, self.timeout):
+            yield delta
+
+    def generate(self, prompt: str | None = None, **kwargs: Any) -> Generation:
+        return Generation.from_deltas(self.stream(prompt, **kwargs))
+
+    def health(self) -> str:
+        from pipespec.transport.generate_client import health
+
+        return health(self.address).status

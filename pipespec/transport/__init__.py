@@ -1,0 +1,6 @@
+"""The transport: the only package that imports grpc.
+
+- `streams`: stage-to-stage and coordinator-to-stage links over bidirectional gRPC streams.
+- `coordinator_service`: the coordinator's `Generate` / `Cancel` / `Health` server for clients.
+- `generate_client`: the client side of `Generate`, used by `pipespec.client.Client`.
+"""
