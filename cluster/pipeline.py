@@ -47,13 +47,26 @@ class RunningPipeline:
         remove_placement_group(self.group)
 
 
-def start_pipeline(config: PipelineConfig, host: str = "127.0.0.1", port: int | None = None, strategy: str = "pack") -> RunningPipeline:
+def start_pipeline(
+    config: PipelineConfig,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    strategy: str = "pack",
+    placement_timeout_s: float = 60.0,
+) -> RunningPipeline:
     if strategy not in STRATEGIES:
         raise ConfigError(f"placement strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
     specs = config.stages
     bundles = [_bundle(s.resources) or {"CPU": 0.01} for s in specs]
     group = placement_group(bundles, strategy=STRATEGIES[strategy], name=f"pipespec-{config.name}")
-    ray.get(group.ready(), timeout=120)
+    try:
+        ray.get(group.ready(), timeout=placement_timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        raise ConfigError(
+            f"pipeline {config.name!r}: its stages' resources {bundles} could not be placed ({strategy}) within "
+            f"{placement_timeout_s:.0f} s; the cluster has {ray.available_resources()} available"
+        ) from None
 
     def actor(i: int, target_vocab: int | None):
         resources = dict(specs[i].resources)

@@ -14,7 +14,7 @@ import grpc
 from pipespec import codec
 from pipespec.coordinator import Coordinator
 from pipespec.frontdoor import FrontDoor
-from pipespec.transport.streams import CHANNEL_OPTIONS
+from pipespec.transport.streams import SERVER_OPTIONS
 from protos import pipespec_pb2 as pb
 from protos import pipespec_pb2_grpc as pb_grpc
 
@@ -65,7 +65,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
 
 async def serve_coordinator(service: CoordinatorService, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_CoordinatorServicer_to_server(service, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:

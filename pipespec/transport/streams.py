@@ -25,13 +25,17 @@ from protos import pipespec_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 512 * 2**20
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
+_LIMITS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES), ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+CHANNEL_OPTIONS = _LIMITS + [  # clients ping an idle stream every 20 s to detect a dead peer
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+]
+SERVER_OPTIONS = _LIMITS + [  # ... and servers accept those pings instead of answering GOAWAY
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
 ]
 
 _END = None  # queued to end a stream
@@ -95,7 +99,7 @@ class StageService(pb_grpc.StageServicer):
 
 async def serve_stage(runner, host: str = "127.0.0.1", port: int = 0) -> tuple[grpc.aio.Server, int, StageService]:
     """Start a gRPC server for `runner`; -> (server, bound port, service)."""
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     service = StageService(runner)
     pb_grpc.add_StageServicer_to_server(service, server)
     bound = server.add_insecure_port(f"{host}:{port}")

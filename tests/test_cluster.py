@@ -1,0 +1,127 @@
+"""The distributed runtime on a local Ray: stage actors, gRPC streams, the coordinator, a client.
+
+One Ray session for the module. Mock stages (toy models, emulated latency) and the small random
+Llamas, each stage in its own actor with its own gRPC server, a client streaming through the
+coordinator: outputs equal the target alone; many streams at once stay exact and isolated; a
+client that goes away is dropped on every stage within a second.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pipespec import Client, LocalPipeline, load_config
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    from cluster.pipeline import ray_env
+
+    ray_env()
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def mock_pipeline(ray_session):
+    from cluster.pipeline import start_pipeline
+
+    running = start_pipeline(load_config("cluster/configs/mock3.yaml"), port=0)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def mock_target_alone():
+    config = load_config("cluster/configs/mock3.yaml")
+    with LocalPipeline(load_config({"stages": [{"name": "t", "kind": "mock", "vocab_size": 128, "latency_ms": 0}]})) as p:
+        assert config.stages[-1].options.vocab_size == 128
+        yield p
+
+
+def request(i):
+    return dict(prompt_token_ids=[i % 9 + 1, 2, i % 4 + 3], max_new_tokens=24 + i, temperature=0.0 if i % 2 else 0.8, seed=i)
+
+
+def test_three_actors_stream_exactly_the_target_alone(mock_pipeline, mock_target_alone):
+    client = Client(mock_pipeline.address)
+    for i in range(4):
+        deltas = list(client.stream(**request(i)))
+        ids = [t for d in deltas for t in d.token_ids]
+        assert ids == mock_target_alone.generate(**request(i)).token_ids
+        last = deltas[-1]
+        assert last.finish_reason == "length" and [p.verifier for p in last.stats.pairs] == ["mid", "target"]
+        assert all(d.finish_reason is None for d in deltas[:-1]) and len(deltas) > 2  # true deltas, streamed
+
+
+def test_eight_concurrent_streams_are_exact(mock_pipeline, mock_target_alone):
+    client = Client(mock_pipeline.address)
+    results: dict[int, list[int]] = {}
+
+    def run(i):
+        results[i] = client.generate(**request(i)).token_ids
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(results) == list(range(10))
+    for i, ids in results.items():
+        assert ids == mock_target_alone.generate(**request(i)).token_ids
+
+
+def test_a_disconnected_client_is_dropped_everywhere_within_a_second(ray_session, mock_pipeline, mock_target_alone):
+    ray = ray_session
+    client = Client(mock_pipeline.address)
+    other = threading.Thread(target=lambda: results.append(client.generate(**request(3)).token_ids))
+    results: list = []
+    stream = client.stream(prompt_token_ids=[5, 6, 7], max_new_tokens=400)
+    next(stream)
+    other.start()
+    stream.close()  # the client goes away mid-answer
+    gone = time.monotonic()
+    actors = [*mock_pipeline.stages]
+    while time.monotonic() - gone < 1.0:
+        open_counts = ray.get([a.open_requests.remote() for a in actors])
+        live = ray.get(mock_pipeline.coordinator.live_requests.remote())
+        if live <= 1 and sum(open_counts) <= len(actors):  # at most the other request remains
+            break
+    other.join(timeout=60)
+    assert time.monotonic() - gone < 1.5
+    assert results == [mock_target_alone.generate(**request(3)).token_ids]
+    assert ray.get([a.open_requests.remote() for a in actors]) == [0, 0, 0]
+
+
+def test_bad_request_is_an_error_naming_the_value(mock_pipeline):
+    deltas = list(Client(mock_pipeline.address).stream(prompt_token_ids=[1, 2], max_new_tokens=8, temperature=-1.0))
+    assert deltas[-1].finish_reason == "error" and "temperature must be >= 0, got -1.0" in deltas[-1].error
+
+
+def test_real_models_in_actors_equal_target_alone(ray_session, family):
+    from cluster.pipeline import start_pipeline
+
+    def stage(name, cpus):
+        return {"name": name, "kind": "causal_lm", "model": family[name], "dtype": "float32", "resources": {"num_cpus": cpus}}
+
+    # the mock pipeline holds 1.5 of the 2 CPUs: these bundles fit beside it
+    config = load_config({"name": "toy", "stages": [stage("tiny", 0.1), stage("mid", 0.1), stage("target", 0.2)]})
+    running = start_pipeline(config, port=0)
+    try:
+        with LocalPipeline(load_config({"stages": [stage("target", 1)]})) as ref:
+            for prompt in ([1, 40, 50, 60], [1, 99, 7, 13, 200]):
+                for temperature in (0.0, 0.9):
+                    kw = dict(prompt_token_ids=prompt, max_new_tokens=24, temperature=temperature, seed=4)
+                    assert Client(running.address).generate(**kw).token_ids == ref.generate(**kw).token_ids
+            text = Client(running.address).generate("the red circle", max_new_tokens=8)
+            assert text.text == ref.generate("the red circle", max_new_tokens=8).text
+    finally:
+        running.stop()
