@@ -125,3 +125,14 @@ def test_real_models_in_actors_equal_target_alone(ray_session, family):
             assert text.text == ref.generate("the red circle", max_new_tokens=8).text
     finally:
         running.stop()
+
+
+def test_astream_is_the_async_twin(mock_pipeline, mock_target_alone):
+    import asyncio
+
+    async def collect():
+        return [d async for d in Client(mock_pipeline.address).astream(**request(5))]
+
+    deltas = asyncio.run(collect())
+    assert [t for d in deltas for t in d.token_ids] == mock_target_alone.generate(**request(5)).token_ids
+    assert deltas[-1].finish_reason == "length" and deltas[-1].stats.generated_tokens == len(mock_target_alone.generate(**request(5)).token_ids)
