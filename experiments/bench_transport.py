@@ -1,11 +1,13 @@
-"""Transport cost: the same pipeline with in-process links and with gRPC streams (127.0.0.1).
+"""Transport cost: the same pipeline with in-process links, with gRPC streams in one process, and
+with every stage in its own Ray actor (process) talking gRPC over 127.0.0.1, reached by a Client.
 
 Per committed token, wall microseconds, median of --runs runs, for zero-latency mock stages (pure
-runtime + transport cost) and for the small random-weight Llamas of experiments.toy_models. Both
-variants run in one process on one event loop, so the difference is the cost of the gRPC path
-(framing, msgpack, HTTP/2 on loopback), not of separate machines.
+runtime + transport cost) and for the small random-weight Llamas of experiments.toy_models. The
+in-process and one-process-gRPC columns share one event loop, so their difference is the cost of the
+gRPC path itself (framing, msgpack, HTTP/2 on loopback); the Ray column adds process hops and lets
+stages run in parallel (here on 2 cores).
 
-    python -m experiments.bench_transport [--runs 3] [--tokens 400]
+    python -m experiments.bench_transport [--runs 3] [--tokens 400] [--no-ray]
 """
 
 from __future__ import annotations
@@ -29,30 +31,65 @@ def per_token_us(config, over_grpc: bool, tokens: int, runs: int, stages=None) -
     return statistics.median(samples)
 
 
+def ray_per_token_us(config, tokens: int, runs: int) -> float:
+    from cluster.pipeline import start_pipeline
+    from pipespec import Client
+
+    running = start_pipeline(config, port=0)
+    try:
+        client = Client(running.address)
+        client.generate(prompt_token_ids=[1, 2, 3], max_new_tokens=8)
+        samples = []
+        for run in range(runs):
+            t0 = time.perf_counter()
+            r = client.generate(prompt_token_ids=[1, 2 + run, 3], max_new_tokens=tokens)
+            samples.append((time.perf_counter() - t0) / len(r.token_ids) * 1e6)
+        return statistics.median(samples)
+    finally:
+        running.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=400)
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray column")
     args = parser.parse_args()
+    if not args.no_ray:
+        from cluster.pipeline import ray_env
+
+        ray_env()
+        import ray
+
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     from experiments.toy_models import build_family
     from stages import load_stages
 
+    def in_ray(config, tokens):
+        return float("nan") if args.no_ray else ray_per_token_us(config, tokens, args.runs)
+
     rows = []
     for k in (1, 2, 3):
-        config = load_config({"stages": [{"name": f"m{i}", "kind": "mock", "agreement": 0.8, "vocab_size": 64} for i in range(k)]})
-        rows.append((f"mock x{k}, zero latency", per_token_us(config, False, args.tokens, args.runs), per_token_us(config, True, args.tokens, args.runs)))
+        stages = [{"name": f"m{i}", "kind": "mock", "agreement": 0.8, "vocab_size": 64, "resources": {"num_cpus": 0.5}} for i in range(k)]
+        config = load_config({"name": f"mock{k}", "stages": stages})
+        local, grpc_us = per_token_us(config, False, args.tokens, args.runs), per_token_us(config, True, args.tokens, args.runs)
+        rows.append((f"mock x{k}, zero latency", local, grpc_us, in_ray(config, args.tokens)))
     with tempfile.TemporaryDirectory() as tmp:
         family = build_family(tmp)
         names = ["tiny", "mid", "target"]
-        config = load_config({"stages": [{"name": n, "kind": "causal_lm", "model": str(family[n]), "dtype": "float32"} for n in names]})
+        cpus = {"tiny": 0.5, "mid": 0.5, "target": 1}
+        config = load_config(
+            {"name": "toy", "stages": [{"name": n, "kind": "causal_lm", "model": str(family[n]), "dtype": "float32", "resources": {"num_cpus": cpus[n]}} for n in names]}
+        )
         stages = load_stages(config)
         tokens = min(args.tokens, 200)
-        rows.append(("toy Llamas tiny->mid->target", per_token_us(config, False, tokens, args.runs, stages), per_token_us(config, True, tokens, args.runs, stages)))
-    print(f"Wall microseconds per committed token, median of {args.runs} runs (one process, 127.0.0.1):\n")
-    print("| pipeline | in-process links | gRPC streams | gRPC extra per token |")
+        local, grpc_us = per_token_us(config, False, tokens, args.runs, stages), per_token_us(config, True, tokens, args.runs, stages)
+        rows.append(("toy Llamas tiny->mid->target (fp32)", local, grpc_us, in_ray(config, tokens)))
+    print(f"Wall microseconds per committed token, median of {args.runs} runs, 127.0.0.1, 2 cores:\n")
+    print("| pipeline | in-process links | gRPC streams, one process | Ray actors + gRPC + Client |")
     print("|---|---|---|---|")
-    for name, local, grpc_us in rows:
-        print(f"| {name} | {local:.0f} | {grpc_us:.0f} | {grpc_us - local:+.0f} |")
+    for name, local, grpc_us, ray_us in rows:
+        print(f"| {name} | {local:.0f} | {grpc_us:.0f} ({grpc_us - local:+.0f}) | {ray_us:.0f} ({ray_us - local:+.0f}) |")
 
 
 if __name__ == "__main__":
