@@ -52,16 +52,7 @@ class StageActor:
         from pipespec.runner import StageRunner
         from pipespec.transport.streams import serve_stage
 
-        specs, i = self.config.stages, self.index
-        self.runner = StageRunner(
-            self.stage,
-            name=specs[i].name,
-            depth=len(specs) - 1 - i,
-            max_lookahead=specs[i].max_lookahead,
-            drafter_name=specs[i - 1].name if i else None,
-            drafter_lookahead=specs[i - 1].max_lookahead if i else 0,
-            verify_window=self.config.window(i),
-        )
+        self.runner = StageRunner.for_config(self.stage, self.config, self.index)
         self.server, port, self.service = await serve_stage(self.runner, host, 0)
         self.task = asyncio.get_running_loop().create_task(self.runner.run())
         return f"{host}:{port}"

@@ -91,18 +91,7 @@ class LocalPipeline:
     async def _wire(self) -> None:
         specs = self.config.stages
         k = len(specs)
-        self.runners = [
-            StageRunner(
-                stage,
-                name=spec.name,
-                depth=k - 1 - i,
-                max_lookahead=spec.max_lookahead,
-                drafter_name=specs[i - 1].name if i else None,
-                drafter_lookahead=specs[i - 1].max_lookahead if i else 0,
-                verify_window=self.config.window(i),
-            )
-            for i, (spec, stage) in enumerate(zip(specs, self.stages))
-        ]
+        self.runners = [StageRunner.for_config(stage, self.config, i) for i, stage in enumerate(self.stages)]
         detok = (lambda: IncrementalDetokenizer(self.tokenizer)) if self.tokenizer is not None else None
         self.coordinator = Coordinator([s.name for s in specs], detok)
         link = self.link_factory

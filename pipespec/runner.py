@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipespec.choice import Decision, decide
+from pipespec.config import PipelineConfig
 from pipespec.links import Link
 from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, RequestSpec, Verdict
 from pipespec.patience import Patience
@@ -130,6 +131,20 @@ class StageRunner:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{name}")
         self.busy = False
         self.loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def for_config(cls, stage: Stage, config: PipelineConfig, i: int) -> StageRunner:
+        """The runner of stage i of `config`, its neighbours' settings included."""
+        specs = config.stages
+        return cls(
+            stage,
+            name=specs[i].name,
+            depth=len(specs) - 1 - i,
+            max_lookahead=specs[i].max_lookahead,
+            drafter_name=specs[i - 1].name if i else None,
+            drafter_lookahead=specs[i - 1].max_lookahead if i else 0,
+            verify_window=config.window(i),
+        )
 
     # ---- wiring -------------------------------------------------------------------------------
 
