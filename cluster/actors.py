@@ -35,14 +35,7 @@ class StageActor:
         self.clients: list = []
 
     def target_info(self) -> TargetInfo:
-        spec = self.config.stages[self.index]
-        return TargetInfo(
-            name=spec.name,
-            kind=spec.kind,
-            vocab_size=self.stage.vocab_size,
-            max_context=getattr(self.stage, "max_context", None),
-            eos_token_ids=frozenset(getattr(self.stage, "eos_token_ids", frozenset())),
-        )
+        return TargetInfo.of(self.config.stages[self.index], self.stage)
 
     def vocab_size(self) -> int:
         return self.stage.vocab_size

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipespec.config import PipelineConfig
+from pipespec.config import PipelineConfig, StageSpec
 from pipespec.messages import RequestSpec
 from pipespec.tokenization import encode_prompt
 
@@ -27,6 +27,17 @@ class TargetInfo:
     max_context: int | None
     eos_token_ids: frozenset[int]
     takes_images: bool = False
+
+    @classmethod
+    def of(cls, spec: StageSpec, stage: Any) -> TargetInfo:
+        """What a built target stage tells the front door (stages without a limit or EOS omit them)."""
+        return cls(
+            name=spec.name,
+            kind=spec.kind,
+            vocab_size=stage.vocab_size,
+            max_context=getattr(stage, "max_context", None),
+            eos_token_ids=frozenset(getattr(stage, "eos_token_ids", frozenset())),
+        )
 
 
 class FrontDoor:

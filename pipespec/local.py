@@ -54,15 +54,7 @@ class LocalPipeline:
 
             stages = load_stages(config)
         self.stages = list(stages)
-        target = self.stages[-1]
-        info = TargetInfo(
-            name=config.target.name,
-            kind=config.target.kind,
-            vocab_size=target.vocab_size,
-            max_context=getattr(target, "max_context", None),
-            eos_token_ids=frozenset(getattr(target, "eos_token_ids", frozenset())),
-        )
-        self.front_door = FrontDoor(config, info, self.tokenizer)
+        self.front_door = FrontDoor(config, TargetInfo.of(config.target, self.stages[-1]), self.tokenizer)
         if torch_threads is not None:
             import torch
 
