@@ -126,7 +126,13 @@ def bench_overhead(tokens: int = 1500, runs: int = 3) -> list[dict]:
     outside the stages' compute (event loops, messages, bookkeeping, coordinator, all stages summed)."""
     rows = []
     for k in (1, 2, 3):
-        config = load_config({"stages": [{"name": f"m{i}", "kind": "mock", "agreement": 1.0, "vocab_size": 32, "max_lookahead": 8} for i in range(k)]})
+        config = load_config(
+            {
+                "stages": [
+                    {"name": f"m{i}", "kind": "mock", "agreement": 1.0, "vocab_size": 32, "max_lookahead": 8} for i in range(k)
+                ]
+            }
+        )
         walls, hosts = [], []
         with LocalPipeline(config) as p:
             p.generate(prompt_token_ids=[1, 2], max_new_tokens=50)  # warm up

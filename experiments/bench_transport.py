@@ -70,7 +70,10 @@ def main() -> None:
 
     rows = []
     for k in (1, 2, 3):
-        stages = [{"name": f"m{i}", "kind": "mock", "agreement": 0.8, "vocab_size": 64, "resources": {"num_cpus": 0.5}} for i in range(k)]
+        stages = [
+            {"name": f"m{i}", "kind": "mock", "agreement": 0.8, "vocab_size": 64, "resources": {"num_cpus": 0.5}}
+            for i in range(k)
+        ]
         config = load_config({"name": f"mock{k}", "stages": stages})
         local, grpc_us = per_token_us(config, False, args.tokens, args.runs), per_token_us(config, True, args.tokens, args.runs)
         rows.append((f"mock x{k}, zero latency", local, grpc_us, in_ray(config, args.tokens)))
@@ -79,11 +82,26 @@ def main() -> None:
         names = ["tiny", "mid", "target"]
         cpus = {"tiny": 0.5, "mid": 0.5, "target": 1}
         config = load_config(
-            {"name": "toy", "stages": [{"name": n, "kind": "causal_lm", "model": str(family[n]), "dtype": "float32", "resources": {"num_cpus": cpus[n]}} for n in names]}
+            {
+                "name": "toy",
+                "stages": [
+                    {
+                        "name": n,
+                        "kind": "causal_lm",
+                        "model": str(family[n]),
+                        "dtype": "float32",
+                        "resources": {"num_cpus": cpus[n]},
+                    }
+                    for n in names
+                ],
+            }
         )
         stages = load_stages(config)
         tokens = min(args.tokens, 200)
-        local, grpc_us = per_token_us(config, False, tokens, args.runs, stages), per_token_us(config, True, tokens, args.runs, stages)
+        local, grpc_us = (
+            per_token_us(config, False, tokens, args.runs, stages),
+            per_token_us(config, True, tokens, args.runs, stages),
+        )
         rows.append(("toy Llamas tiny->mid->target (fp32)", local, grpc_us, in_ray(config, tokens)))
     print(f"Wall microseconds per committed token, median of {args.runs} runs, 127.0.0.1, 2 cores:\n")
     print("| pipeline | in-process links | gRPC streams, one process | Ray actors + gRPC + Client |")

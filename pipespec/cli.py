@@ -70,9 +70,7 @@ def demo(args: argparse.Namespace) -> int:
         "tokens_per_second": tps,
         "target_alone_tokens_per_second": tps_alone,
         "prefill_s": result.stats.prefill_s,
-        "pairs": [
-            {k: v for k, v in pair.as_dict().items() if k != "per_position_acceptance"} for pair in result.stats.pairs
-        ],
+        "pairs": [{k: v for k, v in pair.as_dict().items() if k != "per_position_acceptance"} for pair in result.stats.pairs],
     }
     print(f"{'drafter -> verifier':<22}{'drafts':>8}{'drafted':>9}{'accepted':>10}{'mean acc. len':>15}")
     for pair in result.stats.pairs:

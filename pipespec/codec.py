@@ -20,7 +20,9 @@ _CLASSES: dict[str, type] = {
     cls.__name__: cls
     for module in (messages, stats, params)
     for cls in vars(module).values()
-    if isinstance(cls, type) and (dataclasses.is_dataclass(cls) or issubclass(cls, enum.Enum)) and cls.__module__ == module.__name__
+    if isinstance(cls, type)
+    and (dataclasses.is_dataclass(cls) or issubclass(cls, enum.Enum))
+    and cls.__module__ == module.__name__
 }
 
 

@@ -196,8 +196,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
     device = _typed(raw.get("device", "cpu"), str, f"{where}.device")
     resources = raw.get("resources", {"num_cpus": 1})
     if not isinstance(resources, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
-        for k, v in resources.items()
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for k, v in resources.items()
     ):
         raise ConfigError(f"{where}.resources: must map resource names to non-negative numbers, got {resources!r}")
 

@@ -141,4 +141,3 @@ class Coordinator:
             stages=[c.stage_stats for c in closed],
         )
         live.queue.put_nowait(Delta("", (), live.finish_reason, stats, live.error))
-

@@ -20,7 +20,9 @@ HERE = Path(__file__).resolve().parent
 
 def build(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    code = protoc.main(["grpc_tools.protoc", f"-I{HERE}", f"--python_out={out}", f"--grpc_python_out={out}", str(HERE / "pipespec.proto")])
+    code = protoc.main(
+        ["grpc_tools.protoc", f"-I{HERE}", f"--python_out={out}", f"--grpc_python_out={out}", str(HERE / "pipespec.proto")]
+    )
     if code != 0:
         raise RuntimeError(f"protoc failed with exit code {code}")
     grpc_module = out / "pipespec_pb2_grpc.py"

@@ -29,7 +29,9 @@ def test_serve_then_generate(family, tmp_path):
     path.write_text(yaml.safe_dump(config))
     pipespec = str(Path(sys.executable).with_name("pipespec"))
     env = {**os.environ, **RAY_ENV, "RAY_ADDRESS": ""}
-    server = subprocess.Popen([pipespec, "serve", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    server = subprocess.Popen(
+        [pipespec, "serve", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     try:
         address = None
         for line in server.stdout:  # blocks until serve prints its address (or exits)
@@ -43,7 +45,12 @@ def test_serve_then_generate(family, tmp_path):
         )  # fmt: skip
         assert out.returncode == 0, out.stderr
         assert "[length; 12 tokens; mean acceptance length tiny->target" in out.stderr
-        bad = subprocess.run([pipespec, "generate", "--address", address, "--prompt", "x", "--temperature", "-2"], capture_output=True, text=True, env=env)
+        bad = subprocess.run(
+            [pipespec, "generate", "--address", address, "--prompt", "x", "--temperature", "-2"],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         assert bad.returncode == 1 and "temperature must be >= 0, got -2.0" in bad.stderr
     finally:
         server.send_signal(signal.SIGTERM)

@@ -136,4 +136,6 @@ def test_astream_is_the_async_twin(mock_pipeline, mock_target_alone):
 
     deltas = asyncio.run(collect())
     assert [t for d in deltas for t in d.token_ids] == mock_target_alone.generate(**request(5)).token_ids
-    assert deltas[-1].finish_reason == "length" and deltas[-1].stats.generated_tokens == len(mock_target_alone.generate(**request(5)).token_ids)
+    assert deltas[-1].finish_reason == "length" and deltas[-1].stats.generated_tokens == len(
+        mock_target_alone.generate(**request(5)).token_ids
+    )

@@ -38,7 +38,10 @@ def test_tensors_roundtrip_bit_for_bit():
         t = torch.randn(3, 50, generator=g).to(dtype)
         back = roundtrip(Draft("r", 0, 0, (1, 2, 3), t)).probs
         assert back.dtype == dtype and back.shape == t.shape
-        assert torch.equal(back.view(torch.uint8) if dtype != torch.bfloat16 else back.view(torch.int16), t.view(torch.uint8) if dtype != torch.bfloat16 else t.view(torch.int16))
+        assert torch.equal(
+            back.view(torch.uint8) if dtype != torch.bfloat16 else back.view(torch.int16),
+            t.view(torch.uint8) if dtype != torch.bfloat16 else t.view(torch.int16),
+        )
 
 
 def test_large_frames_stay_exact():

@@ -45,7 +45,12 @@ def prompts(family):
 
 def pipeline(family, loaded, names, lookahead=4):
     config = load_config(
-        {"stages": [{"name": n, "kind": "causal_lm", "model": family[n], "max_lookahead": lookahead, "dtype": "float32"} for n in names]}
+        {
+            "stages": [
+                {"name": n, "kind": "causal_lm", "model": family[n], "max_lookahead": lookahead, "dtype": "float32"}
+                for n in names
+            ]
+        }
     )
     return LocalPipeline(config, stages=[loaded[n] for n in names])
 
@@ -74,7 +79,11 @@ def assert_same(got, want, prompt, params, model):
 
 
 def sampling_cases():
-    return [SamplingParams(), SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=2)]
+    return [
+        SamplingParams(),
+        SamplingParams(temperature=0.8, seed=1),
+        SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=2),
+    ]
 
 
 @pytest.mark.slow
@@ -82,7 +91,13 @@ def sampling_cases():
 def test_twenty_prompts_equal_target_alone(k, family, loaded, prompts, reference, target_model):
     with pipeline(family, loaded, CHAINS[k]) as p:
         for params in sampling_cases():
-            kw = dict(max_new_tokens=NEW_TOKENS, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=params.seed)
+            kw = dict(
+                max_new_tokens=NEW_TOKENS,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                seed=params.seed,
+            )
             futures = [(q, p.submit(prompt_token_ids=q, **kw), reference.submit(prompt_token_ids=q, **kw)) for q in prompts]
             accepted = 0
             for q, fut, ref in futures:

@@ -65,7 +65,9 @@ def test_ray_job_submit_serves_a_pipeline(head, tmp_path):
                 break
             except Exception:  # noqa: BLE001 - not up yet (connection refused / unavailable)
                 if time.monotonic() > deadline:
-                    logs = subprocess.run([ray, "job", "logs", "--address", dashboard, job_id], env=env, capture_output=True, text=True)
+                    logs = subprocess.run(
+                        [ray, "job", "logs", "--address", dashboard, job_id], env=env, capture_output=True, text=True
+                    )
                     pytest.fail(f"the job never served: {logs.stdout[-3000:]}{logs.stderr[-2000:]}")
                 time.sleep(0.5)  # polling a remote process we do not control, with a deadline
         got = client.generate(prompt_token_ids=[3, 4, 5], max_new_tokens=32)

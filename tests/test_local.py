@@ -15,7 +15,9 @@ from stages.causal_lm import CausalLMStage
 
 
 def text_config(family, names, **extra):
-    return load_config({"stages": [{"name": n, "kind": "causal_lm", "model": family[n], "dtype": "float32"} for n in names], **extra})
+    return load_config(
+        {"stages": [{"name": n, "kind": "causal_lm", "model": family[n], "dtype": "float32"} for n in names], **extra}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,14 @@ def test_missing_model_directory_is_named(tmp_path):
 def test_tokenizer_mismatch_names_both_stages(family, tmp_path, monkeypatch):
     other = tmp_path / "other-tokenizer"
     train_tokenizer(vocab_size=400).save_pretrained(other)
-    config = load_config({"stages": [{"name": "d", "kind": "causal_lm", "model": str(other)}, {"name": "t", "kind": "causal_lm", "model": family["target"]}]})
+    config = load_config(
+        {
+            "stages": [
+                {"name": "d", "kind": "causal_lm", "model": str(other)},
+                {"name": "t", "kind": "causal_lm", "model": family["target"]},
+            ]
+        }
+    )
     monkeypatch.setattr(CausalLMStage, "__init__", lambda *a, **k: pytest.fail("a model loaded before the tokenizer check"))
     with pytest.raises(ConfigError, match=r"stages\[0\] \(d\).*other-tokenizer.*stage 't'"):
         LocalPipeline(config)
@@ -46,7 +55,9 @@ def test_tokenizer_mismatch_names_both_stages(family, tmp_path, monkeypatch):
 
 def test_vocabulary_mismatch_is_a_config_error():
     with pytest.raises(ConfigError, match="vocab_size"):
-        load_config({"stages": [{"name": "a", "kind": "mock", "vocab_size": 10}, {"name": "b", "kind": "mock", "vocab_size": 12}]})
+        load_config(
+            {"stages": [{"name": "a", "kind": "mock", "vocab_size": 10}, {"name": "b", "kind": "mock", "vocab_size": 12}]}
+        )
 
 
 @pytest.mark.parametrize(
@@ -103,7 +114,9 @@ def test_stop_string_cuts_text_and_stops(pipe):
 
 
 def test_eos_stops_generation():
-    config = load_config({"stages": [{"name": f"m{i}", "kind": "mock", "vocab_size": 8, "eos_token_id": 3, "agreement": 0.8} for i in range(2)]})
+    config = load_config(
+        {"stages": [{"name": f"m{i}", "kind": "mock", "vocab_size": 8, "eos_token_id": 3, "agreement": 0.8} for i in range(2)]}
+    )
     with LocalPipeline(config) as p:
         outs = [p.generate(prompt_token_ids=[s % 8, 1], max_new_tokens=200, seed=s, temperature=1.0) for s in range(8)]
     assert all(o.finish_reason == "stop" and o.token_ids[-1] == 3 and 3 not in o.token_ids[:-1] for o in outs)

@@ -34,7 +34,10 @@ def test_ngram_in_front_of_a_causal_lm_is_exact(family):
 
     target = {"name": "target", "kind": "causal_lm", "model": family["target"], "dtype": "float32"}
     prompt = [1, 40, 50, 60, 70, 40, 50, 60, 70, 40, 50]  # repetitive: lookup has something to propose
-    with LocalPipeline(config([target])) as ref, LocalPipeline(config([{"name": "ng", "kind": "ngram", "max_lookahead": 6}, target])) as p:
+    with (
+        LocalPipeline(config([target])) as ref,
+        LocalPipeline(config([{"name": "ng", "kind": "ngram", "max_lookahead": 6}, target])) as p,
+    ):
         for temperature in (0.0, 0.8):
             want = ref.generate(prompt_token_ids=prompt, max_new_tokens=30, temperature=temperature, seed=3)
             got = p.generate(prompt_token_ids=prompt, max_new_tokens=30, temperature=temperature, seed=3)

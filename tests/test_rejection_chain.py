@@ -29,7 +29,9 @@ DELTA = 1e-6
 
 
 def chain_config(k):
-    stages = [{"name": f"m{i}", "kind": "mock", "agreement": 0.0, "vocab_size": V, "scale": 1.5, "max_lookahead": 3} for i in range(k)]
+    stages = [
+        {"name": f"m{i}", "kind": "mock", "agreement": 0.0, "vocab_size": V, "scale": 1.5, "max_lookahead": 3} for i in range(k)
+    ]
     stages[-1]["latency_ms"] = 0.3  # a slightly slower target: drafts are usually waiting to be verified
     return load_config({"stages": stages, "sampling": {"temperature": 1.0, "verify": "rejection"}})
 

@@ -42,7 +42,12 @@ def test_shared_tokenizer_passes_and_is_returned(tokenizer, tokenizer_dirs):
 
 def test_ngram_stage_needs_no_tokenizer(tokenizer, tokenizer_dirs):
     config = load_config(
-        {"stages": [{"name": "lookup", "kind": "ngram"}, {"name": "target", "kind": "causal_lm", "model": tokenizer_dirs["shared_a"]}]}
+        {
+            "stages": [
+                {"name": "lookup", "kind": "ngram"},
+                {"name": "target", "kind": "causal_lm", "model": tokenizer_dirs["shared_a"]},
+            ]
+        }
     )
     assert check_shared_tokenizer(config).get_vocab() == tokenizer.get_vocab()
 

@@ -15,7 +15,9 @@ from pipespec.transport.streams import StageClient, serve_stage
 
 
 def mocks(agreements, target_ms=0.0, **sampling):
-    stages = [{"name": f"m{i}", "kind": "mock", "agreement": a, "vocab_size": 64, "max_lookahead": 6} for i, a in enumerate(agreements)]
+    stages = [
+        {"name": f"m{i}", "kind": "mock", "agreement": a, "vocab_size": 64, "max_lookahead": 6} for i, a in enumerate(agreements)
+    ]
     stages[-1]["latency_ms"] = target_ms  # a slower target gives drafts time to cross the wire
     return load_config({"stages": stages, "sampling": sampling})
 
@@ -28,7 +30,9 @@ def target_alone():
 
 @pytest.mark.parametrize("k", [2, 3])
 def test_grpc_pipeline_equals_target_alone(k, target_alone):
-    requests = [dict(prompt_token_ids=[i + 1, 2, 3], max_new_tokens=40, temperature=0.0 if i % 2 else 0.9, seed=i) for i in range(10)]
+    requests = [
+        dict(prompt_token_ids=[i + 1, 2, 3], max_new_tokens=40, temperature=0.0 if i % 2 else 0.9, seed=i) for i in range(10)
+    ]
     with LocalPipeline(mocks([0.7] * (k - 1) + [1.0]), over_grpc=True) as p:
         futures = [p.submit(**r) for r in requests]  # all at once: concurrent streams
         got = [f.result(timeout=60) for f in futures]
@@ -50,7 +54,10 @@ def test_real_models_over_grpc_equal_target_alone(family):
 
     with LocalPipeline(config(["target"])) as ref, LocalPipeline(config(["tiny", "mid", "target"]), over_grpc=True) as p:
         for prompt in ([1, 40, 50, 60], [1, 99, 7]):
-            assert p.generate(prompt_token_ids=prompt, max_new_tokens=24).token_ids == ref.generate(prompt_token_ids=prompt, max_new_tokens=24).token_ids
+            assert (
+                p.generate(prompt_token_ids=prompt, max_new_tokens=24).token_ids
+                == ref.generate(prompt_token_ids=prompt, max_new_tokens=24).token_ids
+            )
 
 
 def test_health_reports_open_requests():
