@@ -18,6 +18,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cluster.actors import CoordinatorActor, StageActor
 from pipespec.config import ConfigError, PipelineConfig
+from stages import check_vocabularies
 
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 STRATEGIES = {"pack": "PACK", "spread": "SPREAD", "strict-pack": "STRICT_PACK", "strict-spread": "STRICT_SPREAD"}
@@ -83,10 +84,7 @@ def start_pipeline(
     target = actor(len(specs) - 1, None)
     vocab = ray.get(target.vocab_size.remote())
     stages = [actor(i, vocab) for i in range(len(specs) - 1)] + [target]
-    vocabs = ray.get([s.vocab_size.remote() for s in stages])
-    for spec, v in zip(specs, vocabs):
-        if v != vocab:
-            raise ConfigError(f"stage {spec.name!r}: vocabulary of {v} logits differs from the target's ({vocab})")
+    check_vocabularies(specs, ray.get([s.vocab_size.remote() for s in stages]))
     addresses = ray.get([s.serve.remote(host) for s in stages])
     ray.get([stages[i].connect_downstream.remote(addresses[i + 1]) for i in range(len(stages) - 1)])
     coordinator = CoordinatorActor.options(num_cpus=0, max_concurrency=1000).remote()

@@ -34,48 +34,37 @@ class Client:
         self.address = address
         self.timeout = timeout
 
-    def _request(self, prompt, prompt_token_ids, image, max_new_tokens, temperature, top_p, top_k, seed, stop):
+    def _request(
+        self,
+        prompt: str | None = None,
+        *,
+        prompt_token_ids: Sequence[int] | None = None,
+        image: Any = None,
+        max_new_tokens: int = 64,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+    ):
+        """The request's keywords, the same as `LocalPipeline.generate`'s, into a GenerateRequest."""
         from pipespec.transport.generate_client import build_request
 
         sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
         ids = list(prompt_token_ids) if prompt_token_ids is not None else None
         return build_request(prompt, ids, _image_bytes(image), max_new_tokens, sampling, list(stop or []))
 
-    def stream(
-        self,
-        prompt: str | None = None,
-        *,
-        prompt_token_ids: Sequence[int] | None = None,
-        image: Any = None,
-        max_new_tokens: int = 64,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] | None = None,
-    ) -> Iterator[Delta]:
+    def stream(self, prompt: str | None = None, **kwargs: Any) -> Iterator[Delta]:
+        """Yield deltas as they are committed; keywords as in `_request`."""
         from pipespec.transport.generate_client import stream
 
-        request = self._request(prompt, prompt_token_ids, image, max_new_tokens, temperature, top_p, top_k, seed, stop)
-        yield from stream(self.address, request, self.timeout)
+        yield from stream(self.address, self._request(prompt, **kwargs), self.timeout)
 
-    async def astream(
-        self,
-        prompt: str | None = None,
-        *,
-        prompt_token_ids: Sequence[int] | None = None,
-        image: Any = None,
-        max_new_tokens: int = 64,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] | None = None,
-    ) -> AsyncIterator[Delta]:
+    async def astream(self, prompt: str | None = None, **kwargs: Any) -> AsyncIterator[Delta]:
+        """The async twin of `stream`."""
         from pipespec.transport.generate_client import astream
 
-        request = self._request(prompt, prompt_token_ids, image, max_new_tokens, temperature, top_p, top_k, seed, stop)
-        async for delta in astream(self.address, request, self.timeout):
+        async for delta in astream(self.address, self._request(prompt, **kwargs), self.timeout):
             yield delta
 
     def generate(self, prompt: str | None = None, **kwargs: Any) -> Generation:

@@ -36,7 +36,6 @@ class _Live:
     finished: float | None = None
     finish_reason: str | None = None
     error: str | None = None
-    kept: int | None = None  # committed tokens kept when a stop rule fired
     closed_by: dict[str, Closed] = field(default_factory=dict)
 
 
@@ -115,26 +114,24 @@ class Coordinator:
                 break
         live.queue.put_nowait(Delta("".join(text), tuple(ids)))
         if reason is not None:
-            self._finish(live, reason, kept=live.rules.count)
+            self._finish(live, reason)
 
-    def _finish(self, live: _Live, reason: str, kept: int | None = None) -> None:
+    def _finish(self, live: _Live, reason: str) -> None:
         live.finish_reason = reason
         live.finished = time.perf_counter()
-        live.kept = kept
         for link in self.stages:
             link.send(Close(live.spec.request_id))
 
     def _complete(self, live: _Live) -> None:
         rid = live.spec.request_id
         del self.live[rid]
-        committed = self.ledger.close(rid)
-        generated = len(committed) if live.kept is None else live.kept
+        self.ledger.close(rid)
         first = live.first_commit if live.first_commit is not None else live.finished
         order = {name: i for i, name in enumerate(self.stage_names)}
         closed = sorted(live.closed_by.values(), key=lambda c: order[c.stage])
         stats = RequestStats(
             prompt_tokens=len(live.spec.prompt_token_ids),
-            generated_tokens=min(generated, len(committed)),
+            generated_tokens=live.rules.count,  # committed tokens streamed, up to a stop
             prefill_s=first - live.submitted,
             decode_s=live.finished - first,
             pairs=[c.pair_stats for c in closed if c.pair_stats is not None],

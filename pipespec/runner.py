@@ -37,7 +37,7 @@ from pipespec.config import PipelineConfig
 from pipespec.links import Link
 from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, RequestSpec, Verdict
 from pipespec.patience import Patience
-from pipespec.stage import Session, Stage
+from pipespec.stage import Session, Stage, unfed_tail
 from pipespec.stats import PairStats, StageStats
 
 log = logging.getLogger(__name__)
@@ -223,10 +223,7 @@ class StageRunner:
         limit = self._limit(req)
         if start >= limit or (start and req.tokens[-1] in req.spec.stop_token_ids):
             return None
-        prompt_len = req.prompt_len
-        assert prompt_len - 1 <= req.fed <= prompt_len + start - 1, (req.fed, prompt_len, start)
-        last_prompt = (req.spec.prompt_token_ids[-1],) if req.fed < prompt_len else ()
-        feed = last_prompt + tuple(req.tokens[max(req.fed - prompt_len, 0) :])
+        feed = unfed_tail(req.spec.prompt_token_ids[-1], req.prompt_len, req.fed, req.tokens)
         room = min(self.verify_window, self.drafter_lookahead, limit - start - 1)
         n = min(len(req.pending), room)
         if self.upstream is not None and self._wait(req, n, room):

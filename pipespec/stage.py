@@ -38,6 +38,17 @@ class Stage(Protocol):
     def open(self, request: RequestSpec) -> Session: ...
 
 
+def unfed_tail(last_prompt_token: int, prompt_len: int, fed: int, tokens: Sequence[int]) -> tuple[int, ...]:
+    """Context tokens a session holding `fed` of them still needs, generated `tokens` included.
+
+    `open` prefills all prompt tokens but the last, and rollbacks never cut into the prompt, so the
+    only prompt token ever missing is the last one; the last token is never fed before its step.
+    """
+    assert prompt_len - 1 <= fed < prompt_len + len(tokens), (fed, prompt_len, len(tokens))
+    head = (last_prompt_token,) if fed < prompt_len else ()
+    return head + tuple(tokens[max(fed - prompt_len, 0) :])
+
+
 class KVLengthError(AssertionError):
     """The cache length invariant `cache_len == keep + fed` broke: a rollback bug, never user error."""
 

@@ -14,7 +14,7 @@ import torch
 
 from pipespec.choice import decide
 from pipespec.messages import RequestSpec
-from pipespec.stage import Session, Stage
+from pipespec.stage import Session, Stage, unfed_tail
 from pipespec.stats import PairStats
 
 
@@ -29,8 +29,8 @@ class _Cursor:
     def rows(self, tokens: list[int], extra: tuple[int, ...] = ()) -> torch.Tensor:
         """Feed the unfed part of `tokens` plus `extra`; -> [len(extra) + 1, V] logits at len(tokens).."""
         p = self.session.prompt_len
-        feed = ([self.last] if self.fed < p else []) + tokens[max(self.fed - p, 0) :]
-        logits = self.session.forward(self.fed, list(feed) + list(extra))
+        feed = unfed_tail(self.last, p, self.fed, tokens)
+        logits = self.session.forward(self.fed, feed + tuple(extra))
         self.fed = p + len(tokens) + len(extra)
         return logits[len(feed) - 1 :]
 

@@ -34,10 +34,16 @@ def load_stages(config: PipelineConfig) -> list[Stage]:
     for i in range(len(specs) - 2, -1, -1):
         built.append(build_stage(specs[i], specs[i:], target.vocab_size))
     built.reverse()
-    for spec, stage in zip(specs, built):
-        if stage.vocab_size != target.vocab_size:
-            raise ConfigError(
-                f"stage {spec.name!r}: vocabulary of {stage.vocab_size} logits differs from the target "
-                f"{specs[-1].name!r} ({target.vocab_size}); stages must share the target's vocabulary"
-            )
+    check_vocabularies(specs, [s.vocab_size for s in built])
     return built
+
+
+def check_vocabularies(specs: Sequence[StageSpec], vocab_sizes: Sequence[int]) -> None:
+    """Every stage's logits must cover exactly the target's vocabulary."""
+    target = vocab_sizes[-1]
+    for spec, size in zip(specs, vocab_sizes):
+        if size != target:
+            raise ConfigError(
+                f"stage {spec.name!r}: vocabulary of {size} logits differs from the target "
+                f"{specs[-1].name!r} ({target}); stages must share the target's vocabulary"
+            )
