@@ -1,0 +1,3 @@
+from experiments.vlm_zoo import main
+
+main()
