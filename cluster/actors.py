@@ -20,7 +20,10 @@ log = logging.getLogger(__name__)
 
 @ray.remote
 class StageActor:
-    def __init__(self, config: PipelineConfig, index: int, target_vocab_size: int | None, torch_threads: int):
+    def __init__(
+        self, config: PipelineConfig, index: int, target_vocab_size: int | None, valid: int | None, torch_threads: int
+    ):
+        """`target_vocab_size`: None for the target itself; `valid`: the shared tokenizer's size (stages.vocabulary)."""
         import torch
 
         from stages import build_stage
@@ -29,7 +32,7 @@ class StageActor:
         self.config = config
         self.index = index
         spec = config.stages[index]
-        self.stage = build_stage(spec, config.stages[index:], target_vocab_size)
+        self.stage = build_stage(spec, config.stages[index:], target_vocab_size, valid)
         self.runner = None
         self.service = None
         self.clients: list = []
@@ -74,18 +77,20 @@ class CoordinatorActor:
     async def serve(self, config: PipelineConfig, stage_addresses: list[str], target: TargetInfo, host: str, port: int) -> str:
         from pipespec.coordinator import Coordinator
         from pipespec.frontdoor import FrontDoor
+        from pipespec.images import load_target_processor
         from pipespec.tokenization import IncrementalDetokenizer, check_shared_tokenizer
         from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
         from pipespec.transport.streams import StageClient
 
         tokenizer = check_shared_tokenizer(config)
+        processor = load_target_processor(config)
         detok = (lambda: IncrementalDetokenizer(tokenizer)) if tokenizer is not None else None
         self.coordinator = Coordinator([s.name for s in config.stages], detok)
         self.clients = [StageClient(a) for a in stage_addresses]
         for client in self.clients:
             await client.wait_ready()
         self.coordinator.stages = [c.control(self.coordinator.deliver) for c in self.clients]
-        service = CoordinatorService(self.coordinator, FrontDoor(config, target, tokenizer), config.name)
+        service = CoordinatorService(self.coordinator, FrontDoor(config, target, tokenizer, processor), config.name)
         self.server, bound = await serve_coordinator(service, host, port)
         return f"{host}:{bound}"
 

@@ -18,6 +18,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cluster.actors import CoordinatorActor, StageActor
 from pipespec.config import ConfigError, PipelineConfig
+from pipespec.images import load_target_processor
+from pipespec.tokenization import check_shared_tokenizer
 from stages import check_vocabularies
 
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -57,6 +59,9 @@ def start_pipeline(
 ) -> RunningPipeline:
     if strategy not in STRATEGIES:
         raise ConfigError(f"placement strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    tokenizer = check_shared_tokenizer(config)  # config-time checks, before any actor loads weights
+    load_target_processor(config)
+    valid = len(tokenizer) if tokenizer is not None else None
     specs = config.stages
     bundles = [_bundle(s.resources) or {"CPU": 0.01} for s in specs]
     group = placement_group(bundles, strategy=STRATEGIES[strategy], name=f"pipespec-{config.name}")
@@ -79,7 +84,7 @@ def start_pipeline(
             "resources": resources or None,
             "max_concurrency": 1000,
         }
-        return StageActor.options(**options).remote(config, i, target_vocab, threads)
+        return StageActor.options(**options).remote(config, i, target_vocab, valid, threads)
 
     target = actor(len(specs) - 1, None)
     vocab = ray.get(target.vocab_size.remote())

@@ -2,8 +2,9 @@
 
 Messages are frozen dataclasses (pipespec.messages, pipespec.stats, pipespec.params); each becomes a
 msgpack map tagged with its class name. Tuples, frozensets and enums keep their types. Tensors (q
-rows, hidden states) travel as raw bytes with dtype and shape and come back bit for bit, bf16
-included; torch is imported only when a tensor is met, so the coordinator stays torch-free.
+rows, hidden states) and numpy arrays (image pixels) travel as raw bytes with dtype and shape and
+come back bit for bit, bf16 included; torch is imported only when a tensor is met, so the
+coordinator stays torch-free.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import enum
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from pipespec import messages, params, stats
 
@@ -44,6 +46,9 @@ def _pack(obj: Any) -> Any:
         return {k: _pack(v) for k, v in obj.items()}
     if type(obj).__module__ == "torch" and type(obj).__name__ == "Tensor":
         return _pack_tensor(obj)
+    if isinstance(obj, np.ndarray):
+        a = np.ascontiguousarray(obj)
+        return {"__ndarray": a.dtype.str, "shape": list(a.shape), "data": a.tobytes()}
     return obj
 
 
@@ -71,6 +76,8 @@ def _unpack(obj: Any) -> Any:
         return frozenset(_unpack(x) for x in obj["__fset"])
     if "__tensor" in obj:
         return _unpack_tensor(obj)
+    if "__ndarray" in obj:
+        return np.frombuffer(obj["data"], dtype=np.dtype(obj["__ndarray"])).reshape(obj["shape"]).copy()
     return {k: _unpack(v) for k, v in obj.items()}
 
 

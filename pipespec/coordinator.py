@@ -11,6 +11,7 @@ No torch here: the coordinator sees token ids and text only.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -55,8 +56,9 @@ class Coordinator:
         live = _Live(spec, StopRules(spec.max_new_tokens, spec.stop_token_ids, stop, detok), asyncio.Queue(), time.perf_counter())
         self.live[spec.request_id] = live
         self.ledger.open(spec.request_id)
-        for link in self.stages:
-            link.send(Open(spec))
+        text_spec = dataclasses.replace(spec, image=None)  # pixels go to the target only
+        for i, link in enumerate(self.stages):
+            link.send(Open(spec if i == len(self.stages) - 1 else text_spec))
         done = False
         try:
             while not done:

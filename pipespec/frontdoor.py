@@ -1,7 +1,8 @@
 """The front door: one request's inputs validated into a `RequestSpec`, or a clear error.
 
 Shared by every way in (LocalPipeline, the coordinator's gRPC service), so a bad value is refused
-the same way everywhere, before anything reaches a stage, and never disturbs running requests.
+the same way everywhere, before anything reaches a stage, and never disturbs running requests. An
+image is decoded and run through the target's processor here, once per request (pipespec.images).
 Torch-free: it knows the target through a `TargetInfo`, not the model.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from pipespec.config import PipelineConfig, StageSpec
 from pipespec.messages import RequestSpec
+from pipespec.images import encode_image_prompt, encode_text_prompt, load_image
 from pipespec.tokenization import encode_prompt
 
 
@@ -37,15 +39,19 @@ class TargetInfo:
             vocab_size=stage.vocab_size,
             max_context=getattr(stage, "max_context", None),
             eos_token_ids=frozenset(getattr(stage, "eos_token_ids", frozenset())),
+            takes_images=getattr(stage, "takes_images", False),
         )
 
 
 class FrontDoor:
-    def __init__(self, config: PipelineConfig, target: TargetInfo, tokenizer: Any | None):
+    def __init__(self, config: PipelineConfig, target: TargetInfo, tokenizer: Any | None, processor: Any | None = None):
+        """`processor`: the image target's Hugging Face processor (see pipespec.images), None for text targets."""
         self.config = config
         self.target = target
         self.tokenizer = tokenizer
+        self.processor = processor
         self._ids = itertools.count()
+
 
     def request(
         self,
@@ -68,12 +74,20 @@ class FrontDoor:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         if image is not None and not target.takes_images:
             raise ValueError(f"target stage {target.name!r} ({target.kind}) does not take images")
-        if prompt_token_ids is None:
-            if self.tokenizer is None:
-                raise ValueError("this pipeline has no tokenizer (mock stages): pass prompt_token_ids")
+        if image is not None and prompt is None:
+            raise ValueError("an image needs a text prompt (the processor places its image tokens), not prompt_token_ids")
+        image_prompt = None
+        if image is not None:
+            image_prompt = encode_image_prompt(self.processor, prompt, load_image(image))
+            ids = list(image_prompt.prompt_token_ids)
+        elif prompt_token_ids is not None:
+            ids = [int(t) for t in prompt_token_ids]
+        elif self.processor is not None:
+            ids = encode_text_prompt(self.processor, prompt)
+        elif self.tokenizer is not None:
             ids = encode_prompt(self.tokenizer, prompt)
         else:
-            ids = [int(t) for t in prompt_token_ids]
+            raise ValueError("this pipeline has no tokenizer (mock stages): pass prompt_token_ids")
         if not ids:
             raise ValueError("the prompt is empty: at least one token is needed")
         bad = [t for t in ids if not 0 <= t < target.vocab_size]
@@ -93,5 +107,7 @@ class FrontDoor:
             params=params,
             max_new_tokens=max_new_tokens,
             stop_token_ids=target.eos_token_ids,
+            image=image_prompt.image if image_prompt else None,
+            text_prompt_token_ids=image_prompt.text_prompt_token_ids if image_prompt else None,
         )
         return spec, tuple(stop or ())

@@ -21,6 +21,7 @@ from typing import Any
 from pipespec.config import PipelineConfig
 from pipespec.coordinator import Coordinator
 from pipespec.frontdoor import FrontDoor, TargetInfo
+from pipespec.images import load_target_processor
 from pipespec.links import Inbox, InProcessLink, Link
 from pipespec.messages import RequestSpec
 from pipespec.outputs import Delta, Generation
@@ -49,12 +50,13 @@ class LocalPipeline:
         self._servers: list = []  # gRPC servers and clients (over_grpc only)
         self._clients: list = []
         self.tokenizer = check_shared_tokenizer(config)  # before any weights load
+        processor = load_target_processor(config)
         if stages is None:
             from stages import load_stages
 
-            stages = load_stages(config)
+            stages = load_stages(config, len(self.tokenizer) if self.tokenizer is not None else None)
         self.stages = list(stages)
-        self.front_door = FrontDoor(config, TargetInfo.of(config.target, self.stages[-1]), self.tokenizer)
+        self.front_door = FrontDoor(config, TargetInfo.of(config.target, self.stages[-1]), self.tokenizer, processor)
         if torch_threads is not None:
             import torch
 

@@ -22,6 +22,22 @@ from pipespec.stats import PairStats, StageStats
 
 
 @dataclass(frozen=True)
+class ImageInputs:
+    """A processed image: every array the target's processor returned but the token ids.
+
+    `arrays` maps the processor's names to numpy arrays (pixel_values [n, ...], image_grid_thw,
+    image_sizes, token_type_ids [1, L], ...); the `vlm` stage passes them to its model at prefill.
+    Sent once per request, with Open, to the target only.
+    """
+
+    arrays: dict[str, Any]  # name -> np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+
+@dataclass(frozen=True)
 class RequestSpec:
     """What every stage needs to open a request."""
 
@@ -30,7 +46,13 @@ class RequestSpec:
     params: SamplingParams
     max_new_tokens: int
     stop_token_ids: frozenset[int] = frozenset()
-    image: Any = None  # decoded image for image-capable stages; text stages ignore it
+    image: ImageInputs | None = None  # the target's processed image; only the target receives it
+    text_prompt_token_ids: tuple[int, ...] | None = None  # image prompts: the prompt without the image
+
+    @property
+    def text_prompt(self) -> tuple[int, ...]:
+        """What a text-only stage sees: the prompt's text tokens, never image placeholders."""
+        return self.prompt_token_ids if self.text_prompt_token_ids is None else self.text_prompt_token_ids
 
 
 @dataclass(frozen=True)

@@ -223,7 +223,7 @@ class StageRunner:
         limit = self._limit(req)
         if start >= limit or (start and req.tokens[-1] in req.spec.stop_token_ids):
             return None
-        feed = unfed_tail(req.spec.prompt_token_ids[-1], req.prompt_len, req.fed, req.tokens)
+        feed = unfed_tail(req.session.last_prompt_token, req.prompt_len, req.fed, req.tokens)
         room = min(self.verify_window, self.drafter_lookahead, limit - start - 1)
         n = min(len(req.pending), room)
         if self.upstream is not None and self._wait(req, n, room):

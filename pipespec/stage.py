@@ -1,7 +1,9 @@
 """The role every stage kind plays: a model that can open a request and feed it tokens.
 
 A `Session` is one request's model state on one stage: a KV cache (or its equivalent) over the
-request's *context* = the stage's prompt tokens followed by the generated tokens. `Stage.open`
+request's *context* = the stage's prompt tokens followed by the generated tokens. A stage's prompt is
+its own view of the request's: text-only stages see `request.text_prompt` (no image tokens), an
+image stage the full prompt; generated positions are the same for all. `Stage.open`
 prefills all prompt tokens but the last, so that every later `forward` feeds at least one token and
 returns the logits the runner needs; the runner never asks a stage for logits it has already thrown
 away. `forward(keep, tokens)` truncates the cache to its first `keep` context tokens, feeds `tokens`
@@ -23,6 +25,7 @@ from pipespec.messages import RequestSpec
 
 class Session(Protocol):
     prompt_len: int  # context tokens before generated position 0
+    last_prompt_token: int  # the one prompt token `open` leaves for the first `forward`
 
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
         """-> [len(tokens), V] float32 logits."""

@@ -21,9 +21,9 @@ from pipespec.stats import PairStats
 class _Cursor:
     """One session plus how much of the token sequence its cache holds (context tokens)."""
 
-    def __init__(self, session: Session, last_prompt_token: int):
+    def __init__(self, session: Session):
         self.session = session
-        self.last = last_prompt_token
+        self.last = session.last_prompt_token
         self.fed = session.prompt_len - 1
 
     def rows(self, tokens: list[int], extra: tuple[int, ...] = ()) -> torch.Tensor:
@@ -46,9 +46,8 @@ class SyncResult:
 
 
 def generate_sync(target: Stage, spec: RequestSpec, drafter: Stage | None = None, gamma: int = 4) -> SyncResult:
-    last = spec.prompt_token_ids[-1]
-    t = _Cursor(target.open(spec), last)
-    d = _Cursor(drafter.open(spec), last) if drafter is not None else None
+    t = _Cursor(target.open(spec))
+    d = _Cursor(drafter.open(spec)) if drafter is not None else None
     pair = PairStats(getattr(drafter, "name", "drafter"), getattr(target, "name", "target")) if d else None
     tokens: list[int] = []
     forwards = 0

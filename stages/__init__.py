@@ -8,12 +8,22 @@ from pipespec.config import ConfigError, PipelineConfig, StageSpec
 from pipespec.stage import Stage
 
 
-def build_stage(spec: StageSpec, chain: Sequence[StageSpec], target_vocab_size: int | None = None) -> Stage:
-    """Build the stage `spec`; `chain` is the stages from it down to the target (inclusive)."""
+def build_stage(
+    spec: StageSpec, chain: Sequence[StageSpec], width: int | None = None, valid: int | None = None
+) -> Stage:
+    """Build the stage `spec`; `chain` is the stages from it down to the target (inclusive).
+
+    `width`: the target's vocabulary (logits per row), None when building the target itself;
+    `valid`: the shared tokenizer's size, None without one (see stages.vocabulary).
+    """
     if spec.kind == "causal_lm":
         from stages.causal_lm import CausalLMStage
 
-        return CausalLMStage(spec.name, spec.model, spec.dtype, spec.device)
+        return CausalLMStage(spec.name, spec.model, spec.dtype, spec.device, width, valid)
+    if spec.kind == "vlm":
+        from stages.vlm import VLMStage
+
+        return VLMStage(spec.name, spec.model, spec.dtype, spec.device, width, valid)
     if spec.kind == "mock":
         from stages.mock import MockStage
 
@@ -21,18 +31,18 @@ def build_stage(spec: StageSpec, chain: Sequence[StageSpec], target_vocab_size: 
     if spec.kind == "ngram":
         from stages.ngram import NgramStage
 
-        assert target_vocab_size is not None
-        return NgramStage(spec.name, spec.options, target_vocab_size)
+        assert width is not None
+        return NgramStage(spec.name, spec.options, width)
     raise ConfigError(f"stage {spec.name!r}: kind {spec.kind!r} is not available in this build yet")
 
 
-def load_stages(config: PipelineConfig) -> list[Stage]:
+def load_stages(config: PipelineConfig, valid: int | None = None) -> list[Stage]:
     """Build every stage of `config`, target first, and check their vocabularies line up."""
     specs = config.stages
-    target = build_stage(specs[-1], specs[-1:])
+    target = build_stage(specs[-1], specs[-1:], None, valid)
     built = [target]
     for i in range(len(specs) - 2, -1, -1):
-        built.append(build_stage(specs[i], specs[i:], target.vocab_size))
+        built.append(build_stage(specs[i], specs[i:], target.vocab_size, valid))
     built.reverse()
     check_vocabularies(specs, [s.vocab_size for s in built])
     return built

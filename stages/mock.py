@@ -37,7 +37,7 @@ class MockStage:
         self._ids = np.arange(self.vocab_size, dtype=np.int64)
 
     def open(self, request: RequestSpec) -> MockSession:
-        session = MockSession(self, list(request.prompt_token_ids[:-1]), len(request.prompt_token_ids))
+        session = MockSession(self, request.text_prompt)
         self.sleep(len(session.context))
         return session
 
@@ -61,10 +61,11 @@ class MockStage:
 
 
 class MockSession:
-    def __init__(self, stage: MockStage, context: list[int], prompt_len: int):
+    def __init__(self, stage: MockStage, prompt: Sequence[int]):
         self.stage = stage
-        self.context = context  # the emulated KV cache: context tokens fed so far
-        self.prompt_len = prompt_len
+        self.context = list(prompt[:-1])  # the emulated KV cache: context tokens fed so far
+        self.prompt_len = len(prompt)
+        self.last_prompt_token = prompt[-1]
 
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
         check_keep(self.stage.name, keep, len(self.context))

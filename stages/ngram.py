@@ -24,7 +24,7 @@ class NgramStage:
         self.vocab_size = vocab_size
 
     def open(self, request: RequestSpec) -> NgramSession:
-        return NgramSession(self, list(request.prompt_token_ids[:-1]), len(request.prompt_token_ids))
+        return NgramSession(self, request.text_prompt)
 
     def propose(self, context: Sequence[int]) -> int | None:
         """The token that followed the most recent earlier match of the context's suffix, if any."""
@@ -38,10 +38,11 @@ class NgramStage:
 
 
 class NgramSession:
-    def __init__(self, stage: NgramStage, context: list[int], prompt_len: int):
+    def __init__(self, stage: NgramStage, prompt: Sequence[int]):
         self.stage = stage
-        self.context = context
-        self.prompt_len = prompt_len
+        self.context = list(prompt[:-1])
+        self.prompt_len = len(prompt)
+        self.last_prompt_token = prompt[-1]
 
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
         check_keep(self.stage.name, keep, len(self.context))

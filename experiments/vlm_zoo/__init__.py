@@ -7,8 +7,9 @@ tokens added), so that `AutoModelForImageTextToText` and `AutoProcessor` load it
 
 `build_zoo_family(name, out)` adds text drafters sharing the tokenizer: `tiny` (1 layer) and `mid`
 (2 layers), whose embeddings and LM head are copied from the VLM's language model. The VLM's
-residual branches are kept small, so its next token is mostly a function of the current one and
-the drafters agree with it often, but not always (rollbacks get exercised). `mid` pads its
+residual branches are kept smallish, so its next token is mostly a function of the current one and
+the drafters agree with it often (~80%), but not always (rollbacks get exercised), and the image
+still changes the answer. `mid` pads its
 embedding table differently from the target, so the pipeline's vocabulary masking is exercised too.
 
     python -m experiments.vlm_zoo qwen2_vl /tmp/zoo    # -> /tmp/zoo/{target,mid,tiny}
@@ -44,8 +45,11 @@ def family_tokenizer(special_tokens: list[str], chat_template: str, seed: int = 
     return tok
 
 
-def shrink_branches(model: torch.nn.Module, branch_std: float = 0.002, seed: int = 0) -> None:
-    """Strong embeddings, small residual branches in the language model (see toy_models.random_llama)."""
+def shrink_branches(model: torch.nn.Module, branch_std: float = 0.15, seed: int = 0) -> None:
+    """Strong embeddings, smaller residual branches in the language model (see toy_models.random_llama).
+
+    At 0.15 (hidden 64) the image changes the answer and a text drafter agrees ~80% of the time.
+    """
     g = torch.Generator().manual_seed(seed)
     decoder = model.get_decoder()
     with torch.no_grad():
@@ -72,7 +76,7 @@ def text_drafter(vlm: torch.nn.Module, layers: int, vocab_size: int, seed: int) 
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 2 and name.endswith(("o_proj.weight", "down_proj.weight")):
-                p.normal_(0.0, 0.002)
+                p.normal_(0.0, 0.05)
         model.model.embed_tokens.weight.zero_()
         model.model.embed_tokens.weight[:n] = embed[:n] * scale
         model.lm_head.weight.zero_()

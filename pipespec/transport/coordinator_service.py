@@ -7,6 +7,8 @@ cancels its handler, which aborts the request: the coordinator closes it on ever
 
 from __future__ import annotations
 
+import asyncio
+
 from collections.abc import AsyncIterator
 
 import grpc
@@ -31,7 +33,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateResponse]:
         try:
-            spec, stop = self.front_door.request(
+            spec, stop = await asyncio.to_thread(  # off the loop: an image runs through the processor
+                self.front_door.request,
                 request.prompt if not request.prompt_token_ids else None,
                 prompt_token_ids=list(request.prompt_token_ids) or None,
                 image=request.image or None,

@@ -1,0 +1,117 @@
+"""Images at the front door: decode what the user gave, and let the target's processor place it.
+
+A user image is a file path, raw bytes, a PIL image or a `data:image/...;base64,` URL. It is decoded
+once, at the front door, so an image that does not decode is an error naming it before any stage
+sees the request. The target's Hugging Face processor then renders the chat template with the image
+and expands its placeholder into the model's image tokens, returning the token ids the target sees
+and the pixel arrays it needs (numpy, so this module stays torch-free). Text-only drafters see the
+same conversation rendered without the image: its text tokens, never the placeholders.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipespec.config import ConfigError, PipelineConfig
+from pipespec.messages import ImageInputs
+
+_TEXT_KEYS = ("input_ids", "attention_mask")  # what the processor returns besides the image arrays
+
+
+@dataclass(frozen=True)
+class ImagePrompt:
+    prompt_token_ids: tuple[int, ...]  # the target's prompt, image tokens expanded
+    text_prompt_token_ids: tuple[int, ...]  # the same conversation without the image (text drafters)
+    image: ImageInputs
+
+
+def load_image(image: Any) -> Any:
+    """A path, bytes, PIL image or data URL -> an RGB PIL image. Raises ValueError naming the input."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    if isinstance(image, str) and image.startswith("data:"):
+        header, _, payload = image.partition(",")
+        if ";base64" not in header or not payload:
+            raise ValueError(f"image data URL {image[:40]!r}... is not a base64 data URL")
+        try:
+            data, what = base64.b64decode(payload, validate=True), f"image data URL {header!r}"
+        except binascii.Error as e:
+            raise ValueError(f"image data URL {header!r}: invalid base64 ({e})") from e
+    elif isinstance(image, (str, Path)):
+        path = Path(image)
+        if not path.is_file():
+            raise ValueError(f"image file {str(path)!r} does not exist")
+        data, what = path.read_bytes(), f"image file {str(path)!r}"
+    elif isinstance(image, (bytes, bytearray, memoryview)):
+        data, what = bytes(image), f"image of {len(image)} bytes"
+    else:
+        raise ValueError(f"image must be a path, bytes, a PIL image or a data URL, got {type(image).__name__}")
+    try:
+        with Image.open(io.BytesIO(data)) as decoded:
+            return decoded.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise ValueError(f"{what} does not decode as an image: {e}") from e
+
+
+def load_target_processor(config: PipelineConfig) -> Any | None:
+    """The image target's processor (None for other targets): checked at config time, before weights load."""
+    if config.target.kind != "vlm":
+        return None
+    return load_processor(config.target.model, f"stages[{len(config.stages) - 1}] ({config.target.name})")
+
+
+def load_processor(model_dir: str, where: str) -> Any:
+    """The image-text processor saved with a VLM; a directory without one is a config error."""
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(model_dir)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"{where}: cannot load an image processor from {model_dir!r}: {e}") from e
+    if getattr(processor, "image_processor", None) is None:
+        raise ConfigError(
+            f"{where}: {model_dir!r} has a tokenizer but no image processor (preprocessor_config.json); "
+            "save the model's processor with processor.save_pretrained(dir)"
+        )
+    return processor
+
+
+def _chat(processor: Any, prompt: str, image: Any | None, **kwargs: Any) -> Any:
+    parts: list[dict] = [{"type": "image", "image": image}] if image is not None else []
+    parts.append({"type": "text", "text": prompt})
+    messages = [{"role": "user", "content": parts}]
+    if getattr(processor, "chat_template", None):
+        return processor.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True, **kwargs
+        )
+    text = (processor.image_token + prompt) if image is not None else prompt  # no template: plain prompt
+    return processor(text=[text], images=[image] if image is not None else None, **kwargs)
+
+
+def encode_text_prompt(processor: Any, prompt: str) -> list[int]:
+    """A text-only prompt through the processor's chat template."""
+    return [int(t) for t in np.asarray(_chat(processor, prompt, None)["input_ids"]).reshape(-1)]
+
+
+def encode_image_prompt(processor: Any, prompt: str, image: Any) -> ImagePrompt:
+    """Render `prompt` with the decoded `image` through the processor: ids for every stage, arrays for the target."""
+    try:
+        out = _chat(processor, prompt, image, return_tensors="np")
+    except (ValueError, TypeError, OSError) as e:
+        raise ValueError(f"the target's processor cannot take this image ({image.width}x{image.height}): {e}") from e
+    ids = np.asarray(out["input_ids"]).reshape(-1)
+    arrays = {k: np.asarray(v) for k, v in out.items() if k not in _TEXT_KEYS}
+    return ImagePrompt(
+        prompt_token_ids=tuple(int(t) for t in ids),
+        text_prompt_token_ids=tuple(encode_text_prompt(processor, prompt)),
+        image=ImageInputs(arrays),
+    )

@@ -1,0 +1,193 @@
+"""Any Hugging Face image-text-to-text model as a stage: the VLM target.
+
+Loaded with `AutoModelForImageTextToText.from_pretrained` (LLaVA, LLaVA-NeXT, Idefics3/SmolVLM,
+Qwen2-VL/2.5-VL, Gemma 3, Mistral 3, ...). The front door has already run the model's processor:
+the request carries the expanded prompt ids and the pixel arrays (`ImageInputs`). `open` prefills
+every prompt token but the last together with the pixel arrays (the image is encoded once, here);
+every later `forward` feeds token ids only, over a per-request `DynamicCache` cropped on rollback,
+with positions taken from the cache length. Models with multimodal rotary positions (Qwen2-VL) keep
+their position offset on the model object; each session keeps its own and puts it back before
+each of its forwards, so concurrent requests with different images never share one.
+
+What the DREAM drafter needs of the target is exposed on the session: `prefill` holds the merged
+input embeddings, the last layer's post-norm hidden states and (when `image_attention` is on) the
+last-layer attention each prompt position received; `hidden` holds the post-norm hidden states of
+the tokens fed by the latest `forward`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoModelForImageTextToText, DynamicCache
+
+from pipespec.config import ConfigError
+from pipespec.messages import ImageInputs, RequestSpec
+from pipespec.stage import check_keep, check_length
+from stages.causal_lm import DTYPES
+from stages.vocabulary import LogitsFit
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PrefillFeatures:
+    """The target's view of the prompt (all prompt tokens but the last), for the DREAM drafter."""
+
+    embeddings: torch.Tensor  # [P, H] merged input embeddings (image features in place of image tokens)
+    hidden: torch.Tensor  # [P, H] last layer, post-norm
+    image_mask: torch.Tensor  # [P] bool, True at image tokens
+    attention_received: torch.Tensor | None  # [P] float32: last-layer attention each position received
+
+
+class _Taps:
+    """Forward hooks on the language model: its input embeddings, final-norm output, last-layer attention."""
+
+    def __init__(self, model: torch.nn.Module, image_attention: bool):
+        decoder = model.get_decoder()
+        self.embeddings: torch.Tensor | None = None
+        self.hidden: torch.Tensor | None = None
+        self.attention: torch.Tensor | None = None
+        decoder.register_forward_pre_hook(self._on_decoder, with_kwargs=True)
+        decoder.norm.register_forward_hook(self._on_norm)
+        if image_attention:
+            attn = decoder.layers[-1].self_attn
+            attn.config = copy.copy(attn.config)  # eager in this one layer only: it returns its weights
+            attn.config._attn_implementation = "eager"
+            attn.register_forward_hook(self._on_attention)
+
+    def _on_decoder(self, module: Any, args: tuple, kwargs: dict) -> None:
+        self.embeddings = kwargs.get("inputs_embeds")
+
+    def _on_norm(self, module: Any, args: tuple, output: torch.Tensor) -> None:
+        self.hidden = output
+
+    def _on_attention(self, module: Any, args: tuple, output: tuple) -> None:
+        self.attention = output[1]  # [1, heads, q, k]
+
+
+class VLMStage:
+    takes_images = True
+
+    def __init__(
+        self,
+        name: str,
+        model_dir: str,
+        dtype: str = "bfloat16",
+        device: str = "cpu",
+        width: int | None = None,  # see CausalLMStage
+        valid: int | None = None,
+        image_attention: bool = False,  # capture the last layer's attention at prefill (eager in that layer)
+    ):
+        self.name = name
+        self.device = torch.device(device)
+        self.dtype = DTYPES[dtype]
+        try:
+            model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=self.dtype)
+        except ValueError as e:  # a config class the auto mapping does not know: not an image-text model
+            raise ConfigError(f"stage {name!r}: {model_dir!r} is not an image-text-to-text model: {e}") from e
+        self.model = model.to(self.device).eval()
+        config = self.model.config
+        text = config.get_text_config()
+        self.fit = LogitsFit.of(name, self.model.get_output_embeddings().out_features, width, valid)
+        self.vocab_size = self.fit.width
+        self.max_context = getattr(text, "max_position_embeddings", None)
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = text.eos_token_id
+        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else eos or [])
+        image_token = getattr(config, "image_token_id", None)
+        self.image_token_id = getattr(config, "image_token_index", None) if image_token is None else image_token
+        self.taps = _Taps(self.model, image_attention)
+        self.inner = self.model.model
+        self.has_rope_deltas = hasattr(self.inner, "rope_deltas")
+
+    def open(self, request: RequestSpec) -> VLMSession:
+        session = VLMSession(self, request.prompt_token_ids)
+        if len(request.prompt_token_ids) > 1:
+            session.prefill(request.image)
+        elif request.image is not None:
+            raise ValueError(f"stage {self.name!r}: an image prompt needs more than its image tokens")
+        return session
+
+    def tensors(self, image: ImageInputs, length: int) -> dict[str, torch.Tensor]:
+        """Processor arrays -> model inputs; per-token arrays ([1, L]) cut to the prefilled `length`."""
+        prompt_len = length + 1
+        out = {}
+        for key, array in image.arrays.items():
+            t = torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+            if t.dim() == 2 and t.shape == (1, prompt_len):
+                t = t[:, :length]
+            elif t.is_floating_point():
+                t = t.to(self.dtype)
+            out[key] = t
+        return out
+
+    @torch.inference_mode()
+    def run(
+        self, session: VLMSession, keep: int, tokens: Sequence[int], image: dict[str, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
+        if self.has_rope_deltas:
+            self.inner.rope_deltas = session.rope_deltas
+        extra: dict[str, Any] = {}
+        if image is not None:
+            extra = dict(image, logits_to_keep=1)
+        out = self.model(input_ids=ids, past_key_values=session.cache, use_cache=True, **extra)
+        if self.has_rope_deltas:
+            session.rope_deltas = self.inner.rope_deltas
+        return self.fit(out.logits[0].float())  # [n, V] (prefill: [1, V])
+
+
+class VLMSession:
+    def __init__(self, stage: VLMStage, prompt: Sequence[int]):
+        self.stage = stage
+        self.prompt = tuple(prompt)
+        self.prompt_len = len(prompt)
+        self.last_prompt_token = prompt[-1]
+        self.cache = DynamicCache()
+        self.rope_deltas: torch.Tensor | None = None
+        self.prefill_features: PrefillFeatures | None = None
+        self.hidden: torch.Tensor | None = None  # [n, H] post-norm, for the tokens of the last forward
+
+    def prefill(self, image: ImageInputs | None) -> None:
+        stage, taps = self.stage, self.stage.taps
+        length = self.prompt_len - 1
+        pixels = stage.tensors(image, length) if image is not None else {}
+        taps.attention = None
+        stage.run(self, 0, self.prompt[:-1], pixels)
+        check_length(stage.name, self.cache.get_seq_length(), length)
+        ids = torch.tensor(self.prompt[:-1])
+        received = None
+        if taps.attention is not None:
+            received = taps.attention[0].float().mean(0).sum(0)  # [heads, q, k] -> [k]
+        self.prefill_features = PrefillFeatures(
+            embeddings=taps.embeddings[0].detach(),
+            hidden=taps.hidden[0].detach(),
+            image_mask=ids == stage.image_token_id,
+            attention_received=received,
+        )
+
+    def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
+        name = self.stage.name
+        cache_len = self.cache.get_seq_length()
+        check_keep(name, keep, cache_len)
+        assert keep >= self.prompt_len - 1, f"rollback into the prompt ({keep} < {self.prompt_len - 1}): the image is gone"
+        if keep < cache_len:
+            self.cache.crop(keep - cache_len)
+            check_length(name, self.cache.get_seq_length(), keep)
+        logits = self.stage.run(self, keep, tokens)
+        self.hidden = self.stage.taps.hidden[0].detach()
+        check_length(name, self.cache.get_seq_length(), keep + len(tokens))
+        return logits
+
+    def close(self) -> None:
+        self.cache = DynamicCache()
+        self.prefill_features = None
+        self.hidden = None
