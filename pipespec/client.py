@@ -15,18 +15,10 @@ pipeline config's defaults.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
+from pipespec.images import image_bytes
 from pipespec.outputs import Delta, Generation
-
-
-def _image_bytes(image: Any) -> bytes | None:
-    if image is None or isinstance(image, bytes):
-        return image
-    if isinstance(image, (str, Path)):
-        return Path(image).read_bytes()
-    raise TypeError(f"image must be a file path or bytes, got {type(image).__name__}")
 
 
 class Client:
@@ -52,7 +44,7 @@ class Client:
 
         sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
         ids = list(prompt_token_ids) if prompt_token_ids is not None else None
-        return build_request(prompt, ids, _image_bytes(image), max_new_tokens, sampling, list(stop or []))
+        return build_request(prompt, ids, image_bytes(image)[0] if image is not None else None, max_new_tokens, sampling, list(stop or []))
 
     def stream(self, prompt: str | None = None, **kwargs: Any) -> Iterator[Delta]:
         """Yield deltas as they are committed; keywords as in `_request`."""

@@ -32,29 +32,40 @@ class ImagePrompt:
     image: ImageInputs
 
 
+def image_bytes(image: Any) -> tuple[bytes, str]:
+    """A path, bytes, PIL image or data URL -> (encoded bytes, how to name it in an error).
+
+    What a client sends over the wire (once per request); raises ValueError naming a bad input.
+    """
+    if type(image).__module__.startswith("PIL.") and hasattr(image, "save"):
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        return buffer.getvalue(), f"PIL image {image.width}x{image.height}"
+    if isinstance(image, str) and image.startswith("data:"):
+        header, _, payload = image.partition(",")
+        if ";base64" not in header or not payload:
+            raise ValueError(f"image data URL {image[:40]!r}... is not a base64 data URL")
+        try:
+            return base64.b64decode(payload, validate=True), f"image data URL {header!r}"
+        except binascii.Error as e:
+            raise ValueError(f"image data URL {header!r}: invalid base64 ({e})") from e
+    if isinstance(image, (str, Path)):
+        path = Path(image)
+        if not path.is_file():
+            raise ValueError(f"image file {str(path)!r} does not exist")
+        return path.read_bytes(), f"image file {str(path)!r}"
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return bytes(image), f"image of {len(image)} bytes"
+    raise ValueError(f"image must be a file path, bytes, a PIL image or a data URL, got {type(image).__name__}")
+
+
 def load_image(image: Any) -> Any:
     """A path, bytes, PIL image or data URL -> an RGB PIL image. Raises ValueError naming the input."""
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(image, Image.Image):
         return image.convert("RGB")
-    if isinstance(image, str) and image.startswith("data:"):
-        header, _, payload = image.partition(",")
-        if ";base64" not in header or not payload:
-            raise ValueError(f"image data URL {image[:40]!r}... is not a base64 data URL")
-        try:
-            data, what = base64.b64decode(payload, validate=True), f"image data URL {header!r}"
-        except binascii.Error as e:
-            raise ValueError(f"image data URL {header!r}: invalid base64 ({e})") from e
-    elif isinstance(image, (str, Path)):
-        path = Path(image)
-        if not path.is_file():
-            raise ValueError(f"image file {str(path)!r} does not exist")
-        data, what = path.read_bytes(), f"image file {str(path)!r}"
-    elif isinstance(image, (bytes, bytearray, memoryview)):
-        data, what = bytes(image), f"image of {len(image)} bytes"
-    else:
-        raise ValueError(f"image must be a path, bytes, a PIL image or a data URL, got {type(image).__name__}")
+    data, what = image_bytes(image)
     try:
         with Image.open(io.BytesIO(data)) as decoded:
             return decoded.convert("RGB")

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import AutoModelForImageTextToText, DynamicCache
+from transformers import AttentionInterface, AutoModelForImageTextToText, DynamicCache
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
 from pipespec.config import ConfigError
 from pipespec.messages import ImageInputs, RequestSpec
@@ -46,6 +47,34 @@ class PrefillFeatures:
     attention_received: torch.Tensor | None  # [P] float32: last-layer attention each position received
 
 
+def _sdpa_with_weights(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, heads, q, d]
+    key: torch.Tensor,  # [1, kv_heads, k, d]
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,  # sdpa's: None (causal), bool (True = attend) or additive
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """sdpa's output unchanged, plus the attention weights sdpa never materialises (when asked)."""
+    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    if not getattr(module, "keep_weights", False):
+        return out, None
+    k = repeat_kv(key, query.shape[1] // key.shape[1]).float()
+    scores = (query.float() @ k.transpose(-1, -2)) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
+    q_len, k_len = query.shape[2], key.shape[2]
+    if attention_mask is None:  # causal, the queries being the last q_len of the k_len positions
+        attention_mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
+    if attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask, float("-inf"))
+    else:
+        scores = scores + attention_mask.float()
+    return out, scores.softmax(-1)  # [1, heads, q, k]
+
+
+AttentionInterface.register("sdpa_with_weights", _sdpa_with_weights)
+
+
 class _Taps:
     """Forward hooks on the language model: its input embeddings, final-norm output, last-layer attention."""
 
@@ -54,12 +83,13 @@ class _Taps:
         self.embeddings: torch.Tensor | None = None
         self.hidden: torch.Tensor | None = None
         self.attention: torch.Tensor | None = None
+        self.last_attention: torch.nn.Module | None = None
         decoder.register_forward_pre_hook(self._on_decoder, with_kwargs=True)
         decoder.norm.register_forward_hook(self._on_norm)
         if image_attention:
-            attn = decoder.layers[-1].self_attn
-            attn.config = copy.copy(attn.config)  # eager in this one layer only: it returns its weights
-            attn.config._attn_implementation = "eager"
+            attn = self.last_attention = decoder.layers[-1].self_attn
+            attn.config = copy.copy(attn.config)  # this layer only: sdpa that can also return its weights
+            attn.config._attn_implementation = "sdpa_with_weights"
             attn.register_forward_hook(self._on_attention)
 
     def _on_decoder(self, module: Any, args: tuple, kwargs: dict) -> None:
@@ -161,7 +191,13 @@ class VLMSession:
         length = self.prompt_len - 1
         pixels = stage.tensors(image, length) if image is not None else {}
         taps.attention = None
-        stage.run(self, 0, self.prompt[:-1], pixels)
+        if taps.last_attention is not None:
+            taps.last_attention.keep_weights = True
+        try:
+            stage.run(self, 0, self.prompt[:-1], pixels)
+        finally:
+            if taps.last_attention is not None:
+                taps.last_attention.keep_weights = False
         check_length(stage.name, self.cache.get_seq_length(), length)
         ids = torch.tensor(self.prompt[:-1])
         received = None

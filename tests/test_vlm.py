@@ -1,0 +1,174 @@
+"""The `vlm` stage: every supported family, loaded from disk, with text drafters in front, images end to end.
+
+For each family (LLaVA, LLaVA-NeXT, Idefics3, Qwen2-VL, Gemma 3, Mistral 3) a small random model is
+built from a config and saved with its processor and a tokenizer trained here
+(`experiments.vlm_zoo`), then loaded back through the `vlm` stage. 2- and 3-stage pipelines (text
+drafters in front, the 3-stage one with a differently padded embedding table) must equal the
+target alone, greedy and coupled, on real images of odd sizes, with requests for different images
+running concurrently; greedy must also equal Hugging Face `generate` on the same processor output.
+Everything runs in fp32 (design section 7: bf16 block verification can flip near-ties).
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from experiments.vlm_zoo import FAMILIES, build_zoo_family
+from pipespec import LocalPipeline, load_config
+from stages.causal_lm import CausalLMStage
+from stages.vlm import VLMStage
+
+NEW_TOKENS = 16
+PROMPTS = ["what is the red circle", "describe the picture"]
+COUPLED = dict(temperature=0.8, top_p=0.9)
+
+
+def picture(seed: int, size: tuple[int, int]) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray((rng.random((size[1], size[0], 3)) * 255).astype(np.uint8))
+
+
+IMAGES = [picture(0, (40, 50)), picture(1, (67, 31))]
+
+
+class Zoo:
+    """One family: its model directories and its stages, loaded once (fp32)."""
+
+    def __init__(self, family: str, root):
+        self.family = family
+        self.paths = {k: str(v) for k, v in build_zoo_family(family, root / family).items()}
+        target = VLMStage("target", self.paths["target"], "float32")
+        from transformers import AutoTokenizer
+
+        valid = len(AutoTokenizer.from_pretrained(self.paths["target"]))
+        self.valid = valid
+        self.stages = {"target": target}
+        for name in ("tiny", "mid"):
+            self.stages[name] = CausalLMStage(name, self.paths[name], "float32", width=target.vocab_size, valid=valid)
+
+    def config(self, names, lookahead=4):
+        stages = []
+        for n in names:
+            kind = "vlm" if n == "target" else "causal_lm"
+            stages.append({"name": n, "kind": kind, "model": self.paths[n], "max_lookahead": lookahead, "dtype": "float32"})
+        return load_config({"name": self.family, "stages": stages})
+
+    def pipeline(self, names, lookahead=4) -> LocalPipeline:
+        return LocalPipeline(self.config(names, lookahead), stages=[self.stages[n] for n in names])
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def zoo(request, tmp_path_factory) -> Zoo:
+    return Zoo(request.param, tmp_path_factory.mktemp("zoo"))
+
+
+def requests():
+    """Both prompts with both images, greedy and coupled (two seeds)."""
+    out = []
+    for prompt in PROMPTS:
+        for image in IMAGES:
+            out.append(dict(prompt=prompt, image=image))
+            for seed in (1, 2):
+                out.append(dict(prompt=prompt, image=image, seed=seed, **COUPLED))
+    return out
+
+
+def run_all(pipe: LocalPipeline, reqs) -> list[list[int]]:
+    """Submit every request at once (different images in flight together), collect their ids."""
+    futures = [pipe.submit(r.pop("prompt"), max_new_tokens=NEW_TOKENS, **r) for r in [dict(r) for r in reqs]]
+    return [f.result().token_ids for f in futures]
+
+
+@pytest.fixture(scope="module")
+def reference(zoo):
+    with zoo.pipeline(["target"]) as p:
+        return [p.generate(r.pop("prompt"), max_new_tokens=NEW_TOKENS, **r).token_ids for r in [dict(r) for r in requests()]]
+
+
+def test_target_alone_equals_hugging_face_generate(zoo, reference):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(zoo.paths["target"], dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(zoo.paths["target"])
+    padding = list(range(zoo.valid, model.get_output_embeddings().out_features))  # masked by the pipeline
+    for r, ours in zip(requests(), reference):
+        if "seed" in r:
+            continue
+        content = [{"type": "image", "image": r["image"]}, {"type": "text", "text": r["prompt"]}]
+        inputs = processor.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True, return_dict=True,
+            return_tensors="pt",
+        )  # fmt: skip
+        out = model.generate(
+            **inputs, max_new_tokens=NEW_TOKENS, do_sample=False, suppress_tokens=padding or None, eos_token_id=None
+        )
+        theirs = out[0, inputs["input_ids"].shape[1] :].tolist()
+        eos = zoo.stages["target"].eos_token_ids
+        cut = next((i + 1 for i, t in enumerate(theirs) if t in eos), len(theirs))
+        assert ours == theirs[:cut], (zoo.family, r["prompt"])
+
+
+def test_the_image_reaches_the_target(zoo, reference):
+    greedy = [ids for r, ids in zip(requests(), reference) if "seed" not in r]
+    assert greedy[0] != greedy[1] or greedy[2] != greedy[3], "two images gave the same answers"
+
+
+@pytest.mark.parametrize("names", [["tiny", "target"], ["tiny", "mid", "target"]], ids=["k2", "k3"])
+def test_text_drafters_in_front_equal_the_target_alone(zoo, reference, names):
+    with zoo.pipeline(names) as p:
+        assert run_all(p, requests()) == reference
+        r = p.generate(PROMPTS[0], image=IMAGES[0], max_new_tokens=NEW_TOKENS)
+    pair = r.stats.pairs[-1]
+    assert pair.num_draft_tokens > 0 and pair.num_accepted_tokens > 0, pair
+
+
+def test_drafters_see_text_tokens_only(zoo):
+    """The text view has no image placeholders; the target's prompt has them, expanded."""
+    with zoo.pipeline(["tiny", "target"]) as p:
+        spec, _ = p.request(PROMPTS[0], image=IMAGES[0], max_new_tokens=4)
+        text_only, _ = p.request(PROMPTS[0], max_new_tokens=4)
+    target = zoo.stages["target"]
+    assert spec.text_prompt == text_only.prompt_token_ids
+    assert target.image_token_id not in spec.text_prompt
+    assert spec.prompt_token_ids.count(target.image_token_id) >= 4
+    assert spec.prompt_token_ids[-1] == spec.text_prompt[-1]  # both end with the generation prompt
+
+
+def test_text_only_request_on_a_vlm_target(zoo):
+    with zoo.pipeline(["tiny", "target"]) as p, zoo.pipeline(["target"]) as ref:
+        assert p.generate(PROMPTS[1], max_new_tokens=8).token_ids == ref.generate(PROMPTS[1], max_new_tokens=8).token_ids
+
+
+def test_features_for_the_dream_drafter(zoo):
+    """Prefill exposes merged embeddings, post-norm hidden states and the attention image tokens receive."""
+    stage = VLMStage("target", zoo.paths["target"], "float32", width=zoo.stages["target"].vocab_size, valid=zoo.valid, image_attention=True)
+    spec, _ = zoo.pipeline(["target"]).request(PROMPTS[0], image=IMAGES[1], max_new_tokens=4)
+    session = stage.open(spec)
+    plain = zoo.stages["target"].open(spec)
+    try:
+        f = session.prefill_features
+        P, H = spec.prompt_token_ids.__len__() - 1, stage.model.get_input_embeddings().embedding_dim
+        assert f.embeddings.shape == f.hidden.shape == (P, H)
+        assert int(f.image_mask.sum()) == spec.prompt_token_ids.count(stage.image_token_id)
+        assert f.attention_received.shape == (P,)
+        assert torch.isclose(f.attention_received.sum(), torch.tensor(float(P)), rtol=1e-4)  # each query row sums to 1
+        assert f.attention_received[f.image_mask].sum() > 0
+        text_embeddings = stage.model.get_input_embeddings()(torch.tensor(spec.prompt_token_ids[:-1]))
+        assert torch.equal(f.embeddings[~f.image_mask], text_embeddings[~f.image_mask])  # image features merged in
+        assert not torch.allclose(f.embeddings[f.image_mask], text_embeddings[f.image_mask])
+        tokens = [spec.prompt_token_ids[-1], 5, 6]
+        logits = session.forward(P, tokens)
+        assert session.hidden.shape == (3, H)
+        torch.testing.assert_close(logits, plain.forward(P, tokens), rtol=1e-4, atol=1e-4)  # eager last layer: same model
+        if getattr(stage.model.config.get_text_config(), "final_logit_softcapping", None) is None:
+            with torch.inference_mode():
+                head = stage.fit(stage.model.get_output_embeddings()(session.hidden))
+            torch.testing.assert_close(logits, head, rtol=1e-4, atol=1e-4)  # hidden is what the LM head reads
+    finally:
+        session.close()
+        plain.close()
