@@ -87,7 +87,10 @@ def load_processor(model_dir: str, where: str) -> Any:
     try:
         processor = AutoProcessor.from_pretrained(model_dir)
     except (OSError, ValueError, TypeError, KeyError) as e:
-        raise ConfigError(f"{where}: cannot load an image processor from {model_dir!r}: {e}") from e
+        raise ConfigError(
+            f"{where}: no image processor could be loaded from {model_dir!r} (a VLM directory needs the files "
+            f"processor.save_pretrained(dir) writes): {e}"
+        ) from e
     if getattr(processor, "image_processor", None) is None:
         raise ConfigError(
             f"{where}: {model_dir!r} has a tokenizer but no image processor (preprocessor_config.json); "
