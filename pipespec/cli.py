@@ -96,11 +96,17 @@ def serve(args: argparse.Namespace) -> int:
 
 def generate(args: argparse.Namespace) -> int:
     from pipespec.client import Client
+    from pipespec.images import image_bytes
 
     last = None
+    try:
+        image = image_bytes(args.image)[0] if args.image else None  # read once, named if it is missing
+    except ValueError as e:
+        print(f"pipespec: {e}", file=sys.stderr)
+        return 1
     for delta in Client(args.address).stream(
         args.prompt,
-        image=args.image,
+        image=image,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,

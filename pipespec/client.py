@@ -44,7 +44,9 @@ class Client:
 
         sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
         ids = list(prompt_token_ids) if prompt_token_ids is not None else None
-        return build_request(prompt, ids, image_bytes(image)[0] if image is not None else None, max_new_tokens, sampling, list(stop or []))
+        return build_request(
+            prompt, ids, image_bytes(image)[0] if image is not None else None, max_new_tokens, sampling, list(stop or [])
+        )
 
     def stream(self, prompt: str | None = None, **kwargs: Any) -> Iterator[Delta]:
         """Yield deltas as they are committed; keywords as in `_request`."""

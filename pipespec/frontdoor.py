@@ -52,7 +52,6 @@ class FrontDoor:
         self.processor = processor
         self._ids = itertools.count()
 
-
     def request(
         self,
         prompt: str | None = None,

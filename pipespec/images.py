@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import inspect
 import io
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,7 +87,10 @@ def load_processor(model_dir: str, where: str) -> Any:
     from transformers import AutoProcessor
 
     try:
-        processor = AutoProcessor.from_pretrained(model_dir)
+        try:
+            processor = AutoProcessor.from_pretrained(model_dir)
+        except ImportError as e:  # transformers wants torchvision (no CPU build for torch 2.13 here)
+            processor = _image_only_processor(model_dir, where, e)
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise ConfigError(
             f"{where}: no image processor could be loaded from {model_dir!r} (a VLM directory needs the files "
@@ -99,14 +104,47 @@ def load_processor(model_dir: str, where: str) -> Any:
     return processor
 
 
+def _image_only_processor(model_dir: str, where: str, cause: ImportError) -> Any:
+    """The processor without its video half, for processors (Qwen2-VL, Qwen2.5-VL, SmolVLM) whose video
+    processor needs torchvision while their image processor has a PIL version. Images only, so the
+    video part is never used."""
+    import transformers
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    root = Path(model_dir)
+    settings: dict[str, Any] = {}
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        if (root / name).is_file():
+            settings = {**json.loads((root / name).read_text()), **settings}
+    name = settings.get("processor_class")
+    try:
+        cls = getattr(transformers, name) if name else None
+    except ImportError:
+        cls = None
+    if cls is None or "video_processor" not in inspect.signature(cls.__init__).parameters:
+        raise ConfigError(f"{where}: the processor {name or '?'} in {model_dir!r} needs torchvision: {cause}") from cause
+
+    class ImageOnly(cls):
+        def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    template = root / "chat_template.jinja"
+    return ImageOnly(
+        image_processor=AutoImageProcessor.from_pretrained(model_dir),
+        tokenizer=AutoTokenizer.from_pretrained(model_dir),
+        video_processor=None,
+        chat_template=template.read_text() if template.is_file() else None,
+    )
+
+
 def _chat(processor: Any, prompt: str, image: Any | None, **kwargs: Any) -> Any:
     parts: list[dict] = [{"type": "image", "image": image}] if image is not None else []
     parts.append({"type": "text", "text": prompt})
     messages = [{"role": "user", "content": parts}]
     if getattr(processor, "chat_template", None):
-        return processor.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=True, **kwargs
-        )
+        return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True, **kwargs)
     text = (processor.image_token + prompt) if image is not None else prompt  # no template: plain prompt
     return processor(text=[text], images=[image] if image is not None else None, **kwargs)
 

@@ -8,9 +8,7 @@ from pipespec.config import ConfigError, PipelineConfig, StageSpec
 from pipespec.stage import Stage
 
 
-def build_stage(
-    spec: StageSpec, chain: Sequence[StageSpec], width: int | None = None, valid: int | None = None
-) -> Stage:
+def build_stage(spec: StageSpec, chain: Sequence[StageSpec], width: int | None = None, valid: int | None = None) -> Stage:
     """Build the stage `spec`; `chain` is the stages from it down to the target (inclusive).
 
     `width`: the target's vocabulary (logits per row), None when building the target itself;

@@ -56,3 +56,49 @@ def test_serve_then_generate(family, tmp_path):
         server.send_signal(signal.SIGTERM)
         server.communicate(timeout=120)
     assert server.returncode == 0
+
+
+def test_serve_a_vlm_then_generate_with_an_image(tmp_path):
+    """A VLM target in Ray actors; `pipespec generate --image` sends the file; equals the target alone."""
+    import numpy as np
+    from PIL import Image
+
+    from cluster.pipeline import RAY_ENV
+    from experiments.vlm_zoo import build_zoo_family
+    from pipespec import LocalPipeline, load_config
+    from pipespec.cli import _printable
+
+    paths = build_zoo_family("llava", tmp_path / "zoo")
+    picture = tmp_path / "picture.png"
+    Image.fromarray((np.random.default_rng(3).random((48, 40, 3)) * 255).astype(np.uint8)).save(picture)
+    stage = lambda n, kind: {"name": n, "kind": kind, "model": str(paths[n]), "dtype": "float32", "resources": {"num_cpus": 0.5}}  # noqa: E731
+    config = {"name": "vlm", "stages": [stage("tiny", "causal_lm"), stage("target", "vlm")], "server": {"port": 0}}
+    with LocalPipeline(load_config({"stages": [stage("target", "vlm")]})) as alone:
+        expected = alone.generate("the red circle", image=str(picture), max_new_tokens=12).text
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    pipespec = str(Path(sys.executable).with_name("pipespec"))
+    env = {**os.environ, **RAY_ENV, "RAY_ADDRESS": ""}
+    server = subprocess.Popen(
+        [pipespec, "serve", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    try:
+        address = None
+        for line in server.stdout:
+            if "serving" in line:
+                address = line.rsplit(" at ", 1)[1].strip()
+                break
+        assert address, "pipespec serve exited without serving"
+        run = lambda *extra: subprocess.run(  # noqa: E731
+            [pipespec, "generate", "--address", address, "--prompt", "the red circle", "--max-new-tokens", "12", *extra],
+            capture_output=True, text=True, timeout=120, env=env,
+        )  # fmt: skip
+        out = run("--image", str(picture))
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == _printable(expected).strip()
+        missing = run("--image", str(tmp_path / "nope.png"))
+        assert missing.returncode == 1 and f"image file '{tmp_path / 'nope.png'}' does not exist" in missing.stderr
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=120)
+    assert server.returncode == 0

@@ -91,10 +91,12 @@ def reference(zoo):
 
 
 def test_target_alone_equals_hugging_face_generate(zoo, reference):
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
+
+    from pipespec.images import load_processor
 
     model = AutoModelForImageTextToText.from_pretrained(zoo.paths["target"], dtype=torch.float32).eval()
-    processor = AutoProcessor.from_pretrained(zoo.paths["target"])
+    processor = load_processor(zoo.paths["target"], "target")
     padding = list(range(zoo.valid, model.get_output_embeddings().out_features))  # masked by the pipeline
     for r, ours in zip(requests(), reference):
         if "seed" in r:
@@ -113,9 +115,16 @@ def test_target_alone_equals_hugging_face_generate(zoo, reference):
         assert ours == theirs[:cut], (zoo.family, r["prompt"])
 
 
-def test_the_image_reaches_the_target(zoo, reference):
-    greedy = [ids for r, ids in zip(requests(), reference) if "seed" not in r]
-    assert greedy[0] != greedy[1] or greedy[2] != greedy[3], "two images gave the same answers"
+def test_the_image_reaches_the_target(zoo):
+    """Two images, same prompt: the target's next-token logits differ."""
+    pipe, target = zoo.pipeline(["target"]), zoo.stages["target"]
+    rows = []
+    for image in IMAGES:
+        spec, _ = pipe.request(PROMPTS[0], image=image, max_new_tokens=4)
+        session = target.open(spec)
+        rows.append(session.forward(len(spec.prompt_token_ids) - 1, [spec.prompt_token_ids[-1]])[0])
+        session.close()
+    assert (rows[0] - rows[1]).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("names", [["tiny", "target"], ["tiny", "mid", "target"]], ids=["k2", "k3"])
@@ -148,7 +157,9 @@ def test_text_only_request_on_a_vlm_target(zoo):
 
 def test_features_for_the_dream_drafter(zoo):
     """Prefill exposes merged embeddings, post-norm hidden states and the attention image tokens receive."""
-    stage = VLMStage("target", zoo.paths["target"], "float32", width=zoo.stages["target"].vocab_size, valid=zoo.valid, image_attention=True)
+    stage = VLMStage(
+        "target", zoo.paths["target"], "float32", width=zoo.stages["target"].vocab_size, valid=zoo.valid, image_attention=True
+    )
     spec, _ = zoo.pipeline(["target"]).request(PROMPTS[0], image=IMAGES[1], max_new_tokens=4)
     session = stage.open(spec)
     plain = zoo.stages["target"].open(spec)
@@ -270,3 +281,37 @@ def test_a_text_model_as_vlm_is_a_config_error(llava):
 
     with pytest.raises(ConfigError, match="is not an image-text-to-text model"):
         VLMStage("target", llava.paths["tiny"], "float32")
+
+
+# ---- the image through the gRPC front door -------------------------------------------------------
+
+
+def test_images_through_grpc_generate_and_client(llava, tmp_path):
+    """Client -> gRPC Generate (image bytes once) -> front door -> stages linked by gRPC streams."""
+    import asyncio
+    import base64
+
+    from pipespec import Client
+    from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
+
+    buffer = io.BytesIO()
+    IMAGES[1].save(buffer, format="PNG")
+    png = buffer.getvalue()
+    (tmp_path / "b.png").write_bytes(png)
+    with llava.pipeline(["target"]) as ref:
+        expected = ref.generate(PROMPTS[0], image=IMAGES[1], max_new_tokens=NEW_TOKENS).token_ids
+    pipe = LocalPipeline(
+        llava.config(["tiny", "mid", "target"]), stages=[llava.stages[n] for n in ("tiny", "mid", "target")], over_grpc=True
+    )
+    with pipe:
+        service = CoordinatorService(pipe.coordinator, pipe.front_door, "vlm")
+        server, port = asyncio.run_coroutine_threadsafe(serve_coordinator(service, "127.0.0.1", 0), pipe.loop).result()
+        try:
+            client = Client(f"127.0.0.1:{port}")
+            url = "data:image/png;base64," + base64.b64encode(png).decode()
+            for image in (str(tmp_path / "b.png"), png, IMAGES[1], url):
+                assert client.generate(PROMPTS[0], image=image, max_new_tokens=NEW_TOKENS).token_ids == expected
+            bad = list(client.stream(PROMPTS[0], image=b"junk", max_new_tokens=4))
+            assert bad[-1].finish_reason == "error" and "image of 4 bytes does not decode" in bad[-1].error
+        finally:
+            asyncio.run_coroutine_threadsafe(server.stop(grace=None), pipe.loop).result()

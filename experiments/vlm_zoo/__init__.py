@@ -5,10 +5,10 @@ Each family module (llava.py, llava_next.py, idefics3.py, qwen2_vl.py, gemma3.py
 tower, saved with its processor, chat template and a tokenizer trained here (the family's special
 tokens added), so that `AutoModelForImageTextToText` and `AutoProcessor` load it back from disk.
 
-`build_zoo_family(name, out)` adds text drafters sharing the tokenizer: `tiny` (1 layer) and `mid`
-(2 layers), whose embeddings and LM head are copied from the VLM's language model. The VLM's
+`build_zoo_family(name, out)` adds text drafters sharing the tokenizer: `tiny` (1 layer, noisier)
+and `mid` (2 layers), whose embeddings and LM head are copied from the VLM's language model. The VLM's
 residual branches are kept smallish, so its next token is mostly a function of the current one and
-the drafters agree with it often (~80%), but not always (rollbacks get exercised), and the image
+the drafters agree with it often (`mid` ~80-90%, `tiny` less), but not always (rollbacks get exercised), and the image
 still changes the answer. `mid` pads its
 embedding table differently from the target, so the pipeline's vocabulary masking is exercised too.
 
@@ -18,6 +18,7 @@ embedding table differently from the target, so the pipeline's vocabulary maskin
 from __future__ import annotations
 
 import argparse
+import json
 import importlib
 from pathlib import Path
 
@@ -62,8 +63,11 @@ def shrink_branches(model: torch.nn.Module, branch_std: float = 0.15, seed: int 
             head.weight.normal_(0.0, 1.0, generator=g)
 
 
-def text_drafter(vlm: torch.nn.Module, layers: int, vocab_size: int, seed: int) -> LlamaForCausalLM:
-    """A Llama with the VLM's text embeddings and LM head (first `vocab_size` rows, zero-padded)."""
+def text_drafter(vlm: torch.nn.Module, layers: int, vocab_size: int, seed: int, branch_std: float) -> LlamaForCausalLM:
+    """A Llama with the VLM's text embeddings and LM head (first `vocab_size` rows, zero-padded).
+
+    Its own residual branches (`branch_std`) set how often it disagrees with the VLM.
+    """
     embed = vlm.get_input_embeddings().weight.detach()  # [V_target, H]
     head = vlm.get_output_embeddings().weight.detach()  # [V_target, H]
     hidden = embed.shape[1]
@@ -76,7 +80,7 @@ def text_drafter(vlm: torch.nn.Module, layers: int, vocab_size: int, seed: int) 
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 2 and name.endswith(("o_proj.weight", "down_proj.weight")):
-                p.normal_(0.0, 0.05)
+                p.normal_(0.0, branch_std)
         model.model.embed_tokens.weight.zero_()
         model.model.embed_tokens.weight[:n] = embed[:n] * scale
         model.lm_head.weight.zero_()
@@ -91,6 +95,16 @@ def save_vlm(model: torch.nn.Module, processor, out: Path) -> Path:
     return out
 
 
+def save_vlm_parts(model: torch.nn.Module, image_processor, tokenizer, processor_class: str, out: Path) -> Path:
+    """Save a VLM whose processor cannot be built here (it wants torchvision): its parts and class name."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    image_processor.save_pretrained(out)
+    tokenizer.save_pretrained(out)  # with the chat template
+    (out / "processor_config.json").write_text(json.dumps({"processor_class": processor_class}))
+    return out
+
+
 def build_zoo_family(family: str, out: Path, seed: int = 0) -> dict[str, Path]:
     """-> {"target": VLM dir, "mid": 2-layer text drafter dir, "tiny": 1-layer text drafter dir}."""
     from transformers import AutoModelForImageTextToText, AutoTokenizer
@@ -102,9 +116,9 @@ def build_zoo_family(family: str, out: Path, seed: int = 0) -> dict[str, Path]:
     tokenizer = AutoTokenizer.from_pretrained(target)
     paths = {"target": target}
     vocab = vlm.get_output_embeddings().out_features
-    for name, layers, size in (("tiny", 1, vocab), ("mid", 2, len(tokenizer) + 3)):
+    for name, layers, size, branch_std in (("tiny", 1, vocab, 0.3), ("mid", 2, len(tokenizer) + 3, 0.05)):
         path = out / name
-        text_drafter(vlm, layers, size, seed + layers).save_pretrained(path)
+        text_drafter(vlm, layers, size, seed + layers, branch_std).save_pretrained(path)
         tokenizer.save_pretrained(path)
         paths[name] = path
     return paths

@@ -46,19 +46,36 @@ def build(out: Path, seed: int = 0) -> Path:
     tokenizer = family_tokenizer([BOI, EOI, IMAGE_TOKEN, "<start_of_turn>", "<end_of_turn>"], CHAT_TEMPLATE, seed=seed)
     tokenizer._set_model_specific_special_tokens({"boi_token": BOI, "eoi_token": EOI, "image_token": IMAGE_TOKEN})
     vision = SiglipVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        image_size=IMAGE, patch_size=PATCH,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=IMAGE,
+        patch_size=PATCH,
     )
     text = Gemma3TextConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
-        max_position_embeddings=1024, sliding_window=512, layer_types=["sliding_attention", "full_attention"],
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=None,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        max_position_embeddings=1024,
+        sliding_window=512,
+        layer_types=["sliding_attention", "full_attention"],
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=None,
         tie_word_embeddings=False,
     )
     config = Gemma3Config(
-        vision_config=vision.to_dict(), text_config=text.to_dict(), mm_tokens_per_image=IMAGE_TOKENS,
-        boi_token_index=tokenizer.boi_token_id, eoi_token_index=tokenizer.eoi_token_id,
+        vision_config=vision.to_dict(),
+        text_config=text.to_dict(),
+        mm_tokens_per_image=IMAGE_TOKENS,
+        boi_token_index=tokenizer.boi_token_id,
+        eoi_token_index=tokenizer.eoi_token_id,
         image_token_index=tokenizer.image_token_id,
         tie_word_embeddings=False,  # Gemma 3 ties its head; tied, each token would predict itself here (small branches)
     )
@@ -74,6 +91,9 @@ def build(out: Path, seed: int = 0) -> Path:
         model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 1.0, generator=g)
     image_processor = Gemma3ImageProcessor(size={"height": IMAGE, "width": IMAGE}, do_pan_and_scan=False)
     processor = Gemma3Processor(
-        image_processor=image_processor, tokenizer=tokenizer, image_seq_length=IMAGE_TOKENS, chat_template=CHAT_TEMPLATE,
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        image_seq_length=IMAGE_TOKENS,
+        chat_template=CHAT_TEMPLATE,
     )
     return save_vlm(model, processor, out)

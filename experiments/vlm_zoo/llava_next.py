@@ -35,25 +35,39 @@ CHAT_TEMPLATE = (
 def build(out: Path, seed: int = 0) -> Path:
     tokenizer = family_tokenizer(["<image>"], CHAT_TEMPLATE, seed=seed)
     vision = CLIPVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        image_size=TILE, patch_size=PATCH, projection_dim=32,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=TILE,
+        patch_size=PATCH,
+        projection_dim=32,
     )
     text = llama_config(len(tokenizer), hidden=64, layers=2, heads=4)
     text.max_position_embeddings = 512
     config = LlavaNextConfig(
-        vision_config=vision.to_dict(), text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        text_config=text.to_dict(),
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
-        vision_feature_select_strategy="default", vision_feature_layer=-1,
-        image_grid_pinpoints=GRID_PINPOINTS, image_seq_length=(TILE // PATCH) ** 2,
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+        image_grid_pinpoints=GRID_PINPOINTS,
+        image_seq_length=(TILE // PATCH) ** 2,
     )
     torch.manual_seed(seed)
     model = LlavaNextForConditionalGeneration(config).eval()
     shrink_branches(model, seed=seed)
     image_processor = LlavaNextImageProcessor(
-        size={"shortest_edge": TILE}, crop_size={"height": TILE, "width": TILE}, image_grid_pinpoints=GRID_PINPOINTS,
+        size={"shortest_edge": TILE},
+        crop_size={"height": TILE, "width": TILE},
+        image_grid_pinpoints=GRID_PINPOINTS,
     )
     processor = LlavaNextProcessor(
-        image_processor=image_processor, tokenizer=tokenizer, patch_size=PATCH,
-        vision_feature_select_strategy="default", num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE,
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=CHAT_TEMPLATE,
     )
     return save_vlm(model, processor, out)

@@ -38,28 +38,49 @@ CHAT_TEMPLATE = (
 def build(out: Path, seed: int = 0) -> Path:
     tokenizer = family_tokenizer(SPECIAL_TOKENS, CHAT_TEMPLATE, seed=seed)
     vision = PixtralVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, head_dim=16,
-        image_size=LONGEST_EDGE, patch_size=PATCH,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        head_dim=16,
+        image_size=LONGEST_EDGE,
+        patch_size=PATCH,
     )
     text = MistralConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512, sliding_window=None,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        sliding_window=None,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
     )
     config = Mistral3Config(
-        vision_config=vision.to_dict(), text_config=text.to_dict(),
-        image_token_id=tokenizer.convert_tokens_to_ids("[IMG]"), spatial_merge_size=MERGE, vision_feature_layer=-1,
+        vision_config=vision.to_dict(),
+        text_config=text.to_dict(),
+        image_token_id=tokenizer.convert_tokens_to_ids("[IMG]"),
+        spatial_merge_size=MERGE,
+        vision_feature_layer=-1,
         tie_word_embeddings=False,  # tied, each token would predict itself here (small branches)
     )
     torch.manual_seed(seed)
     model = Mistral3ForConditionalGeneration(config).eval()
     shrink_branches(model, seed=seed)
     image_processor = PixtralImageProcessor(
-        size={"longest_edge": LONGEST_EDGE}, patch_size={"height": PATCH, "width": PATCH},
+        size={"longest_edge": LONGEST_EDGE},
+        patch_size={"height": PATCH, "width": PATCH},
     )
     # PixtralProcessor needs torchvision (transformers 5.23: its module imports the torchvision image processor).
     processor = PixtralProcessor(
-        image_processor=image_processor, tokenizer=tokenizer, patch_size=PATCH, spatial_merge_size=MERGE,
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH,
+        spatial_merge_size=MERGE,
         chat_template=CHAT_TEMPLATE,
     )
     return save_vlm(model, processor, out)

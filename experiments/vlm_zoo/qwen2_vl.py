@@ -9,21 +9,30 @@ from transformers import (
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
     Qwen2VLImageProcessor,
-    Qwen2VLProcessor,
     Qwen2VLTextConfig,
-    Qwen2VLVideoProcessor,
     Qwen2VLVisionConfig,
 )
 
-from experiments.vlm_zoo import family_tokenizer, save_vlm, shrink_branches
+from experiments.vlm_zoo import family_tokenizer, save_vlm_parts, shrink_branches
 
 PATCH, MERGE = 8, 2
 FACTOR = PATCH * MERGE  # images are resized to multiples of 16 pixels; one image token per 16x16
 MIN_PIXELS, MAX_PIXELS = 4 * FACTOR**2, 32 * FACTOR**2  # 4 to 32 image tokens
 SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>",
-    "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
 ]
 
 # Qwen2-VL-Instruct's template without videos and picture numbering.
@@ -46,33 +55,45 @@ def build(out: Path, seed: int = 0) -> Path:
     tokenizer = family_tokenizer(SPECIAL_TOKENS, CHAT_TEMPLATE, seed=seed)
     ids = tokenizer.convert_tokens_to_ids
     vision = Qwen2VLVisionConfig(
-        depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2,
-        patch_size=PATCH, spatial_merge_size=MERGE, temporal_patch_size=2,
+        depth=1,
+        embed_dim=32,
+        hidden_size=64,
+        num_heads=2,
+        mlp_ratio=2,
+        patch_size=PATCH,
+        spatial_merge_size=MERGE,
+        temporal_patch_size=2,
     )
     text = Qwen2VLTextConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},  # sums to head_dim / 2
-        bos_token_id=1, eos_token_id=2,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     config = Qwen2VLConfig(
-        vision_config=vision.to_dict(), text_config=text.to_dict(),
-        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+        vision_config=vision.to_dict(),
+        text_config=text.to_dict(),
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
     )
     torch.manual_seed(seed)
     model = Qwen2VLForConditionalGeneration(config).eval()
     shrink_branches(model, seed=seed)
     image_processor = Qwen2VLImageProcessor(
         size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
-        patch_size=PATCH, merge_size=MERGE, temporal_patch_size=2,
+        patch_size=PATCH,
+        merge_size=MERGE,
+        temporal_patch_size=2,
     )
-    # The processor requires a video processor, and that needs torchvision (transformers 5.23 raises ImportError without it).
-    video_processor = Qwen2VLVideoProcessor(
-        size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
-        patch_size=PATCH, merge_size=MERGE, temporal_patch_size=2,
-    )
-    processor = Qwen2VLProcessor(
-        image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor, chat_template=CHAT_TEMPLATE,
-    )
-    return save_vlm(model, processor, out)
+    # Qwen2VLProcessor insists on a video processor, and that needs torchvision (transformers 5.23; none
+    # for CPU here): save the processor's parts and its class name; `pipespec.images.load_processor`
+    # builds it back without the video half.
+    return save_vlm_parts(model, image_processor, tokenizer, "Qwen2VLProcessor", out)
