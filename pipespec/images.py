@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-import inspect
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,7 +88,9 @@ def load_processor(model_dir: str, where: str) -> Any:
         try:
             processor = AutoProcessor.from_pretrained(model_dir)
         except ImportError as e:  # transformers wants torchvision (no CPU build for torch 2.13 here)
-            processor = _image_only_processor(model_dir, where, e)
+            from pipespec.processors import image_only_processor
+
+            processor = image_only_processor(model_dir, where, e)
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise ConfigError(
             f"{where}: no image processor could be loaded from {model_dir!r} (a VLM directory needs the files "
@@ -102,41 +102,6 @@ def load_processor(model_dir: str, where: str) -> Any:
             "save the model's processor with processor.save_pretrained(dir)"
         )
     return processor
-
-
-def _image_only_processor(model_dir: str, where: str, cause: ImportError) -> Any:
-    """The processor without its video half, for processors (Qwen2-VL, Qwen2.5-VL, SmolVLM) whose video
-    processor needs torchvision while their image processor has a PIL version. Images only, so the
-    video part is never used."""
-    import transformers
-    from transformers import AutoImageProcessor, AutoTokenizer
-
-    root = Path(model_dir)
-    settings: dict[str, Any] = {}
-    for name in ("processor_config.json", "preprocessor_config.json"):
-        if (root / name).is_file():
-            settings = {**json.loads((root / name).read_text()), **settings}
-    name = settings.get("processor_class")
-    try:
-        cls = getattr(transformers, name) if name else None
-    except ImportError:
-        cls = None
-    if cls is None or "video_processor" not in inspect.signature(cls.__init__).parameters:
-        raise ConfigError(f"{where}: the processor {name or '?'} in {model_dir!r} needs torchvision: {cause}") from cause
-
-    class ImageOnly(cls):
-        def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
-            if argument_name == "video_processor" and argument is None:
-                return None
-            return super().check_argument_for_proper_class(argument_name, argument)
-
-    template = root / "chat_template.jinja"
-    return ImageOnly(
-        image_processor=AutoImageProcessor.from_pretrained(model_dir),
-        tokenizer=AutoTokenizer.from_pretrained(model_dir),
-        video_processor=None,
-        chat_template=template.read_text() if template.is_file() else None,
-    )
 
 
 def _chat(processor: Any, prompt: str, image: Any | None, **kwargs: Any) -> Any:

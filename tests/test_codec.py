@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from pipespec import codec
-from pipespec.messages import Close, Closed, Commit, Draft, Failed, Open, RequestSpec, Verdict
+from pipespec.messages import Close, Closed, Commit, Draft, Failed, ImageInputs, Open, RequestSpec, Verdict
 from pipespec.params import SamplingParams, VerifyMode
 from pipespec.stats import PairStats, StageStats
 
@@ -15,7 +16,7 @@ def roundtrip(message):
 
 
 def test_plain_messages_roundtrip():
-    spec = RequestSpec("r1", (1, 2, 3), SamplingParams(0.7, 0.9, 5, 42, VerifyMode.REJECTION), 32, frozenset({2, 7}), b"\x89PNG")
+    spec = RequestSpec("r1", (1, 2, 3), SamplingParams(0.7, 0.9, 5, 42, VerifyMode.REJECTION), 32, frozenset({2, 7}))
     pair = PairStats("tiny", "target", 3, 9, 5, 2, [3, 2])
     for message in [
         Open(spec),
@@ -30,6 +31,20 @@ def test_plain_messages_roundtrip():
         assert back == message and type(back) is type(message)
     assert roundtrip(Open(spec)).request.params.verify is VerifyMode.REJECTION
     assert roundtrip(Open(spec)).request.stop_token_ids == frozenset({2, 7})
+
+
+def test_an_image_request_roundtrips_exactly():
+    arrays = {
+        "pixel_values": np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32),
+        "image_grid_thw": np.array([[1, 4, 4]], dtype=np.int64),
+        "pixel_attention_mask": np.ones((1, 1, 8, 8), dtype=bool),
+    }
+    spec = RequestSpec("r2", (1, 9, 9, 2), SamplingParams(), 8, image=ImageInputs(arrays), text_prompt_token_ids=(1, 2))
+    back = roundtrip(Open(spec)).request
+    assert back.text_prompt == (1, 2) and back.prompt_token_ids == (1, 9, 9, 2)
+    for key, array in arrays.items():
+        assert back.image.arrays[key].dtype == array.dtype
+        np.testing.assert_array_equal(back.image.arrays[key], array)
 
 
 def test_tensors_roundtrip_bit_for_bit():

@@ -95,13 +95,15 @@ def save_vlm(model: torch.nn.Module, processor, out: Path) -> Path:
     return out
 
 
-def save_vlm_parts(model: torch.nn.Module, image_processor, tokenizer, processor_class: str, out: Path) -> Path:
+def save_vlm_parts(
+    model: torch.nn.Module, image_processor, tokenizer, processor_class: str, out: Path, **processor_settings
+) -> Path:
     """Save a VLM whose processor cannot be built here (it wants torchvision): its parts and class name."""
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     image_processor.save_pretrained(out)
     tokenizer.save_pretrained(out)  # with the chat template
-    (out / "processor_config.json").write_text(json.dumps({"processor_class": processor_class}))
+    (out / "processor_config.json").write_text(json.dumps({"processor_class": processor_class, **processor_settings}))
     return out
 
 

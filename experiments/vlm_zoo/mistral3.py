@@ -10,11 +10,10 @@ from transformers import (
     Mistral3ForConditionalGeneration,
     MistralConfig,
     PixtralImageProcessor,
-    PixtralProcessor,
     PixtralVisionConfig,
 )
 
-from experiments.vlm_zoo import family_tokenizer, save_vlm, shrink_branches
+from experiments.vlm_zoo import family_tokenizer, save_vlm_parts, shrink_branches
 
 PATCH, MERGE, LONGEST_EDGE = 8, 2, 64  # one image token per 16x16 pixels, at most 4x4 plus a break/end token per row
 SPECIAL_TOKENS = ["[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[IMG]", "[IMG_BREAK]", "[IMG_END]"]
@@ -75,12 +74,6 @@ def build(out: Path, seed: int = 0) -> Path:
         size={"longest_edge": LONGEST_EDGE},
         patch_size={"height": PATCH, "width": PATCH},
     )
-    # PixtralProcessor needs torchvision (transformers 5.23: its module imports the torchvision image processor).
-    processor = PixtralProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        patch_size=PATCH,
-        spatial_merge_size=MERGE,
-        chat_template=CHAT_TEMPLATE,
-    )
-    return save_vlm(model, processor, out)
+    # PixtralProcessor needs torchvision (transformers 5.23: its module imports the torchvision image
+    # processor): save its parts; `pipespec.processors` builds it back for images only.
+    return save_vlm_parts(model, image_processor, tokenizer, "PixtralProcessor", out, patch_size=PATCH, spatial_merge_size=MERGE)
