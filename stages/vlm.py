@@ -113,7 +113,7 @@ class VLMStage:
         device: str = "cpu",
         width: int | None = None,  # see CausalLMStage
         valid: int | None = None,
-        image_attention: bool = False,  # capture the last layer's attention at prefill (eager in that layer)
+        image_attention: bool = False,  # also compute the last layer's attention weights at prefill
     ):
         self.name = name
         self.device = torch.device(device)
