@@ -20,9 +20,7 @@ log = logging.getLogger(__name__)
 
 @ray.remote
 class StageActor:
-    def __init__(
-        self, config: PipelineConfig, index: int, target_vocab_size: int | None, valid: int | None, torch_threads: int
-    ):
+    def __init__(self, config: PipelineConfig, index: int, target_vocab_size: int | None, valid: int | None, torch_threads: int):
         """`target_vocab_size`: None for the target itself; `valid`: the shared tokenizer's size (stages.vocabulary)."""
         import torch
 

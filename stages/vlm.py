@@ -9,7 +9,7 @@ with positions taken from the cache length. Models with multimodal rotary positi
 their position offset on the model object; each session keeps its own and puts it back before
 each of its forwards, so concurrent requests with different images never share one.
 
-What the DREAM drafter needs of the target is exposed on the session: `prefill` holds the merged
+What the DREAM drafter needs of the target is exposed on the session: `prefill_features` holds the merged
 input embeddings, the last layer's post-norm hidden states and (when `image_attention` is on) the
 last-layer attention each prompt position received; `hidden` holds the post-norm hidden states of
 the tokens fed by the latest `forward`.
