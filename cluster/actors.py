@@ -30,7 +30,8 @@ class StageActor:
         self.config = config
         self.index = index
         spec = config.stages[index]
-        self.stage = build_stage(spec, config.stages[index:], target_vocab_size, valid)
+        feeds_dream = index > 0 and config.stages[index - 1].kind == "dream"
+        self.stage = build_stage(spec, config.stages[index:], target_vocab_size, valid, feeds_dream)
         self.runner = None
         self.service = None
         self.clients: list = []

@@ -237,6 +237,11 @@ def _check_chain(stages: tuple[StageSpec, ...]) -> None:
             raise ConfigError(f"stages[{i}] ({s.name}): an ngram stage has no model to verify with; it can only be first")
         if s.kind == "dream" and i == len(stages) - 1:
             raise ConfigError(f"stages[{i}] ({s.name}): a dream drafter cannot be the target")
+        if s.kind == "dream" and (i != len(stages) - 2 or stages[-1].kind != "vlm"):
+            raise ConfigError(
+                f"stages[{i}] ({s.name}): a dream drafter reads the target's hidden states, so it must come right "
+                f"before a vlm target (here followed by {stages[i + 1].name!r}, kind {stages[i + 1].kind})"
+            )
         if s.kind == "mock" and any(t.kind != "mock" for t in stages[i + 1 :]):
             raise ConfigError(
                 f"stages[{i}] ({s.name}): a mock stage emulates its agreement with the stages after it, so they must be mocks too"

@@ -6,6 +6,7 @@ Positions are absolute indices into a request's generated sequence (0 = first ge
     drafter     -> verifier      Draft    "my tokens at positions start.. are these"
     verifier    -> drafter       Verdict  "I agree with all you sent before `position`; there my token is `token`"
     target      -> coordinator   Commit   "positions start.. are committed"
+    target      -> dream drafter TargetFeatures  "my last-layer hidden states at context positions start.."
     every stage -> coordinator   Closed (statistics), Failed (an error in this request)
 
 Epochs live per link. A verifier bumps its epoch whenever a drafter's tokens contradict its own; drafts
@@ -84,6 +85,30 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class PrefillFeatures:
+    """The target's view of the prompt (all prompt tokens but the last), for the DREAM drafter."""
+
+    embeddings: Any  # [P, H] merged input embeddings (image features in place of image tokens)
+    hidden: Any  # [P, H] last layer, post-norm
+    image_mask: Any  # [P] bool, True at image tokens
+    attention_received: Any = None  # [P] float32: last-layer attention each position received, if computed
+
+
+@dataclass(frozen=True)
+class TargetFeatures:
+    """Target -> its DREAM drafter: features of context positions (prompt + generated) the target holds as true.
+
+    With the prefill: `prefill` set, `hidden` None. After each verification step: `hidden` [n, H] for
+    context positions start.. (the tokens it fed that it kept); sent before that step's verdict.
+    """
+
+    request_id: str
+    start: int
+    hidden: Any = None  # [n, H] torch.Tensor
+    prefill: PrefillFeatures | None = None
+
+
+@dataclass(frozen=True)
 class Commit:
     request_id: str
     start: int
@@ -106,4 +131,4 @@ class Failed:
     kind: str = field(default="error")
 
 
-Message = Open | Close | Draft | Verdict | Commit | Closed | Failed
+Message = Open | Close | Draft | Verdict | TargetFeatures | Commit | Closed | Failed

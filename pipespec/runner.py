@@ -35,7 +35,7 @@ import torch
 from pipespec.choice import Decision, decide
 from pipespec.config import PipelineConfig
 from pipespec.links import Link
-from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, RequestSpec, Verdict
+from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, RequestSpec, TargetFeatures, Verdict
 from pipespec.patience import Patience
 from pipespec.stage import Session, Stage, unfed_tail
 from pipespec.stats import PairStats, StageStats
@@ -67,6 +67,8 @@ class _Request:
     committed: int = 0  # target only: tokens sent to the coordinator
     wait_until: float | None = None  # waiting for drafts (see pipespec.patience) until then
     wait_for: int = 0  # ... or until this many are pending
+    features: list[TargetFeatures] = field(default_factory=list)  # DREAM stage: target features not yet applied
+    has_prefill_features: bool = False
 
     @property
     def prompt_len(self) -> int:
@@ -84,6 +86,7 @@ class _Plan:
     start: int  # position of the first decided token (= len(tokens) at launch)
     drafts: tuple[int, ...]
     draft_probs: torch.Tensor | None  # [len(drafts), V]
+    features: tuple[TargetFeatures, ...] = ()  # applied to the session before the forward
 
 
 _WAKE = object()  # posted by a timer when a wait for drafts runs out
@@ -110,8 +113,11 @@ class StageRunner:
         drafter_lookahead: int = 0,
         verify_window: int = 0,
         patience: Patience | None = None,
+        sends_features: bool = False,  # our drafter is a DREAM stage: send it our hidden states
     ):
         self.stage = stage
+        self.sends_features = sends_features
+        self.needs_features = getattr(stage, "needs_target_features", False)
         self.name = name
         self.depth = depth
         self.max_lookahead = max_lookahead
@@ -144,6 +150,7 @@ class StageRunner:
             drafter_name=specs[i - 1].name if i else None,
             drafter_lookahead=specs[i - 1].max_lookahead if i else 0,
             verify_window=config.window(i),
+            sends_features=i > 0 and specs[i - 1].kind == "dream",
         )
 
     # ---- wiring -------------------------------------------------------------------------------
@@ -172,7 +179,7 @@ class StageRunner:
         if message is _WAKE:
             return  # the run loop re-plans after every message
         rid = getattr(message, "request_id", None)
-        if isinstance(message, (Draft, Verdict)) and rid not in self.requests:
+        if isinstance(message, (Draft, Verdict, TargetFeatures)) and rid not in self.requests:
             if rid not in self.closed:  # overtook its Open on another link: replay after the Open
                 self.early.setdefault(rid, []).append(message)
             return
@@ -182,6 +189,10 @@ class StageRunner:
             self._on_draft(message)
         elif isinstance(message, Verdict):
             self._on_verdict(message)
+        elif isinstance(message, TargetFeatures):
+            req = self.requests[rid]
+            req.features.append(message)
+            req.has_prefill_features |= message.prefill is not None
         elif isinstance(message, Open):
             self._on_open(message)
         elif isinstance(message, Close):
@@ -223,13 +234,16 @@ class StageRunner:
         limit = self._limit(req)
         if start >= limit or (start and req.tokens[-1] in req.spec.stop_token_ids):
             return None
+        if self.needs_features and not req.has_prefill_features:
+            return None
         feed = unfed_tail(req.session.last_prompt_token, req.prompt_len, req.fed, req.tokens)
         room = min(self.verify_window, self.drafter_lookahead, limit - start - 1)
         n = min(len(req.pending), room)
         if self.upstream is not None and self._wait(req, n, room):
             return None
         probs = torch.stack(req.pending_probs[:n]) if n and req.spec.params.rejection else None
-        return _Plan(rid, req.rev, req.up_epoch, req.fed, feed, start, tuple(req.pending[:n]), probs)
+        features, req.features = tuple(req.features), []
+        return _Plan(rid, req.rev, req.up_epoch, req.fed, feed, start, tuple(req.pending[:n]), probs, features)
 
     def _wait(self, req: _Request, pending: int, room: int) -> bool:
         """True while this request should wait for more drafts instead of stepping now."""
@@ -247,13 +261,18 @@ class StageRunner:
             return False
         return True
 
-    def _compute(self, session: Session, spec: RequestSpec, plan: _Plan) -> tuple[Decision, float]:
-        """Compute thread: one forward over our unfed tokens and the drafts, then decide."""
+    def _compute(self, session: Session, spec: RequestSpec, plan: _Plan) -> tuple[Decision, float, torch.Tensor | None]:
+        """Compute thread: one forward over our unfed tokens and the drafts, then decide.
+
+        -> (decision, seconds, our hidden states [F + n, H] when our drafter reads them, else None)."""
         t0 = time.perf_counter()
+        for features in plan.features:
+            session.add_features(features)
         logits = session.forward(plan.keep, plan.feed + plan.drafts)  # [F + n, V]
         rows = logits[len(plan.feed) - 1 :]  # [n + 1, V]: positions start .. start + n
         decision = decide(rows, plan.drafts, plan.draft_probs, spec.params, plan.start, self.depth)
-        return decision, time.perf_counter() - t0
+        hidden = session.hidden if self.sends_features else None
+        return decision, time.perf_counter() - t0, hidden
 
     # ---- events -------------------------------------------------------------------------------
 
@@ -300,8 +319,10 @@ class StageRunner:
             req.session = done.future.result()
             req.fed = req.session.prompt_len - 1
             req.stats.forwards += 1
+            if self.sends_features:
+                self.upstream.send(TargetFeatures(done.request_id, 0, prefill=req.session.prefill_features))
             return
-        decision, seconds = done.future.result()
+        decision, seconds, hidden = done.future.result()
         plan = done.plan
         per_token = seconds / len(decision.tokens)
         self.token_s = per_token if self.token_s is None else 0.8 * self.token_s + 0.2 * per_token
@@ -312,9 +333,9 @@ class StageRunner:
         if plan.rev != req.rev:  # a verdict changed our tokens meanwhile: keep only the valid cache
             req.fed = req.prompt_len + min(plan.start, req.touched)
             return
-        self._apply(req, plan, decision)
+        self._apply(req, plan, decision, hidden)
 
-    def _apply(self, req: _Request, plan: _Plan, decision: Decision) -> None:
+    def _apply(self, req: _Request, plan: _Plan, decision: Decision, hidden: torch.Tensor | None) -> None:
         tokens = decision.tokens
         for i, t in enumerate(tokens):  # nothing after a stop token
             if t in req.spec.stop_token_ids:
@@ -329,6 +350,9 @@ class StageRunner:
         if plan.up_epoch == req.up_epoch:
             del req.pending[: len(plan.drafts)], req.pending_probs[: len(plan.drafts)]
             req.pending_start += len(plan.drafts)
+        if hidden is not None:  # before the verdict: the fed tokens and the accepted drafts are ours
+            rows = len(plan.feed) + min(decision.accepted, len(tokens))
+            self.upstream.send(TargetFeatures(req.spec.request_id, plan.keep, hidden[:rows]))
         if self.upstream is not None:
             if decision.accepted < len(plan.drafts) and len(tokens) == len(decision.tokens):
                 self._conflict(req, plan.start + decision.accepted)  # rejection

@@ -8,11 +8,18 @@ from pipespec.config import ConfigError, PipelineConfig, StageSpec
 from pipespec.stage import Stage
 
 
-def build_stage(spec: StageSpec, chain: Sequence[StageSpec], width: int | None = None, valid: int | None = None) -> Stage:
+def build_stage(
+    spec: StageSpec,
+    chain: Sequence[StageSpec],
+    width: int | None = None,
+    valid: int | None = None,
+    feeds_dream: bool = False,
+) -> Stage:
     """Build the stage `spec`; `chain` is the stages from it down to the target (inclusive).
 
     `width`: the target's vocabulary (logits per row), None when building the target itself;
-    `valid`: the shared tokenizer's size, None without one (see stages.vocabulary).
+    `valid`: the shared tokenizer's size, None without one (see stages.vocabulary);
+    `feeds_dream`: its drafter is a DREAM stage (a VLM then also computes its image attention).
     """
     if spec.kind == "causal_lm":
         from stages.causal_lm import CausalLMStage
@@ -21,7 +28,11 @@ def build_stage(spec: StageSpec, chain: Sequence[StageSpec], width: int | None =
     if spec.kind == "vlm":
         from stages.vlm import VLMStage
 
-        return VLMStage(spec.name, spec.model, spec.dtype, spec.device, width, valid)
+        return VLMStage(spec.name, spec.model, spec.dtype, spec.device, width, valid, image_attention=feeds_dream)
+    if spec.kind == "dream":
+        from stages.dream.stage import DreamStage
+
+        return DreamStage(spec.name, spec.model, spec.dtype, spec.device, width, valid)
     if spec.kind == "mock":
         from stages.mock import MockStage
 
@@ -37,7 +48,7 @@ def build_stage(spec: StageSpec, chain: Sequence[StageSpec], width: int | None =
 def load_stages(config: PipelineConfig, valid: int | None = None) -> list[Stage]:
     """Build every stage of `config`, target first, and check their vocabularies line up."""
     specs = config.stages
-    target = build_stage(specs[-1], specs[-1:], None, valid)
+    target = build_stage(specs[-1], specs[-1:], None, valid, feeds_dream=len(specs) > 1 and specs[-2].kind == "dream")
     built = [target]
     for i in range(len(specs) - 2, -1, -1):
         built.append(build_stage(specs[i], specs[i:], target.vocab_size, valid))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,22 +28,12 @@ from transformers import AttentionInterface, AutoModelForImageTextToText, Dynami
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
 from pipespec.config import ConfigError
-from pipespec.messages import ImageInputs, RequestSpec
+from pipespec.messages import ImageInputs, PrefillFeatures, RequestSpec
 from pipespec.stage import check_keep, check_length
 from stages.causal_lm import DTYPES
 from stages.vocabulary import LogitsFit
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PrefillFeatures:
-    """The target's view of the prompt (all prompt tokens but the last), for the DREAM drafter."""
-
-    embeddings: torch.Tensor  # [P, H] merged input embeddings (image features in place of image tokens)
-    hidden: torch.Tensor  # [P, H] last layer, post-norm
-    image_mask: torch.Tensor  # [P] bool, True at image tokens
-    attention_received: torch.Tensor | None  # [P] float32: last-layer attention each position received
 
 
 def _sdpa_with_weights(

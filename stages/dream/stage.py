@@ -1,0 +1,155 @@
+"""The `dream` stage: the middle of the hierarchy, verifying the tiny drafter and proposing to the VLM target.
+
+It sees the target's prompt (image positions included, as the target's merged input embeddings) and
+reads the target's features through `TargetFeatures` messages: at prefill the prompt's embeddings,
+hidden states and image attention; after each verification step the hidden states of the positions
+the target holds as true. Until the prefill features arrive the runner does not step it.
+
+Memory (`FeatureMemory`): one feature per context position, the target's where it has sent one and
+the drafter's own predicted f beyond (feature-level autoregression). When a target feature replaces
+an own one that later queries already used, those queries are stale: the next `forward` recomputes
+from there (its token ids are known), so the caches always reflect the best memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from pipespec.messages import RequestSpec, TargetFeatures
+from pipespec.stage import check_keep, check_length
+from stages.causal_lm import DTYPES
+from stages.dream.checkpoint import load
+from stages.dream.compression import kept_positions
+from stages.vocabulary import LogitsFit
+
+
+class FeatureMemory:
+    """Features by context position; target entries are authoritative, own ones provisional."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple[torch.Tensor, bool]] = {}  # position -> (feature [H], from_target)
+        self._stacked: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def put_target(self, positions: Sequence[int], features: torch.Tensor) -> int | None:
+        """Store target features; -> the smallest position where an own entry was replaced, if any."""
+        replaced = [p for p in positions if p in self.entries and not self.entries[p][1]]
+        for p, f in zip(positions, features):
+            self.entries[p] = (f, True)
+        self._stacked = None
+        return min(replaced) if replaced else None
+
+    def put_own(self, positions: Sequence[int], features: torch.Tensor) -> None:
+        for p, f in zip(positions, features):
+            if p not in self.entries or not self.entries[p][1]:
+                self.entries[p] = (f, False)
+        self._stacked = None
+
+    def drop_own_from(self, position: int) -> None:
+        stale = [p for p, (_, target) in self.entries.items() if p >= position and not target]
+        for p in stale:
+            del self.entries[p]
+        if stale:
+            self._stacked = None
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (features [1, m, H], positions [m]) in position order."""
+        if self._stacked is None:
+            order = sorted(self.entries)
+            feats = torch.stack([self.entries[p][0] for p in order])[None]
+            self._stacked = (feats, torch.tensor(order, dtype=torch.long, device=feats.device))
+        return self._stacked
+
+
+class DreamStage:
+    needs_target_features = True
+
+    def __init__(
+        self,
+        name: str,
+        model_dir: str,
+        dtype: str = "bfloat16",
+        device: str = "cpu",
+        width: int | None = None,
+        valid: int | None = None,
+    ):
+        self.name = name
+        self.device = torch.device(device)
+        ckpt = load(model_dir, DTYPES[dtype], device)
+        self.drafter = ckpt.drafter
+        self.embed = ckpt.embed  # [V, H]
+        self.lm_head = ckpt.lm_head  # [V, H]
+        self.keep_fraction = ckpt.keep_fraction
+        self.fit = LogitsFit.of(name, self.lm_head.shape[0], width, valid)
+        self.vocab_size = self.fit.width
+
+    def open(self, request: RequestSpec) -> DreamSession:
+        return DreamSession(self, request.prompt_token_ids)
+
+
+class DreamSession:
+    def __init__(self, stage: DreamStage, prompt: Sequence[int]):
+        self.stage = stage
+        self.tokens = list(prompt)  # context ids: the target's prompt, then generated tokens
+        self.prompt_len = len(prompt)
+        self.last_prompt_token = prompt[-1]
+        self.memory = FeatureMemory()
+        self.caches = stage.drafter.new_caches()
+        self.fed = 0  # context positions the caches cover (kept ones; dropped image positions count too)
+        self.stale_from: int | None = None  # an own memory entry here was replaced after later queries used it
+        self.prefill_embeddings: torch.Tensor | None = None
+        self.kept: torch.Tensor | None = None  # [P - 1] bool: prompt positions kept (compression)
+
+    def add_features(self, features: TargetFeatures) -> None:
+        """Compute thread: take the target's features (prefill first, then per verification)."""
+        if features.prefill is not None:
+            pre = features.prefill
+            self.kept = kept_positions(pre.image_mask, pre.attention_received, self.stage.keep_fraction)
+            self.prefill_embeddings = pre.embeddings
+            positions = self.kept.nonzero().squeeze(-1).tolist()
+            self.memory.put_target(positions, pre.hidden[self.kept].to(self.stage.embed.dtype))
+            return
+        positions = range(features.start, features.start + len(features.hidden))
+        replaced = self.memory.put_target(positions, features.hidden.to(self.stage.embed.dtype))
+        if replaced is not None and replaced + 1 < self.fed:
+            self.stale_from = replaced if self.stale_from is None else min(self.stale_from, replaced)
+
+    @torch.inference_mode()
+    def _run(self, positions: list[int], inputs: torch.Tensor) -> torch.Tensor:
+        """Feed inputs [n, H] at positions; store our features; -> f [n, H]."""
+        memory, memory_positions = self.memory.tensors()
+        pos = torch.tensor(positions, dtype=torch.long, device=inputs.device)
+        f, _ = self.stage.drafter(inputs[None], pos, memory, memory_positions, self.caches)
+        self.memory.put_own(positions, f[0])
+        return f[0]
+
+    def _prefill(self) -> None:
+        assert self.prefill_embeddings is not None and self.kept is not None, "prefill features must come first"
+        positions = self.kept.nonzero().squeeze(-1).tolist()
+        self._run(positions, self.prefill_embeddings[self.kept].to(self.stage.embed.dtype))
+        self.fed = self.prompt_len - 1
+
+    def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
+        name = self.stage.name
+        if self.fed == 0 and self.prompt_len > 1:
+            self._prefill()
+        check_keep(name, keep, self.fed)
+        start = keep if self.stale_from is None else max(self.prompt_len - 1, min(keep, self.stale_from + 1))
+        assert start >= self.prompt_len - 1, (start, self.prompt_len)
+        self.stale_from = None
+        self.caches.keep_before(start)
+        self.memory.drop_own_from(start)
+        self.tokens[keep:] = list(tokens)
+        positions = list(range(start, keep + len(tokens)))
+        ids = torch.tensor(self.tokens[start : keep + len(tokens)], dtype=torch.long, device=self.stage.device)
+        f = self._run(positions, self.stage.embed[ids])
+        self.fed = keep + len(tokens)
+        check_length(name, int(self.caches.block0.positions[-1]) + 1, self.fed)
+        with torch.inference_mode():
+            logits = f[-len(tokens) :] @ self.stage.lm_head.T  # [n, V]
+        return self.stage.fit(logits.float())
+
+    def close(self) -> None:
+        self.memory = FeatureMemory()
+        self.caches = self.stage.drafter.new_caches()

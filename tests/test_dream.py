@@ -1,0 +1,205 @@
+"""The DREAM drafter: masks from positions, compression, its stage in a 3-stage pipeline, exactness.
+
+The pipeline tests use small random VLMs (`experiments.vlm_zoo`) and an untrained drafter whose gates
+are opened (so the memory matters); correctness does not depend on the drafter's quality.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from pipespec import LocalPipeline, load_config
+from pipespec.config import ConfigError
+from stages.dream.compression import kept_positions
+from stages.dream.model import DreamConfig, DreamDrafter
+
+CONFIG = DreamConfig(hidden_size=32, num_heads=4, intermediate_size=64, vocab_size=50)
+
+
+def drafter(cross_attention: bool = True, seed: int = 0) -> DreamDrafter:
+    torch.manual_seed(seed)
+    model = DreamDrafter(DreamConfig(**{**CONFIG.to_dict(), "cross_attention": cross_attention})).eval()
+    if cross_attention:
+        with torch.no_grad():
+            model.block1.attn_gate.fill_(1.0)
+            model.block1.mlp_gate.fill_(1.0)
+    return model
+
+
+# ---- masks from positions -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cross_attention", [True, False])
+def test_a_query_never_sees_its_own_or_a_later_feature(cross_attention):
+    model = drafter(cross_attention)
+    positions = torch.tensor([0, 1, 2, 5, 6, 7])  # 3 and 4 dropped (compression): gaps are fine
+    inputs = torch.randn(1, 6, 32)
+    memory, memory_positions = torch.randn(1, 6, 32), positions.clone()
+    with torch.no_grad():
+        f, _ = model(inputs, positions, memory, memory_positions)
+        for j in range(6):
+            changed = memory.clone()
+            changed[0, j] += 5.0
+            g, _ = model(inputs, positions, changed, memory_positions)
+            moved = (g - f).abs().amax(-1)[0] > 1e-6  # [6]
+            for i in range(6):
+                if memory_positions[j] >= positions[i]:
+                    assert not moved[i], (j, i)  # own or later feature: invisible
+            after = positions > memory_positions[j]
+            if cross_attention:
+                assert moved[after].all(), j  # every later query attends to it
+            else:
+                nxt = int(after.nonzero()[0]) if after.any() else None  # only the next query reads it
+                assert nxt is None or moved[nxt], j
+
+
+def test_masks_follow_positions_not_offsets():
+    """The same entries in another order give the same features."""
+    model = drafter()
+    positions = torch.tensor([0, 1, 2, 3])
+    inputs, memory = torch.randn(1, 4, 32), torch.randn(1, 4, 32)
+    perm = torch.tensor([2, 0, 3, 1])
+    with torch.no_grad():
+        f, _ = model(inputs, positions, memory, positions)
+        g, _ = model(inputs, positions, memory[:, perm], positions[perm])
+    torch.testing.assert_close(f, g)
+
+
+def test_cached_steps_equal_one_forward():
+    model = drafter()
+    positions = torch.tensor([0, 1, 3, 4, 5])
+    inputs, memory = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
+    with torch.no_grad():
+        full, _ = model(inputs, positions, memory, positions)
+        caches = model.new_caches()
+        first, _ = model(inputs[:, :3], positions[:3], memory, positions, caches)
+        rest = [model(inputs[:, i : i + 1], positions[i : i + 1], memory, positions, caches)[0] for i in (3, 4)]
+    torch.testing.assert_close(torch.cat([first, *rest], dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_closed_gates_ignore_the_memory():
+    """Gates start at 0 (tanh): a fresh drafter's output does not depend on the memory."""
+    torch.manual_seed(0)
+    model = DreamDrafter(CONFIG).eval()
+    positions = torch.arange(4)
+    inputs = torch.randn(1, 4, 32)
+    with torch.no_grad():
+        f, _ = model(inputs, positions, torch.randn(1, 4, 32), positions)
+        g, _ = model(inputs, positions, torch.randn(1, 4, 32), positions)
+    torch.testing.assert_close(f, g)
+
+
+# ---- compression ----------------------------------------------------------------------------------
+
+
+def test_compression_keeps_the_most_attended_image_tokens():
+    image = torch.tensor([False, True, True, True, True, False, False])
+    attention = torch.tensor([9.0, 0.1, 0.5, 0.3, 0.9, 0.0, 0.0])
+    assert kept_positions(image, attention, 0.5).tolist() == [True, False, True, False, True, True, True]
+    assert kept_positions(image, attention, 0.75).tolist() == [True, False, True, True, True, True, True]
+    assert kept_positions(image, attention, 1.0).all()
+    assert kept_positions(image, None, 0.5).all()
+
+
+# ---- the stage in a pipeline ----------------------------------------------------------------------
+
+
+def picture(seed: int, size: tuple[int, int]) -> Image.Image:
+    return Image.fromarray((np.random.default_rng(seed).random((size[1], size[0], 3)) * 255).astype(np.uint8))
+
+
+IMAGES = [picture(0, (40, 50)), picture(1, (67, 31))]
+PROMPTS = ["what is the red circle", "describe the picture"]
+
+
+@pytest.fixture(scope="module", params=["llava", "qwen2_vl"])
+def world(request, tmp_path_factory):
+    """A zoo family plus an untrained DREAM drafter for its target (gates opened), saved to disk."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from experiments.vlm_zoo import build_zoo_family
+    from stages.dream.checkpoint import init_from_target, save
+
+    root = tmp_path_factory.mktemp("dream")
+    paths = {k: str(v) for k, v in build_zoo_family(request.param, root / request.param).items()}
+    target = AutoModelForImageTextToText.from_pretrained(paths["target"])
+    ckpt = init_from_target(target, keep_fraction=0.75)
+    with torch.no_grad():
+        ckpt.drafter.block1.attn_gate.fill_(0.5)
+        ckpt.drafter.block1.mlp_gate.fill_(0.5)
+    paths["dream"] = str(save(root / "dream", ckpt, AutoTokenizer.from_pretrained(paths["target"])))
+    return paths
+
+
+def config(paths, names, lookahead=4):
+    kinds = {"tiny": "causal_lm", "mid": "causal_lm", "dream": "dream", "target": "vlm"}
+    stages = [{"name": n, "kind": kinds[n], "model": paths[n], "max_lookahead": lookahead, "dtype": "float32"} for n in names]
+    return load_config({"stages": stages})
+
+
+def requests():
+    out = []
+    for prompt in PROMPTS:
+        for image in IMAGES:
+            out.append(dict(prompt=prompt, image=image))
+            out.append(dict(prompt=prompt, image=image, temperature=0.8, top_p=0.9, seed=3))
+    return out
+
+
+def run_all(pipe, reqs, new_tokens=16):
+    futures = [pipe.submit(r.pop("prompt"), max_new_tokens=new_tokens, **r) for r in [dict(r) for r in reqs]]
+    return [f.result() for f in futures]
+
+
+@pytest.fixture(scope="module")
+def reference(world):
+    with LocalPipeline(config(world, ["target"])) as p:
+        return [g.token_ids for g in run_all(p, requests())]
+
+
+@pytest.mark.parametrize("names", [["dream", "target"], ["tiny", "dream", "target"]], ids=["k2", "k3"])
+def test_dream_pipeline_equals_the_target_alone(world, reference, names):
+    with LocalPipeline(config(world, names)) as p:
+        generations = run_all(p, requests())
+    assert [g.token_ids for g in generations] == reference
+    pairs = [pair for g in generations for pair in g.stats.pairs if pair.verifier == "target"]
+    assert sum(p.num_draft_tokens for p in pairs) > 0  # the target verified the dream stage's drafts
+
+
+def test_dream_pipeline_over_grpc(world, reference):
+    """Features travel as bf16-exact tensors over real gRPC streams."""
+    with LocalPipeline(config(world, ["tiny", "dream", "target"]), over_grpc=True) as p:
+        assert [g.token_ids for g in run_all(p, requests()[:2])] == reference[:2]
+
+
+def test_dream_session_keeps_memory_and_inputs_consistent(world):
+    """Compression drops the same image positions from the inputs and from the memory."""
+    with LocalPipeline(config(world, ["dream", "target"])) as p:
+        spec, _ = p.request(PROMPTS[0], image=IMAGES[0], max_new_tokens=4)
+        dream, target = p.stages
+    from pipespec.messages import TargetFeatures
+
+    t = target.open(spec)
+    target.taps.last_attention.keep_weights = False
+    d = dream.open(spec)
+    d.add_features(TargetFeatures(spec.request_id, 0, prefill=t.prefill_features))
+    P = len(spec.prompt_token_ids)
+    image = t.prefill_features.image_mask
+    d.forward(P - 1, [spec.prompt_token_ids[-1]])
+    kept_prompt = set(d.kept.nonzero().squeeze(-1).tolist())
+    assert len(kept_prompt) == P - 1 - int(image.sum()) + int(np.ceil(0.75 * int(image.sum())))
+    cached = set(d.caches.block0.positions.tolist())
+    in_memory = set(d.memory.entries)
+    assert cached == kept_prompt | {P - 1}
+    assert in_memory == cached  # the prompt's target features, plus our own f at P - 1
+    assert not d.memory.entries[P - 1][1]  # our own feature
+    t.close()
+    d.close()
+
+
+def test_a_dream_stage_must_sit_right_before_a_vlm_target(world):
+    with pytest.raises(ConfigError, match="must come right before a vlm target"):
+        config(world, ["dream", "tiny", "target"])
