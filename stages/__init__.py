@@ -32,7 +32,7 @@ def build_stage(
     if spec.kind == "dream":
         from stages.dream.stage import DreamStage
 
-        return DreamStage(spec.name, spec.model, spec.dtype, spec.device, width, valid)
+        return DreamStage.load(spec.name, spec.model, spec.dtype, spec.device, width, valid)
     if spec.kind == "mock":
         from stages.mock import MockStage
 

@@ -135,14 +135,13 @@ class VLMStage:
             raise ValueError(f"stage {self.name!r}: an image prompt needs more than its image tokens")
         return session
 
-    def tensors(self, image: ImageInputs, length: int) -> dict[str, torch.Tensor]:
-        """Processor arrays -> model inputs; per-token arrays ([1, L]) cut to the prefilled `length`."""
-        prompt_len = length + 1
+    def tensors(self, image: ImageInputs, prefill: int | None = None) -> dict[str, torch.Tensor]:
+        """Processor arrays -> model inputs; per-token arrays ([1, P]) cut to `prefill` = P - 1 tokens if given."""
         out = {}
         for key, array in image.arrays.items():
             t = torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
-            if t.dim() == 2 and t.shape == (1, prompt_len):
-                t = t[:, :length]
+            if prefill is not None and t.dim() == 2 and t.shape == (1, prefill + 1):
+                t = t[:, :prefill]
             elif t.is_floating_point():
                 t = t.to(self.dtype)
             out[key] = t

@@ -203,3 +203,52 @@ def test_dream_session_keeps_memory_and_inputs_consistent(world):
 def test_a_dream_stage_must_sit_right_before_a_vlm_target(world):
     with pytest.raises(ConfigError, match="must come right before a vlm target"):
         config(world, ["dream", "tiny", "target"])
+
+
+# ---- training ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trainer(world):
+    from pipespec.images import load_processor
+    from stages.dream.train import examples_for, noise_samples
+    from stages.vlm import VLMStage
+
+    stage = VLMStage("target", world["target"], "float32")
+    examples = examples_for(stage, load_processor(world["target"], "target"), noise_samples("train", 3, 0), 12)
+    return stage, examples
+
+
+def test_target_features_and_entropy_selection(trainer):
+    from stages.dream.features import FeatureExtractor
+
+    stage, examples = trainer
+    ex = examples[0]
+    feats = FeatureExtractor(stage)(list(ex.prompt_ids), list(ex.answer_ids), stage.tensors(ex.image))
+    T = len(ex.prompt_ids) + len(ex.answer_ids)
+    assert feats.hidden.shape == (T, stage.model.get_input_embeddings().embedding_dim)
+    assert feats.entropy.shape == (len(feats.candidates), T) and torch.isfinite(feats.entropy).all()
+    assert (feats.entropy >= 0).all()
+    chosen = feats.supervision(None)
+    best = torch.tensor(feats.candidates)[feats.entropy.argmin(0)]
+    for t in (0, T // 2, T - 1):
+        torch.testing.assert_close(chosen[t], feats.layer_hidden[best[t], t])
+    torch.testing.assert_close(feats.supervision(1.0), feats.layer_hidden[-1])
+    # the features match what the pipeline's target session computes at prefill
+    session = stage.open(__import__("pipespec.messages", fromlist=["RequestSpec"]).RequestSpec(
+        "r", ex.prompt_ids, __import__("pipespec.params", fromlist=["SamplingParams"]).SamplingParams(), 4, image=ex.image
+    ))  # fmt: skip
+    P = len(ex.prompt_ids)
+    torch.testing.assert_close(session.prefill_features.hidden, feats.hidden[: P - 1], rtol=1e-4, atol=1e-4)
+    session.close()
+
+
+@pytest.mark.parametrize("variant", ["dream", "no_cross_attention", "compression_0.5", "layer_50"])
+def test_training_loss_falls_on_a_small_fixed_batch(trainer, variant):
+    from stages.dream.train import VARIANTS, mean_acceptance_length, train
+
+    stage, examples = trainer
+    chosen = next(v for v in VARIANTS if v.name == variant)
+    ckpt, curve = train(stage, examples, chosen, steps=40, lr=3e-3, progress=False)
+    assert np.mean(curve[-8:]) < 0.7 * np.mean(curve[:8]), (curve[:8], curve[-8:])
+    assert mean_acceptance_length(stage, ckpt, examples[:1]) >= 1.0

@@ -20,7 +20,7 @@ import torch
 from pipespec.messages import RequestSpec, TargetFeatures
 from pipespec.stage import check_keep, check_length
 from stages.causal_lm import DTYPES
-from stages.dream.checkpoint import load
+from stages.dream.checkpoint import DreamCheckpoint, load
 from stages.dream.compression import kept_positions
 from stages.vocabulary import LogitsFit
 
@@ -65,24 +65,28 @@ class FeatureMemory:
 class DreamStage:
     needs_target_features = True
 
-    def __init__(
-        self,
+    def __init__(self, name: str, ckpt: DreamCheckpoint, width: int | None = None, valid: int | None = None):
+        """`width`, `valid`: the pipeline's vocabulary (see stages.vocabulary)."""
+        self.name = name
+        self.drafter = ckpt.drafter
+        self.embed = ckpt.embed  # [V, H]
+        self.lm_head = ckpt.lm_head  # [V, H]
+        self.device = self.embed.device
+        self.keep_fraction = ckpt.keep_fraction
+        self.fit = LogitsFit.of(name, self.lm_head.shape[0], width, valid)
+        self.vocab_size = self.fit.width
+
+    @classmethod
+    def load(
+        cls,
         name: str,
         model_dir: str,
         dtype: str = "bfloat16",
         device: str = "cpu",
         width: int | None = None,
         valid: int | None = None,
-    ):
-        self.name = name
-        self.device = torch.device(device)
-        ckpt = load(model_dir, DTYPES[dtype], device)
-        self.drafter = ckpt.drafter
-        self.embed = ckpt.embed  # [V, H]
-        self.lm_head = ckpt.lm_head  # [V, H]
-        self.keep_fraction = ckpt.keep_fraction
-        self.fit = LogitsFit.of(name, self.lm_head.shape[0], width, valid)
-        self.vocab_size = self.fit.width
+    ) -> DreamStage:
+        return cls(name, load(model_dir, DTYPES[dtype], device), width, valid)
 
     def open(self, request: RequestSpec) -> DreamSession:
         return DreamSession(self, request.prompt_token_ids)
