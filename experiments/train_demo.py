@@ -229,7 +229,7 @@ def train_tiny(models: Path, minutes: float, steps: int, batch_size: int, seed: 
 # ---- evaluation -------------------------------------------------------------------------------------
 
 
-def evaluate_target(models: Path, n: int, seed: int, max_new_tokens: int = 64) -> dict:
+def evaluate_target(models: Path, n: int, seed: int, max_new_tokens: int = 128) -> dict:
     """Greedy answers of the target (alone, through the `vlm` stage) on held-out questions, scored."""
     from experiments.world import chance, examples, render, score
     from pipespec import LocalPipeline, load_config
@@ -255,7 +255,8 @@ def train_dream(models: Path, minutes: float, steps: int, seed: int) -> Path:
 
     cmd = [
         sys.executable, "-m", "stages.dream.train", "--target", str(models / "target"), "--samples", "experiments.world:samples",
-        "--out", str(models / "dream"), "--steps", str(steps), "--seed", str(seed),
+        "--out", str(models / "dream"), "--steps", str(steps), "--seed", str(seed), "--train-samples", "512",
+        "--max-new-tokens", "96",
     ]  # fmt: skip
     subprocess.run(cmd, check=True)
     return models / "dream"

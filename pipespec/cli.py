@@ -1,30 +1,22 @@
 """The `pipespec` command line.
 
-    pipespec demo [--prompt TEXT] [--max-new-tokens N] [--json FILE]
+    pipespec demo [--prompt TEXT] [--image FILE] [--max-new-tokens N] [--json FILE]
     pipespec serve CONFIG [--address RAY_ADDRESS] [--port P] [--strategy pack|spread]
     pipespec generate --address HOST:PORT --prompt TEXT [--image FILE] [--max-new-tokens N]
                       [--temperature T] [--top-p P] [--seed S]
 
-`demo` runs the embedded default on this machine: a 3-stage pipeline (tiny -> mid -> target) streams
-an answer, then the target runs alone on the same prompt, and a table shows each stage pair's
-acceptance, tokens per second and the speedup, measured right then, and whether the two answers are
-identical. Until the trained demo models ship, the models are small Llamas with random weights built
-from configs (`experiments.toy_models`), saved once under --models and loaded from disk. All stages
-run in this one process (LocalPipeline): they share two cores and Python's GIL, so the speedup shown
-is that of the in-process runtime, not of stages on their own devices.
+`demo` runs the embedded default on a local Ray (see cluster.demo): the shipped models (tiny -> dream
+-> VLM target, trained on the generated visual world) answer a question about a picture, streamed
+token by token; then the target alone answers the same request, and a table shows each stage pair's
+acceptance, tokens per second and the speedup measured right then, and whether the answers match.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-import time
 from pathlib import Path
-
-DEFAULT_MODELS = Path(".cache/toy-models-v1")
-DEFAULT_PROMPT = "the red circle is left of the blue square and"
 
 
 def _printable(text: str) -> str:
@@ -32,60 +24,10 @@ def _printable(text: str) -> str:
 
 
 def demo(args: argparse.Namespace) -> int:
-    from experiments.toy_models import DEMO_SIZES, build_family
-    from pipespec import LocalPipeline, load_config
+    from cluster.demo import DEFAULT_PROMPT, run_demo
 
-    models = Path(args.models)
-    if not (models / "target" / "config.json").is_file():
-        print(f"building the toy models (random weights) under {models} ...", flush=True)
-        build_family(models, **DEMO_SIZES)
-    names = ["tiny", "mid", "target"]
-    stage = lambda n: {"name": n, "kind": "causal_lm", "model": str(models / n), "dtype": args.dtype, "max_lookahead": 8}
-    pipeline = load_config({"name": "demo", "stages": [stage(n) for n in names]})
-    alone = load_config({"name": "target-alone", "stages": [stage("target")]})
-    print(f"pipeline: {' -> '.join(names)}  (toy Llamas with random weights: the text is noise, the mechanics are real)")
-    print(f"prompt: {args.prompt!r}\n")
-
-    with LocalPipeline(pipeline) as p:
-        p.generate(args.prompt, max_new_tokens=4)  # warm up
-        t0 = time.perf_counter()
-        deltas = []
-        for delta in p.stream(args.prompt, max_new_tokens=args.max_new_tokens):
-            deltas.append(delta)
-            print(_printable(delta.text), end="", flush=True)
-        piped_s = time.perf_counter() - t0
-        print("\n")
-    from pipespec.outputs import Generation
-
-    result = Generation.from_deltas(deltas)
-    with LocalPipeline(alone, stages=[p.stages[-1]]) as t:
-        t0 = time.perf_counter()
-        reference = t.generate(args.prompt, max_new_tokens=args.max_new_tokens)
-        alone_s = time.perf_counter() - t0
-
-    tps, tps_alone = len(result.token_ids) / piped_s, len(reference.token_ids) / alone_s
-    figures = {
-        "exact": result.token_ids == reference.token_ids,
-        "speedup_vs_target": tps / tps_alone,
-        "tokens_per_second": tps,
-        "target_alone_tokens_per_second": tps_alone,
-        "prefill_s": result.stats.prefill_s,
-        "pairs": [{k: v for k, v in pair.as_dict().items() if k != "per_position_acceptance"} for pair in result.stats.pairs],
-    }
-    print(f"{'drafter -> verifier':<22}{'drafts':>8}{'drafted':>9}{'accepted':>10}{'mean acc. len':>15}")
-    for pair in result.stats.pairs:
-        print(
-            f"{pair.drafter + ' -> ' + pair.verifier:<22}{pair.num_drafts:>8}{pair.num_draft_tokens:>9}"
-            f"{pair.num_accepted_tokens:>10}{pair.mean_acceptance_length:>15.2f}"
-        )
-    print(
-        f"\npipeline {tps:.1f} tok/s, target alone {tps_alone:.1f} tok/s: speedup {figures['speedup_vs_target']:.2f}x; "
-        f"identical to the target alone: {'yes' if figures['exact'] else 'NO'}"
-    )
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(figures, indent=2))
-    return 0 if figures["exact"] else 1
+    models = {"models": Path(args.models)} if args.models else {}
+    return run_demo(args.prompt or DEFAULT_PROMPT, args.image, args.max_new_tokens, args.dtype, args.json, **models)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -127,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pipespec", description="Asynchronous hierarchical speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run the embedded default pipeline on this machine")
-    d.add_argument("--prompt", default=DEFAULT_PROMPT)
-    d.add_argument("--max-new-tokens", type=int, default=64)
+    d.add_argument("--prompt", help="the question (default: Describe the image.)")
+    d.add_argument("--image", help="a picture to ask about (default: one from the world's held-out split)")
+    d.add_argument("--max-new-tokens", type=int, default=96)
     d.add_argument(
         "--dtype",
         default="float32",
@@ -136,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         help="float32 (default) compares exactly with the target alone; in bfloat16 a verifier's block "
         "logits can differ in the last bit from one-token decoding and flip a near-tie",
     )
-    d.add_argument("--models", default=str(DEFAULT_MODELS), help="where the toy models are built and loaded from")
+    d.add_argument("--models", help="the trained demo models (default: models/demo; python -m experiments.train_demo)")
     d.add_argument("--json", help="also write the figures as JSON to this file")
     d.set_defaults(run=demo)
     s = sub.add_parser("serve", help="start a pipeline on Ray (a local one by default) and serve it")

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipespec.config import PipelineConfig, StageSpec
-from pipespec.messages import RequestSpec
 from pipespec.images import encode_image_prompt, encode_text_prompt, load_image
+from pipespec.messages import RequestSpec
 from pipespec.tokenization import encode_prompt
 
 

@@ -28,7 +28,7 @@ import logging
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -37,7 +37,7 @@ from pipespec.config import PipelineConfig
 from pipespec.links import Link
 from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, RequestSpec, TargetFeatures, Verdict
 from pipespec.patience import Patience
-from pipespec.stage import Session, Stage, unfed_tail
+from pipespec.stage import FEATURE_DTYPE, Session, Stage, unfed_tail
 from pipespec.stats import PairStats, StageStats
 
 log = logging.getLogger(__name__)
@@ -320,7 +320,10 @@ class StageRunner:
             req.fed = req.session.prompt_len - 1
             req.stats.forwards += 1
             if self.sends_features:
-                self.upstream.send(TargetFeatures(done.request_id, 0, prefill=req.session.prefill_features))
+                pre = req.session.prefill_features
+                pre = replace(pre, embeddings=pre.embeddings.to(FEATURE_DTYPE), hidden=pre.hidden.to(FEATURE_DTYPE))
+                self.upstream.send(TargetFeatures(done.request_id, 0, prefill=pre))
+                req.session.prefill_features = None  # sent: the target itself never needs them
             return
         decision, seconds, hidden = done.future.result()
         plan = done.plan
@@ -352,7 +355,7 @@ class StageRunner:
             req.pending_start += len(plan.drafts)
         if hidden is not None:  # before the verdict: the fed tokens and the accepted drafts are ours
             rows = len(plan.feed) + min(decision.accepted, len(tokens))
-            self.upstream.send(TargetFeatures(req.spec.request_id, plan.keep, hidden[:rows]))
+            self.upstream.send(TargetFeatures(req.spec.request_id, plan.keep, hidden[:rows].to(FEATURE_DTYPE)))
         if self.upstream is not None:
             if decision.accepted < len(plan.drafts) and len(tokens) == len(decision.tokens):
                 self._conflict(req, plan.start + decision.accepted)  # rejection

@@ -23,6 +23,9 @@ import torch
 from pipespec.messages import RequestSpec
 
 
+FEATURE_DTYPE = torch.bfloat16  # target features travel to a DREAM drafter in bf16 (half the bytes, framed exactly)
+
+
 class Session(Protocol):
     prompt_len: int  # context tokens before generated position 0
     last_prompt_token: int  # the one prompt token `open` leaves for the first `forward`

@@ -3,18 +3,19 @@
 The same stages, sessions and choice function as the pipeline, in one thread and in lock step: the
 drafter proposes `gamma` tokens one forward at a time, then the target verifies them in one forward,
 then the drafter waits for the verdict. With `drafter=None` it is plain decoding with the target
-alone. Like the pipeline, its output equals the target alone token for token (greedy, coupled).
+alone. Like the pipeline, its output equals the target alone token for token (greedy, coupled). A
+DREAM drafter gets the target's features after each verification, as in the pipeline.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from pipespec.choice import decide
-from pipespec.messages import RequestSpec
-from pipespec.stage import Session, Stage, unfed_tail
+from pipespec.messages import RequestSpec, TargetFeatures
+from pipespec.stage import FEATURE_DTYPE, Session, Stage, unfed_tail
 from pipespec.stats import PairStats
 
 
@@ -25,11 +26,14 @@ class _Cursor:
         self.session = session
         self.last = session.last_prompt_token
         self.fed = session.prompt_len - 1
+        self.fed_from = self.fed  # where the last `rows` call started feeding, and how many of our tokens it fed
+        self.fed_own = 0
 
     def rows(self, tokens: list[int], extra: tuple[int, ...] = ()) -> torch.Tensor:
         """Feed the unfed part of `tokens` plus `extra`; -> [len(extra) + 1, V] logits at len(tokens).."""
         p = self.session.prompt_len
         feed = unfed_tail(self.last, p, self.fed, tokens)
+        self.fed_from, self.fed_own = self.fed, len(feed)
         logits = self.session.forward(self.fed, feed + tuple(extra))
         self.fed = p + len(tokens) + len(extra)
         return logits[len(feed) - 1 :]
@@ -48,6 +52,11 @@ class SyncResult:
 def generate_sync(target: Stage, spec: RequestSpec, drafter: Stage | None = None, gamma: int = 4) -> SyncResult:
     t = _Cursor(target.open(spec))
     d = _Cursor(drafter.open(spec)) if drafter is not None else None
+    features = d is not None and getattr(drafter, "needs_target_features", False)  # a DREAM drafter
+    if features:
+        pre = t.session.prefill_features
+        pre = replace(pre, embeddings=pre.embeddings.to(FEATURE_DTYPE), hidden=pre.hidden.to(FEATURE_DTYPE))
+        d.session.add_features(TargetFeatures(spec.request_id, 0, prefill=pre))
     pair = PairStats(getattr(drafter, "name", "drafter"), getattr(target, "name", "target")) if d else None
     tokens: list[int] = []
     forwards = 0
@@ -65,6 +74,9 @@ def generate_sync(target: Stage, spec: RequestSpec, drafter: Stage | None = None
             decision = decide(t.rows(tokens, tuple(drafts)), tuple(drafts), q, spec.params, start, 0)
             forwards += 1
             t.keep(start + decision.accepted)
+            if features:  # the target's hidden states of its own tokens and the accepted drafts
+                hidden = t.session.hidden[: t.fed_own + decision.accepted].to(FEATURE_DTYPE)
+                d.session.add_features(TargetFeatures(spec.request_id, t.fed_from, hidden))
             if d:
                 d.keep(start + decision.accepted)
                 pair.record(n, decision.accepted)

@@ -31,9 +31,12 @@ from pipespec.config import ConfigError
 from pipespec.messages import ImageInputs, PrefillFeatures, RequestSpec
 from pipespec.stage import check_keep, check_length
 from stages.causal_lm import DTYPES
+from stages.dream.compression import attention_received
 from stages.vocabulary import LogitsFit
 
 log = logging.getLogger(__name__)
+
+PER_TOKEN = ("token_type_ids", "mm_token_type_ids")  # processor arrays with one entry per prompt token [1, P]
 
 
 def _sdpa_with_weights(
@@ -140,9 +143,9 @@ class VLMStage:
         out = {}
         for key, array in image.arrays.items():
             t = torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
-            if prefill is not None and t.dim() == 2 and t.shape == (1, prefill + 1):
+            if prefill is not None and key in PER_TOKEN:
                 t = t[:, :prefill]
-            elif t.is_floating_point():
+            if t.is_floating_point():
                 t = t.to(self.dtype)
             out[key] = t
         return out
@@ -171,7 +174,10 @@ class VLMSession:
         self.last_prompt_token = prompt[-1]
         self.cache = DynamicCache()
         self.rope_deltas: torch.Tensor | None = None
-        self.prefill_features: PrefillFeatures | None = None
+        hidden = stage.model.get_input_embeddings().embedding_dim
+        nothing = torch.empty(0, hidden, device=stage.device)
+        empty = PrefillFeatures(nothing, nothing, torch.empty(0, dtype=torch.bool, device=stage.device))
+        self.prefill_features: PrefillFeatures | None = empty  # replaced by `prefill` (a 1-token prompt has none)
         self.hidden: torch.Tensor | None = None  # [n, H] post-norm, for the tokens of the last forward
 
     def prefill(self, image: ImageInputs | None) -> None:
@@ -187,16 +193,12 @@ class VLMSession:
             if taps.last_attention is not None:
                 taps.last_attention.keep_weights = False
         check_length(stage.name, self.cache.get_seq_length(), length)
-        ids = torch.tensor(self.prompt[:-1])
+        hidden = taps.hidden[0].detach()
+        image_mask = torch.tensor(self.prompt[:-1], device=hidden.device) == stage.image_token_id
         received = None
         if taps.attention is not None:
-            received = taps.attention[0].float().mean(0).sum(0)  # [heads, q, k] -> [k]
-        self.prefill_features = PrefillFeatures(
-            embeddings=taps.embeddings[0].detach(),
-            hidden=taps.hidden[0].detach(),
-            image_mask=ids == stage.image_token_id,
-            attention_received=received,
-        )
+            received = attention_received(taps.attention[0], image_mask)
+        self.prefill_features = PrefillFeatures(taps.embeddings[0].detach(), hidden, image_mask, received)
 
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
         name = self.stage.name

@@ -102,3 +102,23 @@ def test_serve_a_vlm_then_generate_with_an_image(tmp_path):
         server.send_signal(signal.SIGTERM)
         server.communicate(timeout=120)
     assert server.returncode == 0
+
+
+def test_demo_runs_the_shipped_models_exactly(tmp_path):
+    """`pipespec demo`: local Ray, tiny -> dream -> VLM target from models/demo, figures as JSON."""
+    import json
+
+    from cluster.pipeline import RAY_ENV
+
+    pipespec = str(Path(sys.executable).with_name("pipespec"))
+    out = tmp_path / "demo.json"
+    env = {**os.environ, **RAY_ENV, "RAY_ADDRESS": ""}
+    run = subprocess.run(
+        [pipespec, "demo", "--max-new-tokens", "24", "--json", str(out)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    figures = json.loads(out.read_text())
+    assert figures["exact"] is True
+    assert [(p["drafter"], p["verifier"]) for p in figures["pairs"]] == [("tiny", "dream"), ("dream", "target")]
+    assert figures["tokens_per_second"] > 0 and figures["speedup_vs_target"] > 0
+    assert "identical to the target alone: yes" in run.stdout

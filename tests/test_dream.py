@@ -252,3 +252,16 @@ def test_training_loss_falls_on_a_small_fixed_batch(trainer, variant):
     ckpt, curve = train(stage, examples, chosen, steps=40, lr=3e-3, progress=False)
     assert np.mean(curve[-8:]) < 0.7 * np.mean(curve[:8]), (curve[:8], curve[-8:])
     assert mean_acceptance_length(stage, ckpt, examples[:1]) >= 1.0
+
+
+def test_synchronous_speculation_with_a_dream_drafter_equals_the_target_alone(world, reference):
+    from pipespec.synchronous import generate_sync
+
+    pipe = LocalPipeline(config(world, ["dream", "target"]))  # never started: its stages and front door
+    dream, target = pipe.stages
+    for r, expected in list(zip(requests(), reference))[:4]:
+        r = dict(r)
+        spec, _ = pipe.request(r.pop("prompt"), max_new_tokens=16, **r)
+        result = generate_sync(target, spec, dream, gamma=3)
+        assert result.token_ids == expected
+        assert result.pair.num_draft_tokens > 0

@@ -8,7 +8,6 @@ cancels its handler, which aborts the request: the coordinator closes it on ever
 from __future__ import annotations
 
 import asyncio
-
 from collections.abc import AsyncIterator
 
 import grpc

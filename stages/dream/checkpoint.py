@@ -43,12 +43,13 @@ def init_from_target(target: torch.nn.Module, num_heads: int = 4, keep_fraction:
     return DreamCheckpoint(DreamDrafter(config), embed.clone(), head.clone(), keep_fraction, {})
 
 
-def save(path: str | Path, ckpt: DreamCheckpoint, tokenizer: Any | None = None) -> Path:
+def save(path: str | Path, ckpt: DreamCheckpoint, tokenizer: Any | None = None, dtype: torch.dtype = torch.float32) -> Path:
+    """Write the checkpoint (weights in `dtype`: float16 for shipping); `load` casts to the stage's dtype."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous() for k, v in ckpt.drafter.state_dict().items()}
-    tensors["embed.weight"] = ckpt.embed.detach().contiguous()
-    tensors["lm_head.weight"] = ckpt.lm_head.detach().contiguous()
+    tensors = {k: v.detach().to(dtype).contiguous() for k, v in ckpt.drafter.state_dict().items()}
+    tensors["embed.weight"] = ckpt.embed.detach().to(dtype).contiguous()
+    tensors["lm_head.weight"] = ckpt.lm_head.detach().to(dtype).contiguous()
     save_file(tensors, str(path / "model.safetensors"))
     config = {"model_type": MODEL_TYPE, "dream": ckpt.drafter.config.to_dict(), "keep_fraction": ckpt.keep_fraction, **ckpt.meta}
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")

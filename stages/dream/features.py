@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from stages.vlm import VLMStage
+from stages.dream.compression import attention_received
+from stages.vlm import PER_TOKEN, VLMStage
 
 
 @dataclass(frozen=True)
@@ -43,25 +44,39 @@ class SequenceFeatures:
 
 
 class FeatureExtractor:
-    """Hooks on a `VLMStage`'s model: attention weights of every candidate layer, beside sdpa."""
+    """Hooks on a `VLMStage`'s model: every layer's output, the attention weights of the candidate
+    layers and the last (computed beside sdpa). A context manager: the hooks go when it closes.
+
+        with FeatureExtractor(stage) as extract:
+            feats = extract(prompt_ids, answer_ids, stage.tensors(image))
+    """
 
     def __init__(self, stage: VLMStage):
         self.stage = stage
         decoder = stage.model.get_decoder()
         layers = decoder.layers
         self.candidates = tuple(range(len(layers) - 1)) or (0,)  # all but the last (which f regresses onto)
+        self.last = len(layers) - 1
         self.weights: dict[int, torch.Tensor] = {}
         self.layer_out: list[torch.Tensor] = []
-        for i, layer in enumerate(layers):
-            layer.register_forward_hook(self._on_layer)
-            attn = layer.self_attn
-            if i in self.candidates or i == len(layers) - 1:
-                if attn.config._attn_implementation != "sdpa_with_weights":
-                    attn.config = copy.copy(attn.config)
-                    attn.config._attn_implementation = "sdpa_with_weights"
-                attn.register_forward_hook(lambda m, a, out, i=i: self.weights.__setitem__(i, out[1]))
-        self.last = len(layers) - 1
-        self.attention_modules = [layers[i].self_attn for i in (*self.candidates, self.last)]
+        self.handles = [layer.register_forward_hook(self._on_layer) for layer in layers]
+        self.attention_modules = []
+        for i in sorted({*self.candidates, self.last}):
+            attn = layers[i].self_attn
+            if attn.config._attn_implementation != "sdpa_with_weights":
+                attn.config = copy.copy(attn.config)  # this layer only: sdpa that can also return its weights
+                attn.config._attn_implementation = "sdpa_with_weights"
+            self.handles.append(attn.register_forward_hook(lambda m, a, out, i=i: self.weights.__setitem__(i, out[1])))
+            self.attention_modules.append(attn)
+
+    def __enter__(self) -> FeatureExtractor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.layer_out.clear()
+        self.weights.clear()
 
     def _on_layer(self, module, args, output) -> None:
         self.layer_out.append(output[0] if isinstance(output, tuple) else output)
@@ -74,7 +89,7 @@ class FeatureExtractor:
         T, P = ids.shape[1], len(prompt_ids)
         extra = {}
         for key, t in image.items():
-            if t.dim() == 2 and t.shape[1] == P:  # per-token arrays cover the whole sequence
+            if key in PER_TOKEN:  # per-token arrays cover the whole sequence
                 t = torch.cat([t, t.new_zeros(1, T - P)], dim=1)
             extra[key] = t
         self.weights.clear()
@@ -93,8 +108,8 @@ class FeatureExtractor:
         for i in self.candidates:
             p = self.weights[i][0].float()  # [heads, T, T]
             entropy.append(-(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean(0))  # [T]
-        last = self.weights[self.last][0].float().mean(0)  # [T, T]
-        received = last[: P - 1, : P - 1].sum(0)  # from the prompt's queries, as at prefill
+        image_mask = ids[0] == stage.image_token_id
+        received = attention_received(self.weights[self.last][0][:, : P - 1, : P - 1], image_mask[: P - 1])  # as at prefill
         return SequenceFeatures(
             ids=ids[0],
             prompt_len=P,
@@ -104,6 +119,6 @@ class FeatureExtractor:
             layer_hidden=torch.stack(self.layer_out)[:, 0].float(),
             entropy=torch.stack(entropy),
             candidates=self.candidates,
-            image_mask=ids[0] == stage.image_token_id,
+            image_mask=image_mask,
             attention_received=received,
         )

@@ -147,6 +147,8 @@ class CrossBlock(nn.Module):
         c = self.config
         B, n, _ = x.shape
         m = memory.shape[1]
+        if m == 0:  # nothing to attend to yet (a one-token prompt)
+            return x
         q = self.q_norm(self.q(self.input_norm(x)).view(B, n, c.num_heads, c.head_dim)).transpose(1, 2)
         k, v = self.kv(self.memory_norm(memory)).view(B, m, 2, c.num_heads, c.head_dim).permute(2, 0, 3, 1, 4)
         k = self.k_norm(k)

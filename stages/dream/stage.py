@@ -28,7 +28,8 @@ from stages.vocabulary import LogitsFit
 class FeatureMemory:
     """Features by context position; target entries are authoritative, own ones provisional."""
 
-    def __init__(self) -> None:
+    def __init__(self, hidden_size: int, device: torch.device, dtype: torch.dtype) -> None:
+        self.empty = (torch.empty(1, 0, hidden_size, device=device, dtype=dtype), torch.empty(0, dtype=torch.long, device=device))
         self.entries: dict[int, tuple[torch.Tensor, bool]] = {}  # position -> (feature [H], from_target)
         self._stacked: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -55,6 +56,8 @@ class FeatureMemory:
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (features [1, m, H], positions [m]) in position order."""
+        if not self.entries:
+            return self.empty
         if self._stacked is None:
             order = sorted(self.entries)
             feats = torch.stack([self.entries[p][0] for p in order])[None]
@@ -91,6 +94,9 @@ class DreamStage:
     def open(self, request: RequestSpec) -> DreamSession:
         return DreamSession(self, request.prompt_token_ids)
 
+    def new_memory(self) -> FeatureMemory:
+        return FeatureMemory(self.drafter.config.hidden_size, self.device, self.embed.dtype)
+
 
 class DreamSession:
     def __init__(self, stage: DreamStage, prompt: Sequence[int]):
@@ -98,7 +104,7 @@ class DreamSession:
         self.tokens = list(prompt)  # context ids: the target's prompt, then generated tokens
         self.prompt_len = len(prompt)
         self.last_prompt_token = prompt[-1]
-        self.memory = FeatureMemory()
+        self.memory = stage.new_memory()
         self.caches = stage.drafter.new_caches()
         self.fed = 0  # context positions the caches cover (kept ones; dropped image positions count too)
         self.stale_from: int | None = None  # an own memory entry here was replaced after later queries used it
@@ -107,15 +113,17 @@ class DreamSession:
 
     def add_features(self, features: TargetFeatures) -> None:
         """Compute thread: take the target's features (prefill first, then per verification)."""
+        device, dtype = self.stage.device, self.stage.embed.dtype  # features may come from another device
         if features.prefill is not None:
             pre = features.prefill
-            self.kept = kept_positions(pre.image_mask, pre.attention_received, self.stage.keep_fraction)
-            self.prefill_embeddings = pre.embeddings
+            image_mask = pre.image_mask.to(device)
+            self.kept = kept_positions(image_mask, pre.attention_received, self.stage.keep_fraction)
+            self.prefill_embeddings = pre.embeddings.to(device, dtype)
             positions = self.kept.nonzero().squeeze(-1).tolist()
-            self.memory.put_target(positions, pre.hidden[self.kept].to(self.stage.embed.dtype))
+            self.memory.put_target(positions, pre.hidden.to(device, dtype)[self.kept])
             return
         positions = range(features.start, features.start + len(features.hidden))
-        replaced = self.memory.put_target(positions, features.hidden.to(self.stage.embed.dtype))
+        replaced = self.memory.put_target(positions, features.hidden.to(device, dtype))
         if replaced is not None and replaced + 1 < self.fed:
             self.stale_from = replaced if self.stale_from is None else min(self.stale_from, replaced)
 
@@ -136,14 +144,14 @@ class DreamSession:
 
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
         name = self.stage.name
-        if self.fed == 0 and self.prompt_len > 1:
+        if self.fed == 0 and self.prompt_len > 1 and len(self.kept):
             self._prefill()
         check_keep(name, keep, self.fed)
         start = keep if self.stale_from is None else max(self.prompt_len - 1, min(keep, self.stale_from + 1))
         assert start >= self.prompt_len - 1, (start, self.prompt_len)
         self.stale_from = None
         self.caches.keep_before(start)
-        self.memory.drop_own_from(start)
+        self.memory.drop_own_from(keep)  # tokens before `keep` are unchanged: their own features still hold
         self.tokens[keep:] = list(tokens)
         positions = list(range(start, keep + len(tokens)))
         ids = torch.tensor(self.tokens[start : keep + len(tokens)], dtype=torch.long, device=self.stage.device)
@@ -155,5 +163,5 @@ class DreamSession:
         return self.stage.fit(logits.float())
 
     def close(self) -> None:
-        self.memory = FeatureMemory()
+        self.memory = self.stage.new_memory()
         self.caches = self.stage.drafter.new_caches()

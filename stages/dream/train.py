@@ -48,6 +48,7 @@ from stages.dream.checkpoint import DreamCheckpoint, init_from_target, save
 from stages.dream.compression import kept_positions
 from stages.dream.features import FeatureExtractor, SequenceFeatures
 from stages.dream.model import DreamDrafter
+from pipespec.stage import FEATURE_DTYPE
 from stages.dream.stage import DreamStage
 from stages.vlm import VLMStage
 
@@ -103,7 +104,7 @@ def answer(stage: VLMStage, processor: Any, image: Any, prompt: str, max_new_tok
 
 
 def sequence_loss(
-    drafter: DreamDrafter, feats: SequenceFeatures, embed: torch.Tensor, variant: Variant
+    drafter: DreamDrafter, feats: SequenceFeatures, lm_head: torch.Tensor, variant: Variant
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The two-pass DREAM loss on one sequence; -> (loss, its parts)."""
     T, P = feats.ids.shape[0], feats.prompt_len
@@ -120,14 +121,13 @@ def sequence_loss(
     def one_pass(memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         f, a = drafter(inputs, positions, memory, positions)
         f, a = f[0][answer_rows], a[0][answer_rows]
-        logp = F.log_softmax(f @ embed_head.T, dim=-1)
+        logp = F.log_softmax(f @ lm_head.T, dim=-1)
         kl = (target_logp.exp() * (target_logp - logp)).sum(-1).mean()  # summed over the vocabulary
         reg_f = F.smooth_l1_loss(f, target_f)
         reg_a = F.smooth_l1_loss(a, target_a)
         loss = 0.2 * reg_f + 0.2 * reg_a + kl
         return loss, f, {"kl": kl.item(), "f": reg_f.item(), "intermediate": reg_a.item()}
 
-    embed_head = embed  # the frozen LM head [V, H]
     loss1, f1, parts = one_pass(memory)
     own = memory.clone()
     own[0, answer_rows] = f1.detach()  # the test-time pass: our own features where we would be drafting
@@ -151,7 +151,6 @@ def train(
         ckpt.drafter = DreamDrafter(replace(ckpt.drafter.config, cross_attention=False))
     drafter = ckpt.drafter.train()
     head = ckpt.lm_head
-    extractor = FeatureExtractor(stage)
     opt = torch.optim.AdamW(drafter.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -161,20 +160,21 @@ def train(
     order: list[int] = []
     curve: list[float] = []
     bar = tqdm(range(steps), desc=f"dream[{variant.name}]", disable=not progress)
-    for _ in bar:
-        if not order:
-            order = list(range(len(examples)))
-            rng.shuffle(order)
-        ex = examples[order.pop()]
-        feats = extractor(list(ex.prompt_ids), list(ex.answer_ids), stage.tensors(ex.image))
-        loss, parts = sequence_loss(drafter, feats, head, variant)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 0.5)
-        opt.step()
-        sched.step()
-        curve.append(loss.item())
-        bar.set_postfix(loss=f"{np.mean(curve[-20:]):.3f}", kl=f"{parts['kl']:.3f}")
+    with FeatureExtractor(stage) as extractor:
+        for _ in bar:
+            if not order:
+                order = list(range(len(examples)))
+                rng.shuffle(order)
+            ex = examples[order.pop()]
+            feats = extractor(list(ex.prompt_ids), list(ex.answer_ids), stage.tensors(ex.image))
+            loss, parts = sequence_loss(drafter, feats, head, variant)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(drafter.parameters(), 0.5)
+            opt.step()
+            sched.step()
+            curve.append(loss.item())
+            bar.set_postfix(loss=f"{np.mean(curve[-20:]):.3f}", kl=f"{parts['kl']:.3f}")
     drafter.eval()
     ckpt.meta = {"variant": variant.name, "supervision_layer": variant.layer or "entropy", "steps": steps, "lr": lr}
     return ckpt, curve
@@ -188,21 +188,30 @@ def _heads(stage: VLMStage) -> int:
 def mean_acceptance_length(stage: VLMStage, ckpt: DreamCheckpoint, examples: Sequence[Example], gamma: int = 5) -> float:
     """Greedy chain drafting against the target's answers, through the pipeline's DreamSession."""
     dream = DreamStage("dream", ckpt, width=stage.vocab_size, valid=stage.fit.valid)
-    extractor = FeatureExtractor(stage)
-    total = rounds = 0
-    for ex in examples:
-        if not ex.answer_ids:
-            continue
-        feats = extractor(list(ex.prompt_ids), list(ex.answer_ids), stage.tensors(ex.image))
-        P, N = len(ex.prompt_ids), len(ex.answer_ids)
-        session = dream.open(RequestSpec("eval", ex.prompt_ids, SamplingParams(), N))
-        prefill = PrefillFeatures(
-            feats.embeddings[: P - 1], feats.hidden[: P - 1], feats.image_mask[: P - 1], feats.attention_received
-        )
-        session.add_features(TargetFeatures("eval", 0, prefill=prefill))
-        context = list(ex.prompt_ids) + list(ex.answer_ids)
-        known_features = P - 1
-        k = 0  # answer tokens known (verified)
+    gained: list[int] = []  # tokens each round produced (accepted drafts + the target's own)
+    with FeatureExtractor(stage) as extractor:
+        for ex in examples:
+            if ex.answer_ids:
+                feats = extractor(list(ex.prompt_ids), list(ex.answer_ids), stage.tensors(ex.image))
+                gained += chain_drafting(dream, ex, feats, gamma)
+    return sum(gained) / max(len(gained), 1)
+
+
+def chain_drafting(dream: DreamStage, ex: Example, feats: SequenceFeatures, gamma: int) -> list[int]:
+    """Draft `gamma` tokens, check them against the target's answer, hand over the target's features
+    of what is now known (bf16, as the runner sends them), repeat; -> tokens gained per round."""
+    P, N = len(ex.prompt_ids), len(ex.answer_ids)
+    session = dream.open(RequestSpec("eval", ex.prompt_ids, SamplingParams(), N))
+    half = FEATURE_DTYPE
+    prefill = PrefillFeatures(
+        feats.embeddings[: P - 1].to(half), feats.hidden[: P - 1].to(half), feats.image_mask[: P - 1], feats.attention_received
+    )
+    session.add_features(TargetFeatures("eval", 0, prefill=prefill))
+    context = list(ex.prompt_ids) + list(ex.answer_ids)
+    known_features = P - 1
+    k = 0  # answer tokens known (verified)
+    rounds = []
+    try:
         while k < N:
             last = P - 1 + k  # context index of the last known token
             start = min(max(session.fed, P - 1), last)  # our cache holds the known tokens before this
@@ -215,14 +224,15 @@ def mean_acceptance_length(stage: VLMStage, ckpt: DreamCheckpoint, examples: Seq
             accepted = 0
             while accepted < len(drafts) and drafts[accepted] == ex.answer_ids[k + accepted]:
                 accepted += 1
-            gained = min(accepted + 1, N - k)
-            total, rounds, k = total + gained, rounds + 1, k + gained
+            rounds.append(min(accepted + 1, N - k))
+            k += rounds[-1]
             upto = P + k - 1  # features for every known token but the last (the target's own)
             if upto > known_features:
-                session.add_features(TargetFeatures("eval", known_features, feats.hidden[known_features:upto]))
+                session.add_features(TargetFeatures("eval", known_features, feats.hidden[known_features:upto].to(half)))
                 known_features = upto
+    finally:
         session.close()
-    return total / max(rounds, 1)
+    return rounds
 
 
 def load_samples(spec: str, split: str, n: int, seed: int) -> list[Sample]:
@@ -303,7 +313,7 @@ def main() -> None:
         results[variant.name] = {"mean_acceptance_length": tau, "prompts": len(held_out)}
         print(f"{variant.name:<20} mean acceptance length {tau:.3f} on {len(held_out)} held-out prompts")
         if args.out is not None and not args.ablations:
-            path = save(args.out, ckpt, processor.tokenizer)
+            path = save(args.out, ckpt, processor.tokenizer, torch.float16)
             (path / "loss_curve.json").write_text(json.dumps(curve) + "\n")
             plot_curve(curve, path / "loss_curve.png")
             print(f"wrote {path}")
