@@ -2,6 +2,7 @@
 
     python -m experiments.train_demo tokenizer        # BPE on the world's text, with the chat tokens
     python -m experiments.train_demo target           # the VLM target (LLaVA class), ~20M parameters
+    python -m experiments.train_demo target --resume --minutes 15   # its second phase (as shipped)
     python -m experiments.train_demo tiny             # the tiny text drafter (sees the prompt's text only)
     python -m experiments.train_demo dream            # the DREAM drafter, through stages.dream.train
     python -m experiments.train_demo evaluate         # the target's accuracy on held-out questions
@@ -187,16 +188,25 @@ def save_half(model, out: Path, *extras) -> None:
         extra.save_pretrained(out)
 
 
-def train_target(models: Path, minutes: float, steps: int, batch_size: int, seed: int) -> Path:
+def train_target(models: Path, minutes: float, steps: int, batch_size: int, seed: int, resume: bool = False) -> Path:
+    """Train the target from scratch, or (`resume`) continue from the saved one with a fresh schedule."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
     from experiments.world import examples
 
-    tokenizer = load_tokenizer(models)
-    model, processor = build_target(tokenizer, seed)
-    params = sum(p.numel() for p in model.parameters())
-    log.info("target: %.1fM parameters", params / 1e6)
-    data = batches(examples("train", 50_000, seed), processor, tokenizer, batch_size, random.Random(seed))
-    curve = fit(model, data, minutes, 1e-3, steps, "target")
     out = models / "target"
+    tokenizer = load_tokenizer(models)
+    curve: list[float] = []
+    if resume:
+        model = LlavaForConditionalGeneration.from_pretrained(out, dtype=torch.float32)
+        processor = AutoProcessor.from_pretrained(out)
+        curve = json.loads((out / "loss_curve.json").read_text())
+    else:
+        model, processor = build_target(tokenizer, seed)
+    log.info("target: %.1fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)
+    phase = len(curve) > 0
+    data = batches(examples("train", 50_000, seed + phase), processor, tokenizer, batch_size, random.Random(seed + phase))
+    curve += fit(model, data, minutes, 5e-4 if resume else 1e-3, steps, "target")
     save_half(model, out, processor)
     (out / "loss_curve.json").write_text(json.dumps(curve) + "\n")
     return out
@@ -271,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--held-out", type=int, default=200)
+    parser.add_argument("--resume", action="store_true", help="target: continue from the saved model (a second phase)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.manual_seed(args.seed)
@@ -279,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if step == "tokenizer":
             train_tokenizer(args.models / "tokenizer", seed=args.seed)
         elif step == "target":
-            train_target(args.models, args.minutes, args.steps, args.batch_size, args.seed)
+            train_target(args.models, args.minutes, args.steps, args.batch_size, args.seed, args.resume)
         elif step == "tiny":
             train_tiny(args.models, min(args.minutes, 8.0), args.steps, args.batch_size * 2, args.seed)
         elif step == "dream":
