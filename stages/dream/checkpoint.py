@@ -1,10 +1,11 @@
 """A DREAM drafter on disk: its blocks, frozen copies of the target's embedding table and LM head, its tokenizer.
 
-    model_dir/config.json        {"model_type": "pipespec-dream", "dream": DreamConfig, "keep_fraction": 0.75, ...}
+    model_dir/dream_config.json  {"model_type": "pipespec-dream", "dream": DreamConfig, "keep_fraction": 0.75, ...}
     model_dir/model.safetensors  block weights + "embed.weight" [V, H] + "lm_head.weight" [V, H]
     model_dir/tokenizer*         the target's tokenizer (stages must share it)
 
-Self-contained, so a dream stage loads in its own actor without reading the target's checkpoint.
+Self-contained, so a dream stage loads in its own actor without reading the target's checkpoint. The
+config is not named config.json, so Hugging Face loaders (the tokenizer's) do not mistake it for theirs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pipespec.config import ConfigError
 from stages.dream.model import DreamConfig, DreamDrafter
 
 MODEL_TYPE = "pipespec-dream"
+CONFIG_NAME = "dream_config.json"
 
 
 @dataclass
@@ -52,7 +54,7 @@ def save(path: str | Path, ckpt: DreamCheckpoint, tokenizer: Any | None = None, 
     tensors["lm_head.weight"] = ckpt.lm_head.detach().to(dtype).contiguous()
     save_file(tensors, str(path / "model.safetensors"))
     config = {"model_type": MODEL_TYPE, "dream": ckpt.drafter.config.to_dict(), "keep_fraction": ckpt.keep_fraction, **ckpt.meta}
-    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (path / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
     return path
@@ -60,9 +62,9 @@ def save(path: str | Path, ckpt: DreamCheckpoint, tokenizer: Any | None = None, 
 
 def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DreamCheckpoint:
     path = Path(path)
-    config_file = path / "config.json"
+    config_file = path / CONFIG_NAME
     if not config_file.is_file():
-        raise ConfigError(f"{str(path)!r} has no config.json: not a DREAM drafter checkpoint")
+        raise ConfigError(f"{str(path)!r} has no {CONFIG_NAME}: not a DREAM drafter checkpoint")
     raw = json.loads(config_file.read_text())
     if raw.get("model_type") != MODEL_TYPE:
         raise ConfigError(f"{str(path)!r} is not a DREAM drafter (model_type {raw.get('model_type')!r}, expected {MODEL_TYPE!r})")
