@@ -88,7 +88,16 @@ def run_demo(
     if not (models / "target" / "config.json").is_file():
         print(f"pipespec: no demo models under {models}; train them with `python -m experiments.train_demo all`")
         return 2
-    image = default_image() if image is None else image
+    if image is None:
+        image = default_image()
+    else:
+        from pipespec.images import image_bytes, load_image
+
+        try:
+            load_image(image_bytes(image)[0])
+        except ValueError as e:
+            print(f"pipespec: {e}")
+            return 2
     names = ["tiny", "dream", "target"]
     print(f"pipeline: {' -> '.join(names)}  (models/demo, trained on the generated world; {dtype})")
     print(f"prompt: {prompt!r}\n")

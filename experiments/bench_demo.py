@@ -107,7 +107,9 @@ def main() -> None:
     for name, row in rows.items():
         row["speedup_vs_target"] = row["tokens_per_second"] / base
         taus = ", ".join(f"{k} {v['mean_acceptance_length']:.2f}" for k, v in row["pairs"].items())
-        print(f"{name:<34}{row['tokens_per_second']:>8.1f}{row['speedup_vs_target']:>8.2f}x{'yes' if row['exact'] else 'NO':>7}  {taus}")
+        print(
+            f"{name:<34}{row['tokens_per_second']:>8.1f}{row['speedup_vs_target']:>8.2f}x{'yes' if row['exact'] else 'NO':>7}  {taus}"
+        )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(rows, indent=2) + "\n")
     print(f"wrote {args.json}")

@@ -1,7 +1,7 @@
 """Small Llama-style models with random weights, saved to disk with a tokenizer trained here.
 
-No weights can be downloaded on our machines, so tests (and, until trained models ship, the demo)
-build their models from configs: a BPE tokenizer trained in a second on an embedded corpus, and
+No weights can be downloaded on our machines, so tests and engine benchmarks build their models
+from configs: a BPE tokenizer trained in a second on an embedded corpus, and
 `LlamaForCausalLM`s of a few sizes saved with `save_pretrained`, to be loaded back through the real
 loading code. Random weights say nothing about quality; they exercise every code path.
 
@@ -9,7 +9,7 @@ Drafters made by `truncate` keep the target's embeddings, its first layers, norm
 "layer-skip" drafter), so they agree with the target often, as a trained drafter would; an
 independent random model agrees almost never. Tests use both.
 
-    python -m experiments.toy_models OUT_DIR [--demo]   # writes OUT_DIR/{target,tiny,mid,other}
+    python -m experiments.toy_models OUT_DIR [--large]   # writes OUT_DIR/{target,tiny,mid,other}
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def save(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, path: Path
     return path
 
 
-DEMO_SIZES = dict(target_layers=12, hidden=512, branch_std=0.0003, mid_layers=3)  # target ~7.6 ms/token in bf16 here
+LARGE_SIZES = dict(target_layers=12, hidden=512, branch_std=0.0003, mid_layers=3)  # target ~7.6 ms/token in bf16 here
 
 
 def build_family(
@@ -128,9 +128,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--demo", action="store_true", help="the demo's sizes (~29M-parameter target) instead of the tests'")
+    parser.add_argument("--large", action="store_true", help="a ~29M-parameter target instead of the tests' sizes")
     args = parser.parse_args()
-    sizes = DEMO_SIZES if args.demo else {}
+    sizes = LARGE_SIZES if args.large else {}
     for name, path in build_family(args.out, args.seed, **sizes).items():
         print(f"{name}: {path}")
 
