@@ -29,19 +29,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from experiments.vlm_zoo.llava import CHAT_TEMPLATE  # the LLaVA-1.5 conversation format
+
 log = logging.getLogger(__name__)
 
 MODELS = Path("models/demo")
 IMAGE_SIZE, PATCH = 64, 8  # 64 image tokens
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if message['role'] == 'user' %}USER: {% else %}ASSISTANT: {% endif %}"
-    "{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}<image>\n{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
-)
 TARGET = dict(hidden=384, layers=10, heads=6, intermediate=1024)
 TINY = dict(hidden=192, layers=2, heads=4, intermediate=512)
 
@@ -182,7 +175,7 @@ def fit(model, data, minutes: float, lr: float, max_steps: int, desc: str) -> li
 
 def save_half(model, out: Path, *extras) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.float16).save_pretrained(out)
+    model.to(torch.float16).save_pretrained(out, max_shard_size="16MB")  # no file over 16 MB in the repository
     model.to(torch.float32)
     for extra in extras:
         extra.save_pretrained(out)

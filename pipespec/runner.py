@@ -28,7 +28,7 @@ import logging
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,7 +37,7 @@ from pipespec.config import PipelineConfig
 from pipespec.links import Link
 from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, RequestSpec, TargetFeatures, Verdict
 from pipespec.patience import Patience
-from pipespec.stage import FEATURE_DTYPE, Session, Stage, unfed_tail
+from pipespec.stage import FEATURE_DTYPE, Session, Stage, prefill_for_transport, unfed_tail
 from pipespec.stats import PairStats, StageStats
 
 log = logging.getLogger(__name__)
@@ -320,8 +320,7 @@ class StageRunner:
             req.fed = req.session.prompt_len - 1
             req.stats.forwards += 1
             if self.sends_features:
-                pre = req.session.prefill_features
-                pre = replace(pre, embeddings=pre.embeddings.to(FEATURE_DTYPE), hidden=pre.hidden.to(FEATURE_DTYPE))
+                pre = prefill_for_transport(req.session.prefill_features)
                 self.upstream.send(TargetFeatures(done.request_id, 0, prefill=pre))
                 req.session.prefill_features = None  # sent: the target itself never needs them
             return

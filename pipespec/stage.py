@@ -16,14 +16,20 @@ Stages run on the runner's compute thread, never on the event loop.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import torch
 
-from pipespec.messages import RequestSpec
+from pipespec.messages import PrefillFeatures, RequestSpec
 
 
 FEATURE_DTYPE = torch.bfloat16  # target features travel to a DREAM drafter in bf16 (half the bytes, framed exactly)
+
+
+def prefill_for_transport(pre: PrefillFeatures) -> PrefillFeatures:
+    """The target's prefill features as a DREAM drafter receives them (embeddings and hidden in bf16)."""
+    return replace(pre, embeddings=pre.embeddings.to(FEATURE_DTYPE), hidden=pre.hidden.to(FEATURE_DTYPE))
 
 
 class Session(Protocol):

@@ -9,13 +9,13 @@ DREAM drafter gets the target's features after each verification, as in the pipe
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from pipespec.choice import decide
 from pipespec.messages import RequestSpec, TargetFeatures
-from pipespec.stage import FEATURE_DTYPE, Session, Stage, unfed_tail
+from pipespec.stage import FEATURE_DTYPE, Session, Stage, prefill_for_transport, unfed_tail
 from pipespec.stats import PairStats
 
 
@@ -54,9 +54,7 @@ def generate_sync(target: Stage, spec: RequestSpec, drafter: Stage | None = None
     d = _Cursor(drafter.open(spec)) if drafter is not None else None
     features = d is not None and getattr(drafter, "needs_target_features", False)  # a DREAM drafter
     if features:
-        pre = t.session.prefill_features
-        pre = replace(pre, embeddings=pre.embeddings.to(FEATURE_DTYPE), hidden=pre.hidden.to(FEATURE_DTYPE))
-        d.session.add_features(TargetFeatures(spec.request_id, 0, prefill=pre))
+        d.session.add_features(TargetFeatures(spec.request_id, 0, prefill=prefill_for_transport(t.session.prefill_features)))
     pair = PairStats(getattr(drafter, "name", "drafter"), getattr(target, "name", "target")) if d else None
     tokens: list[int] = []
     forwards = 0

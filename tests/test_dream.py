@@ -251,7 +251,8 @@ def test_training_loss_falls_on_a_small_fixed_batch(trainer, variant):
     chosen = next(v for v in VARIANTS if v.name == variant)
     ckpt, curve = train(stage, examples, chosen, steps=40, lr=3e-3, progress=False)
     assert np.mean(curve[-8:]) < 0.7 * np.mean(curve[:8]), (curve[:8], curve[-8:])
-    assert mean_acceptance_length(stage, ckpt, examples[:1]) >= 1.0
+    # a drafter trained on this example drafts it: every round gains well over the target's one token
+    assert mean_acceptance_length(stage, ckpt, examples[:1]) > 2.0
 
 
 def test_synchronous_speculation_with_a_dream_drafter_equals_the_target_alone(world, reference):

@@ -48,7 +48,7 @@ from stages.dream.checkpoint import DreamCheckpoint, init_from_target, save
 from stages.dream.compression import kept_positions
 from stages.dream.features import FeatureExtractor, SequenceFeatures
 from stages.dream.model import DreamDrafter
-from pipespec.stage import FEATURE_DTYPE
+from pipespec.stage import FEATURE_DTYPE, prefill_for_transport
 from stages.dream.stage import DreamStage
 from stages.vlm import VLMStage
 
@@ -202,11 +202,10 @@ def chain_drafting(dream: DreamStage, ex: Example, feats: SequenceFeatures, gamm
     of what is now known (bf16, as the runner sends them), repeat; -> tokens gained per round."""
     P, N = len(ex.prompt_ids), len(ex.answer_ids)
     session = dream.open(RequestSpec("eval", ex.prompt_ids, SamplingParams(), N))
-    half = FEATURE_DTYPE
     prefill = PrefillFeatures(
-        feats.embeddings[: P - 1].to(half), feats.hidden[: P - 1].to(half), feats.image_mask[: P - 1], feats.attention_received
+        feats.embeddings[: P - 1], feats.hidden[: P - 1], feats.image_mask[: P - 1], feats.attention_received
     )
-    session.add_features(TargetFeatures("eval", 0, prefill=prefill))
+    session.add_features(TargetFeatures("eval", 0, prefill=prefill_for_transport(prefill)))
     context = list(ex.prompt_ids) + list(ex.answer_ids)
     known_features = P - 1
     k = 0  # answer tokens known (verified)
@@ -228,7 +227,7 @@ def chain_drafting(dream: DreamStage, ex: Example, feats: SequenceFeatures, gamm
             k += rounds[-1]
             upto = P + k - 1  # features for every known token but the last (the target's own)
             if upto > known_features:
-                session.add_features(TargetFeatures("eval", known_features, feats.hidden[known_features:upto].to(half)))
+                session.add_features(TargetFeatures("eval", known_features, feats.hidden[known_features:upto].to(FEATURE_DTYPE)))
                 known_features = upto
     finally:
         session.close()
