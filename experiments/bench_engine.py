@@ -23,7 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
-from experiments.analytical import pipeline_speedup, sync_speedup
+from pipespec.analytical import pipeline_speedup, sync_speedup
 from pipespec import LocalPipeline, load_config
 from pipespec.messages import RequestSpec
 from pipespec.params import SamplingParams

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +140,20 @@ def load_config(source: str | os.PathLike | Mapping[str, Any]) -> PipelineConfig
         sampling=_sampling(raw.get("sampling") or {}),
         server=_server(raw.get("server") or {}),
     )
+
+
+def sub_pipeline(config: PipelineConfig, names: Sequence[str]) -> PipelineConfig:
+    """The pipeline of `config`'s stages named in `names` (kept in the config's order, the target
+    included), checked like a loaded config; a name the config lacks is a ConfigError naming it."""
+    known = [s.name for s in config.stages]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"no stage named {unknown[0]!r} in pipeline {config.name!r} (stages: {', '.join(known)})")
+    if config.target.name not in names:
+        raise ConfigError(f"a sub-pipeline of {config.name!r} must keep its target {config.target.name!r}")
+    stages = tuple(s for s in config.stages if s.name in names)
+    _check_chain(stages)
+    return replace(config, name=f"{config.name}[{'->'.join(s.name for s in stages)}]", stages=stages)
 
 
 def _reject_unknown(raw: Mapping[str, Any], allowed: tuple[str, ...] | list[str], where: str) -> None:

@@ -9,7 +9,8 @@ DREAM drafter gets the target's features after each verification, as in the pipe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -47,9 +48,14 @@ class SyncResult:
     token_ids: list[int]
     pair: PairStats | None
     target_forwards: int
+    prefill_s: float = 0.0  # start -> first committed token (the prompt's prefill and the first step)
+    decode_s: float = 0.0  # first committed token -> finish
+    accept_lengths: list[int] = field(default_factory=list)  # tokens committed by each target forward
 
 
 def generate_sync(target: Stage, spec: RequestSpec, drafter: Stage | None = None, gamma: int = 4) -> SyncResult:
+    start_s = time.perf_counter()
+    first_s = None
     t = _Cursor(target.open(spec))
     d = _Cursor(drafter.open(spec)) if drafter is not None else None
     features = d is not None and getattr(drafter, "needs_target_features", False)  # a DREAM drafter
@@ -58,6 +64,7 @@ def generate_sync(target: Stage, spec: RequestSpec, drafter: Stage | None = None
     pair = PairStats(getattr(drafter, "name", "drafter"), getattr(target, "name", "target")) if d else None
     tokens: list[int] = []
     forwards = 0
+    accept_lengths: list[int] = []
     try:
         while len(tokens) < spec.max_new_tokens and not (tokens and tokens[-1] in spec.stop_token_ids):
             n = min(gamma, spec.max_new_tokens - len(tokens) - 1) if d else 0
@@ -78,12 +85,17 @@ def generate_sync(target: Stage, spec: RequestSpec, drafter: Stage | None = None
             if d:
                 d.keep(start + decision.accepted)
                 pair.record(n, decision.accepted)
+            committed = len(tokens)
             for token in decision.tokens:
                 tokens.append(token)
                 if token in spec.stop_token_ids:
                     break
+            accept_lengths.append(len(tokens) - committed)
+            first_s = first_s or time.perf_counter()
     finally:
         t.session.close()
         if d:
             d.session.close()
-    return SyncResult(tokens[: spec.max_new_tokens], pair, forwards)
+    end_s = time.perf_counter()
+    first_s = first_s or end_s
+    return SyncResult(tokens[: spec.max_new_tokens], pair, forwards, first_s - start_s, end_s - first_s, accept_lengths)

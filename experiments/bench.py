@@ -1,0 +1,431 @@
+"""One prompt set through every way of running a pipeline config's models, side by side, in one run.
+
+    python -m experiments.bench CONFIG --prompts FILE [--runs 3] [--out DIR] [--max-new-tokens 96]
+                                [--limit N] [--gamma 4] [--backend ray|local]
+
+The methods, all on the same loaded models and the same requests (greedy, batch 1, one request at
+a time, as Spec-Bench measures):
+
+    target                   the target alone, in this process (the reference for speedup and exactness)
+    sync <d>->target         synchronous speculative decoding (pipespec.synchronous), drafter d, window --gamma
+    hf-assisted <d>->target  Hugging Face assisted generation (`generate(assistant_model=...)`), for each
+                             drafter that is a Hugging Face model
+    async <chain>            the asynchronous pipeline for each depth the config allows: the target alone,
+                             each drafter right before the target, and the whole chain; on a local Ray
+                             (one actor per stage, with the config's resources, linked by gRPC) or in
+                             this process (--backend local)
+
+Each method runs every prompt --runs times (after one warm-up request). Written to --out (default
+experiments/results/bench/<config name>/): `<method>.jsonl` with one Spec-Bench-shaped line per
+prompt and run (`choices[0]`: `turns`, `new_tokens`, `wall_time`, `accept_lengths`: the tokens each
+target step committed), `bench.md` (the table), `bench.json` and `bench.png`. The table gives the
+median over runs of tokens per second over the whole set, the speedup over the target alone and over
+the best synchronous run, the median prefill (submission to first token) apart from decode, the mean
+acceptance length of every stage pair, and the fraction of answers identical to the target alone's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from tqdm import tqdm
+
+from experiments.prompts import Prompt, load_prompts
+from pipespec import LocalPipeline, load_config
+from pipespec.config import PipelineConfig, sub_pipeline
+from pipespec.messages import RequestSpec
+from pipespec.stats import PairStats
+from pipespec.synchronous import generate_sync
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Settings:
+    runs: int = 3  # each method answers every prompt this many times; figures are medians over runs
+    max_new_tokens: int = 96
+    gamma: int = 4  # synchronous speculation's window
+    backend: str = "ray"  # where the asynchronous pipelines run: "ray" or "local"
+
+    def describe(self) -> str:
+        return (
+            f"greedy, up to {self.max_new_tokens} new tokens, median of {self.runs} runs; sync window {self.gamma}; "
+            f"async on {self.backend}"
+        )
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: Prompt
+    spec: RequestSpec  # what in-process methods run
+    kwargs: dict[str, Any]  # what a Client or LocalPipeline is given for the same request
+
+
+@dataclass(frozen=True)
+class Answer:
+    question_id: int | str
+    token_ids: tuple[int, ...]
+    wall_s: float
+    prefill_s: float  # submission -> first committed token
+    accept_lengths: tuple[int, ...]  # tokens committed per target step
+    pairs: tuple[tuple[str, int, int], ...]  # (drafter->verifier, verification steps with drafts, accepted drafts)
+
+
+class Method(Protocol):
+    name: str
+
+    def answer(self, request: Request) -> Answer: ...
+
+
+def _pairs(stats: Sequence[PairStats]) -> tuple[tuple[str, int, int], ...]:
+    return tuple((f"{p.drafter}->{p.verifier}", p.num_drafts, p.num_accepted_tokens) for p in stats)
+
+
+@dataclass
+class InProcess:
+    """The target alone (drafter None) or synchronous speculative decoding, on the loaded stages."""
+
+    name: str
+    target: Any
+    drafter: Any | None
+    gamma: int
+
+    def answer(self, request: Request) -> Answer:
+        t0 = time.perf_counter()
+        r = generate_sync(self.target, request.spec, self.drafter, self.gamma)
+        wall = time.perf_counter() - t0
+        pairs = _pairs([r.pair]) if r.pair else ()
+        return Answer(request.prompt.question_id, tuple(r.token_ids), wall, r.prefill_s, tuple(r.accept_lengths), pairs)
+
+
+class _Clock:
+    """A Hugging Face streamer that only notes when each chunk of tokens arrives."""
+
+    def __init__(self):
+        self.chunks: list[tuple[float, int]] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.chunks.append((time.perf_counter(), value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
+@dataclass
+class HFAssisted:
+    """Hugging Face assisted generation with the same drafter and target models (greedy)."""
+
+    name: str
+    target: Any  # a stage with an HF `model` and a `fit` (stages.vocabulary.LogitsFit)
+    drafter: Any
+
+    def answer(self, request: Request) -> Answer:
+        spec = request.spec
+        inputs = {"input_ids": torch.tensor([spec.prompt_token_ids])}
+        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+        if spec.image is not None:
+            inputs.update({k: torch.as_tensor(v) for k, v in spec.image.arrays.items()})
+        padding = list(range(self.target.fit.valid, self.target.model.get_output_embeddings().out_features)) or None
+        clock = _Clock()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.target.model.generate(
+                **inputs, assistant_model=self.drafter.model, max_new_tokens=spec.max_new_tokens, do_sample=False,
+                suppress_tokens=padding, eos_token_id=sorted(spec.stop_token_ids) or None, streamer=clock,
+            )  # fmt: skip
+        wall = time.perf_counter() - t0
+        tokens = out[0, len(spec.prompt_token_ids) :].tolist()
+        steps = clock.chunks[1:]  # the first chunk is the prompt
+        prefill = steps[0][0] - t0 if steps else wall
+        return Answer(request.prompt.question_id, tuple(tokens), wall, prefill, tuple(n for _, n in steps), ())
+
+
+@dataclass
+class Pipelined:
+    """The asynchronous pipeline, through the Python client of a Ray deployment or a LocalPipeline."""
+
+    name: str
+    client: Any  # pipespec.Client or LocalPipeline: both have `stream(prompt, **kwargs)`
+
+    def answer(self, request: Request) -> Answer:
+        from pipespec.outputs import Generation
+
+        t0 = time.perf_counter()
+        deltas = list(self.client.stream(**request.kwargs))
+        wall = time.perf_counter() - t0
+        g = Generation.from_deltas(deltas)
+        steps = tuple(len(d.token_ids) for d in deltas if d.token_ids)
+        return Answer(request.prompt.question_id, tuple(g.token_ids), wall, g.stats.prefill_s, steps, _pairs(g.stats.pairs))
+
+
+# ---- which methods a config allows ---------------------------------------------------------------
+
+
+def chains(config: PipelineConfig) -> list[list[str]]:
+    """The asynchronous pipelines to run: the target alone, each drafter right before the target, the whole chain."""
+    target = config.target.name
+    out = [[target]] + [[s.name, target] for s in config.stages[:-1]]
+    if len(config.stages) > 2:
+        out.append([s.name for s in config.stages])
+    return out
+
+
+@contextmanager
+def async_methods(config: PipelineConfig, backend: str) -> Iterator[Iterator[Pipelined]]:
+    """Yields a generator of methods, each pipeline started when reached and stopped after."""
+
+    def on_ray() -> Iterator[Pipelined]:
+        from cluster.pipeline import start_pipeline
+        from pipespec import Client
+
+        for names in chains(config):
+            running = start_pipeline(sub_pipeline(config, names))
+            try:
+                yield Pipelined(f"async {'->'.join(names)}", Client(running.address))
+            finally:
+                running.stop()
+
+    def in_process() -> Iterator[Pipelined]:
+        for names in chains(config):
+            with LocalPipeline(sub_pipeline(config, names)) as pipe:
+                yield Pipelined(f"async {'->'.join(names)} (local)", pipe)
+
+    if backend == "local":
+        yield in_process()
+        return
+    import ray
+
+    from cluster.pipeline import ray_env
+
+    ray_env()
+    needed = max(sum(s.resources.get("num_cpus", 1) for s in sub_pipeline(config, names).stages) for names in chains(config))
+    cpus = os.cpu_count() or 1
+    if needed > cpus:
+        log.warning(
+            "the config's stages ask for %.2f CPUs and this machine has %d: Ray is told it has %.2f", needed, cpus, needed
+        )
+    ray.init(address="local", num_cpus=max(cpus, int(needed + 0.999)), include_dashboard=False, logging_level=logging.WARNING)
+    try:
+        yield on_ray()
+    finally:
+        ray.shutdown()
+
+
+# ---- running and reporting ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    method: str
+    tokens_per_s: float  # median over runs of the whole set's new tokens / wall seconds
+    prefill_s: float  # median over prompts and runs
+    decode_tokens_per_s: float  # median over runs: tokens after the first / seconds after the first token
+    mean_acceptance_length: dict[str, float]  # per stage pair, over all prompts and runs
+    exact: float  # fraction of answers identical to the target alone's
+    runs: int
+    speedup: float = 1.0  # over the target alone
+    speedup_vs_sync: float | None = None  # over the best synchronous method
+
+
+def summarise(name: str, runs: list[list[Answer]], reference: dict[int | str, tuple[int, ...]]) -> Row:
+    tps, decode = [], []
+    for answers in runs:
+        tps.append(sum(len(a.token_ids) for a in answers) / sum(a.wall_s for a in answers))
+        decode.append(
+            sum(max(len(a.token_ids) - 1, 0) for a in answers) / max(sum(a.wall_s - a.prefill_s for a in answers), 1e-9)
+        )
+    drafts: dict[str, list[int]] = {}
+    for a in (a for answers in runs for a in answers):
+        for pair, n, accepted in a.pairs:
+            totals = drafts.setdefault(pair, [0, 0])
+            totals[0], totals[1] = totals[0] + n, totals[1] + accepted
+    tau = {pair: 1 + acc / n if n else 1.0 for pair, (n, acc) in drafts.items()}
+    every = [a for answers in runs for a in answers]
+    exact = sum(a.token_ids == reference[a.question_id] for a in every) / len(every)
+    return Row(
+        name,
+        statistics.median(tps),
+        statistics.median(a.prefill_s for a in every),
+        statistics.median(decode),
+        tau,
+        exact,
+        len(runs),
+    )
+
+
+def spec_bench_lines(method: str, runs: list[list[Answer]], prompt_of: dict[int | str, Prompt], decode) -> list[str]:
+    """One Spec-Bench answer line per prompt and run (single turn)."""
+    lines = []
+    for run, answers in enumerate(runs):
+        for a in answers:
+            p = prompt_of[a.question_id]
+            choice = {
+                "index": 0, "turns": [decode(list(a.token_ids))], "new_tokens": [len(a.token_ids)], "wall_time": [a.wall_s],
+                "accept_lengths": list(a.accept_lengths), "prefill_time": [a.prefill_s],
+            }  # fmt: skip
+            row = {"question_id": p.question_id, "category": p.category, "model_id": method, "run": run, "choices": [choice]}
+            lines.append(json.dumps(row))
+    return lines
+
+
+def markdown(rows: list[Row], header: str) -> str:
+    lines = [
+        header,
+        "",
+        "| method | tok/s | speedup vs target | vs best sync | prefill s | decode tok/s | mean acceptance length | exact |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        taus = ", ".join(f"{pair} {tau:.2f}" for pair, tau in r.mean_acceptance_length.items()) or "-"
+        vs_sync = f"{r.speedup_vs_sync:.2f}x" if r.speedup_vs_sync is not None else "-"
+        lines.append(
+            f"| {r.method} | {r.tokens_per_s:.1f} | {r.speedup:.2f}x | {vs_sync} | {r.prefill_s:.3f} | {r.decode_tokens_per_s:.1f} "
+            f"| {taus} | {r.exact:.0%} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
+    names = [r.method for r in rows][::-1]
+    speedups = [r.speedup for r in rows][::-1]
+    colours = ["#888888" if n == "target" else "#4c72b0" if n.startswith("async") else "#dd8452" for n in names]
+    ax.barh(names, speedups, color=colours)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    for y, (s, r) in enumerate(zip(speedups, rows[::-1])):
+        ax.text(s, y, f" {s:.2f}x, {r.tokens_per_s:.0f} tok/s" + ("" if r.exact == 1 else f", {r.exact:.0%} exact"), va="center")
+    ax.set_xlabel("speedup over the target alone (median of runs)")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlim(0, max(speedups) * 1.35)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def hardware() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(
+            line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in line
+        )
+    except (OSError, StopIteration):
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{os.cpu_count()} CPU cores ({cpu}), {gpu}, torch {torch.__version__}"
+
+
+def run_bench(config: PipelineConfig, prompts: list[Prompt], settings: Settings, out: Path) -> list[Row]:
+    """Every method on every prompt; writes the results under `out`; -> the table's rows, target first."""
+    torch.set_num_threads(os.cpu_count() or 1)
+    pipe = LocalPipeline(config, torch_threads=None)  # never started: its stages, loaded once, and its front door
+    stages = dict(zip((s.name for s in config.stages), pipe.stages))
+    target, name = stages[config.target.name], config.target.name
+    requests = []
+    for p in prompts:
+        kwargs = {"prompt": p.text, "max_new_tokens": settings.max_new_tokens, **({"image": str(p.image)} if p.image else {})}
+        requests.append(Request(p, pipe.request(**kwargs)[0], kwargs))
+    drafters = config.stages[:-1]
+    methods: list[Method] = [InProcess("target", target, None, 0)]
+    methods += [InProcess(f"sync {d.name}->{name}", target, stages[d.name], settings.gamma) for d in drafters]
+    methods += [HFAssisted(f"hf-assisted {d.name}->{name}", target, stages[d.name]) for d in drafters if d.kind == "causal_lm"]
+    results: dict[str, list[list[Answer]]] = {}
+    failures: dict[str, str] = {}
+    bar = tqdm(total=settings.runs * len(requests) * (len(methods) + len(chains(config))), desc="bench")
+
+    def measure(batch: list[Method]) -> None:
+        """Warm each method up, then `runs` rounds of every prompt through each, interleaved by round."""
+        alive = []
+        for method in batch:
+            try:
+                method.answer(requests[0])
+                results[method.name] = []
+                alive.append(method)
+            except (RuntimeError, TypeError, ValueError, KeyError) as e:  # a baseline that cannot run these models
+                log.warning("%s failed: %s", method.name, e)
+                failures[method.name] = f"{type(e).__name__}: {e}"
+                bar.update(settings.runs * len(requests))
+        for _ in range(settings.runs):
+            for method in alive:
+                results[method.name].append([method.answer(r) for r in requests])
+                bar.update(len(requests))
+
+    measure(methods)  # in process: interleaved
+    with async_methods(config, settings.backend) as pipelines:
+        for method in pipelines:  # one deployment at a time
+            measure([method])
+    bar.close()
+
+    if "target" not in results:
+        raise RuntimeError(f"the target alone failed: {failures.get('target')}")
+    reference = {a.question_id: a.token_ids for a in results["target"][0]}
+    rows = [summarise(name, r, reference) for name, r in results.items()]
+    base = rows[0].tokens_per_s
+    sync = max((r.tokens_per_s for r in rows if r.method.startswith("sync")), default=None)
+    rows = [
+        Row(**{**asdict(r), "speedup": r.tokens_per_s / base, "speedup_vs_sync": r.tokens_per_s / sync if sync else None})
+        for r in rows
+    ]
+    header = (
+        f"Config `{config.name}` ({' -> '.join(s.name for s in config.stages)}), {len(prompts)} prompts, {settings.describe()}; "
+        f"{hardware()}."
+    )
+    decode = pipe.front_door.tokenizer.decode if pipe.front_door.tokenizer is not None else str
+    prompt_of = {p.question_id: p for p in prompts}
+    write(out, header, rows, results, failures, lambda name, runs: spec_bench_lines(name, runs, prompt_of, decode))
+    return rows
+
+
+def write(
+    out: Path, header: str, rows: list[Row], results: dict[str, list[list[Answer]]], failures: dict[str, str], lines
+) -> None:
+    """bench.md, bench.json, bench.png and one Spec-Bench jsonl per method (`lines(method, runs)`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, runs in results.items():
+        (out / f"{name.replace(' ', '_').replace('>', '')}.jsonl").write_text("\n".join(lines(name, runs)) + "\n")
+    table = markdown(rows, header)
+    if failures:
+        table += "\n\n" + "\n".join(f"- {name} did not run: {why}" for name, why in failures.items())
+    (out / "bench.md").write_text(table + "\n")
+    summary = {"header": header, "rows": [asdict(r) for r in rows], "failures": failures}
+    (out / "bench.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot(rows, out / "bench.png", header[:160])
+    print(table)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", help="a pipeline config (YAML)")
+    parser.add_argument("--prompts", required=True, help="a Spec-Bench or image-question jsonl file")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", type=Path, help="default: experiments/results/bench/<config name>")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--limit", type=int, help="only the first N prompts")
+    parser.add_argument("--gamma", type=int, default=4, help="synchronous speculation's window")
+    parser.add_argument("--backend", choices=["ray", "local"], default="ray", help="where the asynchronous pipelines run")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    config = load_config(args.config)
+    prompts = load_prompts(args.prompts, args.limit)
+    out = args.out or Path("experiments/results/bench") / config.name
+    run_bench(config, prompts, Settings(args.runs, args.max_new_tokens, args.gamma, args.backend), out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""experiments.bench and experiments.prompts: every method side by side, the files users read, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments.bench import Settings, chains, run_bench
+from experiments.prompts import WORLD_PROMPTS, load_prompts
+from pipespec import load_config
+from pipespec.config import ConfigError, sub_pipeline
+
+SPEC_BENCH = [
+    {"question_id": 81, "category": "writing", "turns": ["Write a story about a cat.", "Now shorter."]},
+    {"question_id": 82, "category": "qa", "turns": ["What is the capital of France?"]},
+]
+
+
+def _config(family: dict) -> dict:
+    stage = {"dtype": "float32", "max_lookahead": 4}
+    return {
+        "name": "toy",
+        "stages": [
+            {"name": "tiny", "kind": "causal_lm", "model": family["tiny"], **stage},
+            {"name": "mid", "kind": "causal_lm", "model": family["mid"], **stage},
+            {"name": "target", "kind": "causal_lm", "model": family["target"], **stage},
+        ],
+    }
+
+
+def test_every_method_runs_and_equals_the_target_alone(family, tmp_path):
+    prompts_file = tmp_path / "question.jsonl"
+    prompts_file.write_text("\n".join(json.dumps(q) for q in SPEC_BENCH) + "\n")
+    out = tmp_path / "out"
+    rows = run_bench(load_config(_config(family)), load_prompts(prompts_file), Settings(2, 12, 3, "local"), out)
+    names = [r.method for r in rows]
+    assert names == [
+        "target", "sync tiny->target", "sync mid->target", "hf-assisted tiny->target", "hf-assisted mid->target",
+        "async target (local)", "async tiny->target (local)", "async mid->target (local)", "async tiny->mid->target (local)",
+    ]  # fmt: skip
+    assert all(r.exact == 1.0 for r in rows), [(r.method, r.exact) for r in rows]
+    assert rows[0].speedup == 1.0 and all(r.tokens_per_s > 0 and r.prefill_s > 0 for r in rows)
+    three = rows[-1]
+    assert set(three.mean_acceptance_length) == {"tiny->mid", "mid->target"}
+    # the mid drafter is the target's first 4 layers: it gets drafts accepted
+    assert rows[2].mean_acceptance_length["mid->target"] > 1.0
+    for name in ("bench.md", "bench.json", "bench.png"):
+        assert (out / name).stat().st_size > 0
+    lines = [json.loads(line) for line in (out / "sync_tiny-target.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 * 2  # prompts x runs
+    choice = lines[0]["choices"][0]
+    assert lines[0]["question_id"] == 81 and lines[0]["category"] == "writing"
+    assert choice["new_tokens"][0] == sum(choice["accept_lengths"]) > 0 and choice["wall_time"][0] > 0
+    assert isinstance(choice["turns"][0], str)
+    table = (out / "bench.md").read_text()
+    assert "| async tiny->mid->target (local) |" in table and "prefill s" in table
+
+
+def test_chains_and_sub_pipelines(family):
+    config = load_config(_config(family))
+    assert chains(config) == [["target"], ["tiny", "target"], ["mid", "target"], ["tiny", "mid", "target"]]
+    assert [s.name for s in sub_pipeline(config, ["target", "tiny"]).stages] == ["tiny", "target"]
+    with pytest.raises(ConfigError, match="'nope'"):
+        sub_pipeline(config, ["nope", "target"])
+    with pytest.raises(ConfigError, match="must keep its target"):
+        sub_pipeline(config, ["tiny", "mid"])
+
+
+def test_the_shipped_world_prompts_load_with_their_pictures():
+    prompts = load_prompts(WORLD_PROMPTS)
+    assert len(prompts) >= 12 and {p.category for p in prompts} >= {"describe", "count", "colour", "where", "read"}
+    assert all(p.image is not None and p.image.is_file() for p in prompts)
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "not JSON"),
+        ("[1, 2]", "JSON object"),
+        ('{"question_id": 1, "category": "x"}', "neither Spec-Bench"),
+        ('{"question_id": 1, "turns": []}', "non-empty list"),
+        ('{"question_id": 1, "text": "hi", "image": "missing.png"}', "'missing.png' not found"),
+        ('{"text": "hi"}', "no question_id"),
+    ],
+)
+def test_bad_prompt_files_name_the_line(tmp_path, line, message):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(SPEC_BENCH[0]) + "\n" + line + "\n")
+    with pytest.raises(ValueError, match=message) as info:
+        load_prompts(path)
+    assert f"{path}:2" in str(info.value)
+
+
+def test_missing_and_empty_prompt_files(tmp_path):
+    with pytest.raises(ValueError, match="not found"):
+        load_prompts(tmp_path / "nope.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="no prompts"):
+        load_prompts(tmp_path / "empty.jsonl")
