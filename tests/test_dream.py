@@ -80,6 +80,26 @@ def test_cached_steps_equal_one_forward():
     torch.testing.assert_close(torch.cat([first, *rest], dim=1), full, rtol=1e-5, atol=1e-5)
 
 
+def test_the_memory_projected_once_per_entry_equals_projecting_it_every_step():
+    """FeatureMemory keeps each entry's keys and values from when it was stored, in position order."""
+    from stages.dream.stage import FeatureMemory
+
+    model = drafter()
+    positions = torch.tensor([0, 1, 3, 4, 5])
+    inputs, memory = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
+    store = FeatureMemory(32, torch.device("cpu"), torch.float32, model.block1.project)
+    with torch.no_grad():
+        store.put_own([4, 5], memory[0, 3:])  # out of order, own first
+        store.put_target([0, 1, 3, 4], memory[0, :4])  # replaces own 4 with the target's
+        store.drop_own_from(5)
+        store.put_own([5], memory[0, 4:])
+        kv, order = store.projected()
+        assert order.tolist() == [0, 1, 3, 4, 5]
+        f, _ = model(inputs, positions, memory, positions)
+        g, _ = model(inputs, positions, None, order, memory_kv=kv)
+    torch.testing.assert_close(g, f, rtol=1e-5, atol=1e-5)
+
+
 def test_closed_gates_ignore_the_memory():
     """Gates start at 0 (tanh): a fresh drafter's output does not depend on the memory."""
     torch.manual_seed(0)
@@ -195,7 +215,7 @@ def test_dream_session_keeps_memory_and_inputs_consistent(world):
     in_memory = set(d.memory.entries)
     assert cached == kept_prompt | {P - 1}
     assert in_memory == cached  # the prompt's target features, plus our own f at P - 1
-    assert not d.memory.entries[P - 1][1]  # our own feature
+    assert not d.memory.entries[P - 1].from_target  # our own feature
     t.close()
     d.close()
 

@@ -3,7 +3,8 @@
     x_t  = E[token_t]   (the target's frozen embedding table; for image positions, the target's
                          merged input embedding there)
     a_t  = block0(x)_t                   self-attention over token embeddings only (no input norm)
-    c_t  = a_t + tanh(g) CrossAttn(a_t, memory entries at positions <= t - 1)   (gated, q/k norm, no RoPE)
+    c_t  = a_t + tanh(g) CrossAttn(a_t, memory entries at positions <= t - 1)   (gated, q/k norm, no RoPE;
+                                           a learned per-head recency bias from the explicit positions)
     f_t  = norm(block2(c)_t)             standard self-attention + MLP
     logits_t = lm_head(f_t)              (the target's frozen head) predict token t + 1
 
@@ -135,26 +136,46 @@ class CrossBlock(nn.Module):
         self.q_norm = nn.RMSNorm(config.head_dim, eps=config.rms_norm_eps)
         self.k_norm = nn.RMSNorm(config.head_dim, eps=config.rms_norm_eps)
         self.o = nn.Linear(h, h, bias=False)
+        # ALiBi-style recency: head h scores entry j at -softplus(recency_h) * (t - 1 - pos_j); built from
+        # the explicit positions (no RoPE), it lets some heads find the latest features while others
+        # read the image by content alone (softplus -> 0). Initial slopes 1/4, 1/16, ... as in ALiBi.
+        slopes = torch.tensor([2.0 ** (-2 * (h + 1)) for h in range(config.num_heads)])
+        self.recency = nn.Parameter(torch.log(torch.expm1(slopes)))
         self.attn_gate = nn.Parameter(torch.zeros(1))
         self.post_norm = nn.RMSNorm(h, eps=config.rms_norm_eps)
         self.mlp = MLP(config)
         self.mlp_gate = nn.Parameter(torch.zeros(1))
 
+    def project(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """memory [B, m, H] -> keys, values [B, heads, m, d]: a function of each entry alone, so
+        inference computes it once per entry (stages.dream.stage.FeatureMemory) instead of per step."""
+        c = self.config
+        B, m, _ = memory.shape
+        k, v = self.kv(self.memory_norm(memory)).view(B, m, 2, c.num_heads, c.head_dim).permute(2, 0, 3, 1, 4)
+        return self.k_norm(k), v
+
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, memory: torch.Tensor, memory_positions: torch.Tensor
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        memory: torch.Tensor | None,
+        memory_positions: torch.Tensor,
+        memory_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """x [B, n, H] at positions [n]; memory [B, m, H] at memory_positions [m]."""
+        """x [B, n, H] at positions [n]; memory [B, m, H] at memory_positions [m], or its `project`ion."""
         c = self.config
         B, n, _ = x.shape
-        m = memory.shape[1]
+        m = len(memory_positions)
         if m == 0:  # nothing to attend to yet (a one-token prompt)
             return x
         q = self.q_norm(self.q(self.input_norm(x)).view(B, n, c.num_heads, c.head_dim)).transpose(1, 2)
-        k, v = self.kv(self.memory_norm(memory)).view(B, m, 2, c.num_heads, c.head_dim).permute(2, 0, 3, 1, 4)
-        k = self.k_norm(k)
-        mask = memory_positions[None, :] <= positions[:, None] - 1  # [n, m]: entries strictly before the query
+        k, v = memory_kv if memory_kv is not None else self.project(memory)
+        distance = (positions[:, None] - 1 - memory_positions[None, :]).to(q.dtype)  # [n, m]
+        mask = distance >= 0  # entries strictly before the query
         seen = mask.any(-1)  # [n]: a query with no visible entry gets no attention output
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~seen[:, None])
+        bias = -F.softplus(self.recency).to(q.dtype)[:, None, None] * distance.clamp(min=0)  # [heads, n, m]
+        bias = bias.masked_fill(~(mask | ~seen[:, None]), float("-inf"))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         out = out * seen[None, None, :, None]
         x = x + torch.tanh(self.attn_gate) * self.o(out.transpose(1, 2).reshape(B, n, -1))
         return x + torch.tanh(self.mlp_gate) * self.mlp(self.post_norm(x))
@@ -169,7 +190,12 @@ class PreviousFeatureFuse(nn.Module):
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, memory: torch.Tensor, memory_positions: torch.Tensor
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        memory: torch.Tensor,
+        memory_positions: torch.Tensor,
+        memory_kv: None = None,  # only cross-attention projects its memory
     ) -> torch.Tensor:
         # the latest entry strictly before each query (zeros when none)
         visible = memory_positions[None, :] <= positions[:, None] - 1  # [n, m]
@@ -210,9 +236,10 @@ class DreamDrafter(nn.Module):
         memory: torch.Tensor,  # [B, m, H] features
         memory_positions: torch.Tensor,  # [m]
         caches: DraftCaches | None = None,  # inference (B = 1): earlier positions' keys and values
+        memory_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # the memory's projection, if already known
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (f [B, n, H] predicted features, a [B, n, H] block 0's output, for intermediate supervision)."""
         a = self.block0(inputs, positions, caches.block0 if caches else None)
-        c = self.block1(a, positions, memory, memory_positions)
+        c = self.block1(a, positions, memory, memory_positions, memory_kv)
         f = self.norm(self.block2(c, positions, caches.block2 if caches else None))
         return f, a

@@ -13,7 +13,8 @@ from there (its token ids are known), so the caches always reflect the best memo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -26,33 +27,44 @@ from stages.vocabulary import LogitsFit
 
 
 class FeatureMemory:
-    """Features by context position; target entries are authoritative, own ones provisional."""
+    """Features by context position; target entries are authoritative, own ones provisional.
 
-    def __init__(self, hidden_size: int, device: torch.device, dtype: torch.dtype) -> None:
-        self.empty = (torch.empty(1, 0, hidden_size, device=device, dtype=dtype), torch.empty(0, dtype=torch.long, device=device))
-        self.entries: dict[int, tuple[torch.Tensor, bool]] = {}  # position -> (feature [H], from_target)
+    With `project` (the cross-attention block's `project`), each entry's keys and values are computed
+    once, when it is stored, so a drafting step attends over the memory without re-projecting it.
+    """
+
+    def __init__(self, hidden_size: int, device: torch.device, dtype: torch.dtype, project: Projection | None = None):
+        self.empty = torch.empty(1, 0, hidden_size, device=device, dtype=dtype), torch.empty(0, dtype=torch.long, device=device)
+        self.project = project
+        self.entries: dict[int, _Entry] = {}
         self._stacked: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._stacked_kv: tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+
+    def _store(self, positions: Sequence[int], features: torch.Tensor, from_target: bool) -> None:
+        """features [n, H] for `positions`, projected in one batch."""
+        if not len(positions):
+            return
+        kv = self.project(features[None]) if self.project is not None else None  # [1, heads, n, d] each
+        for i, (p, f) in enumerate(zip(positions, features)):
+            self.entries[p] = _Entry(f, from_target, None if kv is None else (kv[0][0, :, i], kv[1][0, :, i]))
+        self._stacked = self._stacked_kv = None
 
     def put_target(self, positions: Sequence[int], features: torch.Tensor) -> int | None:
         """Store target features; -> the smallest position where an own entry was replaced, if any."""
-        replaced = [p for p in positions if p in self.entries and not self.entries[p][1]]
-        for p, f in zip(positions, features):
-            self.entries[p] = (f, True)
-        self._stacked = None
+        replaced = [p for p in positions if p in self.entries and not self.entries[p].from_target]
+        self._store(list(positions), features, True)
         return min(replaced) if replaced else None
 
     def put_own(self, positions: Sequence[int], features: torch.Tensor) -> None:
-        for p, f in zip(positions, features):
-            if p not in self.entries or not self.entries[p][1]:
-                self.entries[p] = (f, False)
-        self._stacked = None
+        fresh = [i for i, p in enumerate(positions) if p not in self.entries or not self.entries[p].from_target]
+        self._store([positions[i] for i in fresh], features[fresh], False)
 
     def drop_own_from(self, position: int) -> None:
-        stale = [p for p, (_, target) in self.entries.items() if p >= position and not target]
+        stale = [p for p, e in self.entries.items() if p >= position and not e.from_target]
         for p in stale:
             del self.entries[p]
         if stale:
-            self._stacked = None
+            self._stacked = self._stacked_kv = None
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (features [1, m, H], positions [m]) in position order."""
@@ -60,9 +72,29 @@ class FeatureMemory:
             return self.empty
         if self._stacked is None:
             order = sorted(self.entries)
-            feats = torch.stack([self.entries[p][0] for p in order])[None]
+            feats = torch.stack([self.entries[p].feature for p in order])[None]
             self._stacked = (feats, torch.tensor(order, dtype=torch.long, device=feats.device))
         return self._stacked
+
+    def projected(self) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+        """-> ((keys, values [1, heads, m, d]), positions [m]) in position order; None without a projection or entries."""
+        if self.project is None or not self.entries:
+            return None
+        if self._stacked_kv is None:
+            order = sorted(self.entries)
+            kv = tuple(torch.stack([self.entries[p].kv[j] for p in order], dim=1)[None] for j in (0, 1))
+            self._stacked_kv = kv, torch.tensor(order, dtype=torch.long, device=kv[0].device)
+        return self._stacked_kv
+
+
+@dataclass(frozen=True)
+class _Entry:
+    feature: torch.Tensor  # [H]
+    from_target: bool
+    kv: tuple[torch.Tensor, torch.Tensor] | None  # [heads, d] each: the cross-attention's key and value
+
+
+Projection = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class DreamStage:
@@ -95,7 +127,8 @@ class DreamStage:
         return DreamSession(self, request.prompt_token_ids)
 
     def new_memory(self) -> FeatureMemory:
-        return FeatureMemory(self.drafter.config.hidden_size, self.device, self.embed.dtype)
+        project = torch.inference_mode()(self.drafter.block1.project) if self.drafter.config.cross_attention else None
+        return FeatureMemory(self.drafter.config.hidden_size, self.device, self.embed.dtype, project)
 
 
 class DreamSession:
@@ -130,9 +163,14 @@ class DreamSession:
     @torch.inference_mode()
     def _run(self, positions: list[int], inputs: torch.Tensor) -> torch.Tensor:
         """Feed inputs [n, H] at positions; store our features; -> f [n, H]."""
-        memory, memory_positions = self.memory.tensors()
+        projected = self.memory.projected()
+        kv = None
+        if projected is not None:
+            (kv, memory_positions), memory = projected, None
+        else:
+            memory, memory_positions = self.memory.tensors()
         pos = torch.tensor(positions, dtype=torch.long, device=inputs.device)
-        f, _ = self.stage.drafter(inputs[None], pos, memory, memory_positions, self.caches)
+        f, _ = self.stage.drafter(inputs[None], pos, memory, memory_positions, self.caches, kv)
         self.memory.put_own(positions, f[0])
         return f[0]
 
