@@ -4,11 +4,16 @@
     pipespec serve CONFIG [--address RAY_ADDRESS] [--port P] [--strategy pack|spread]
     pipespec generate --address HOST:PORT --prompt TEXT [--image FILE] [--max-new-tokens N]
                       [--temperature T] [--top-p P] [--seed S]
+    pipespec plan CONFIG [--prompt TEXT ...] [--image FILE] [--max-new-tokens N] [--json FILE]
+                  [--write-config FILE] [--threads N]
 
 `demo` runs the embedded default on a local Ray (see cluster.demo): the shipped models (tiny -> dream
 -> VLM target, trained on the generated visual world) answer a question about a picture, streamed
 token by token; then the target alone answers the same request, and a table shows each stage pair's
 acceptance, tokens per second and the speedup measured right then, and whether the answers match.
+
+`plan` profiles each stage's forward latency and each pair's acceptance on a few prompts, in this
+process, and recommends which stages to use and each drafter's lookahead (see pipespec.plan).
 """
 
 from __future__ import annotations
@@ -65,6 +70,30 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def plan(args: argparse.Namespace) -> int:
+    import json
+
+    from pipespec.plan import format_plan, profile, read_config, recommend, write_config
+
+    logging.getLogger("pipespec.plan").setLevel(logging.INFO)  # progress on stderr: profiling real models takes a while
+    try:
+        _, raw = read_config(args.config)
+        measured = profile(raw, args.prompt, args.image, args.max_new_tokens, torch_threads=args.threads)
+    except ValueError as e:  # ConfigError included: the message names the key, file or value
+        print(f"pipespec plan: {e}", file=sys.stderr)
+        return 2
+    result = recommend(measured, raw)
+    print(format_plan(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+    if args.write_config:
+        Path(args.write_config).parent.mkdir(parents=True, exist_ok=True)
+        write_config(raw, result, args.write_config)
+        print(f"recommended config written to {args.write_config}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pipespec", description="Asynchronous hierarchical speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -98,6 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--top-p", type=float)
     g.add_argument("--seed", type=int)
     g.set_defaults(run=generate)
+    p = sub.add_parser("plan", help="profile a config's stages and recommend the chain and lookaheads to use")
+    p.add_argument("config")
+    p.add_argument("--prompt", action="append", help="a prompt to profile on (repeatable; default: a few built-in ones)")
+    p.add_argument("--image", help="a picture for a VLM target (default: a held-out picture of the demo's world)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt to measure acceptance")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as each stage of a pipeline here)")
+    p.add_argument("--json", help="also write the profile and the plan as JSON to this file")
+    p.add_argument("--write-config", help="write the recommended config (YAML) to this file")
+    p.set_defaults(run=plan)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return args.run(args)

@@ -1,0 +1,298 @@
+"""`pipespec plan`: the profile measures what mock stages emulate, and the plan picks the chain the model favours."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+
+from pipespec.analytical import chain_rates, chain_rates_with_verify_cost, sync_rate, sync_speedup
+from pipespec.cli import main
+from pipespec.config import load_config
+from pipespec.messages import PrefillFeatures, RequestSpec
+from pipespec.params import SamplingParams
+from pipespec.plan import (
+    FEWER_STAGES,
+    LOOKAHEADS,
+    TIE,
+    PairProfile,
+    Profile,
+    StageProfile,
+    _FeaturedVerifier,
+    profile,
+    recommend,
+    recommended_config,
+)
+
+VOCAB = 64
+
+
+def mock_raw(**stages: dict) -> dict:
+    """A mock pipeline config, stages upstream first (keyword order), the last one the target."""
+    return {"name": "plan-test", "stages": [{"name": n, "kind": "mock", "vocab_size": VOCAB, **o} for n, o in stages.items()]}
+
+
+# ---- profiling --------------------------------------------------------------------------------------
+
+
+def test_profile_measures_the_emulated_latencies():
+    raw = mock_raw(tiny={"latency_ms": 2, "agreement": 0.8}, target={"latency_ms": 15, "per_token_ms": 1})
+    prof = profile(raw, prompts=["a b c"], max_new_tokens=12, verify_tokens=8, repeats=5)
+    tiny, target = prof.stages
+    for measured, expected in [(tiny.forward_s, 0.002), (target.forward_s, 0.016), (target.verify_s, 0.023)]:
+        assert expected <= measured <= expected * 1.2 + 0.004, (measured, expected)
+    assert target.verify_tokens == 8
+
+
+def test_profile_measures_acceptance_as_the_mocks_agree():
+    """Per-token alpha of each pair is the drafter's agreement with the stage after it: a mock drafter
+    is built for the chain it would sit in (tiny -> target gives 0.8, not tiny's 0.8 x mid's 0.9)."""
+    raw = mock_raw(tiny={"agreement": 0.8}, mid={"agreement": 0.9}, target={})
+    prompts = ["the first prompt", "another one", "and a third", "one more to be sure"]
+    prof = profile(raw, prompts=prompts, max_new_tokens=200, gamma=4)
+    assert [p.skipped for p in prof.pairs] == [None, None, None]
+    for drafter, verifier, want in [("tiny", "mid", 0.8), ("mid", "target", 0.9), ("tiny", "target", 0.8)]:
+        got = prof.alpha(drafter, verifier)
+        assert got == pytest.approx(want, abs=0.04), (drafter, verifier, got)
+    pair = next(p for p in prof.pairs if p.drafter == "tiny" and p.verifier == "mid")
+    assert pair.num_draft_tokens > 500 and 0 < pair.num_accepted_tokens < pair.num_draft_tokens
+
+
+def test_a_pair_no_valid_chain_contains_is_skipped_with_the_reason():
+    from pipespec.plan import _profile_pair
+
+    ngram = {"kind": "ngram"}
+    raw = {"stages": [{"name": "a", **ngram}, {"name": "b", **ngram}, {"name": "t", "kind": "mock", "vocab_size": VOCAB}]}
+    got = _profile_pair([], ["a", "b", "t"], raw, 0, 1, [], 4, None)  # a -> b -> t: an ngram stage verifies nothing
+    assert got.alpha is None and "ngram" in got.skipped and "only be first" in got.skipped
+
+
+def test_a_dream_verifier_gets_the_target_features_of_the_context_it_holds():
+    """Outside a pipeline a DREAM verifier is fed the target's hidden states of every context position
+    before its drafts, re-fed after a rollback, never twice."""
+
+    class Target:
+        name, vocab_size = "target", 8
+
+        def open(self, request):
+            return Session(request.prompt_token_ids, self)
+
+    class Dream(Target):
+        name, needs_target_features = "dream", True
+
+    class Session:
+        def __init__(self, prompt, stage):
+            self.context, self.prompt_len, self.last_prompt_token = list(prompt[:-1]), len(prompt), prompt[-1]
+            self.features, self.hidden = [], None
+            zeros = torch.zeros(len(prompt) - 1, 2)
+            self.prefill_features = PrefillFeatures(zeros, zeros, torch.zeros(len(prompt) - 1, dtype=torch.bool))
+
+        def add_features(self, features):
+            got = None if features.hidden is None else [int(h[0]) for h in features.hidden.float()]
+            self.features.append((features.start, got))
+
+        def forward(self, keep, tokens):
+            del self.context[keep:]
+            self.context.extend(tokens)
+            self.hidden = torch.tensor([[float(t), 0.0] for t in tokens])  # "features" that name their token
+            return torch.zeros(len(tokens), 8)
+
+        def close(self):
+            self.context = []
+
+    spec = RequestSpec("r", (1, 2, 3), SamplingParams(), 8)
+    session = _FeaturedVerifier(Dream(), Target()).open(spec)
+    dream = session.dream
+    assert dream.features == [(0, None)]  # the prefill
+    session.forward(2, [3])
+    session.forward(3, [4, 5, 6])
+    assert dream.features[1:] == [(2, [3])]
+    session.forward(4, [7])  # rollback: keep 4, 5 dropped
+    assert dream.features[2:] == [(3, [4])]
+    session.forward(4, [6])  # another rollback to the same place: nothing new for the target
+    session.forward(3, [5])  # rollback before what the target fed
+    session.forward(4, [1])
+    assert dream.features[3:] == [(3, [5])]
+    assert session.target.context == [1, 2, 3, 5]
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory) -> dict[str, str]:
+    """A small random LLaVA family and an untrained DREAM drafter for its target, saved to disk."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from experiments.vlm_zoo import build_zoo_family
+    from stages.dream.checkpoint import init_from_target, save
+
+    root = tmp_path_factory.mktemp("plan-zoo")
+    paths = {k: str(v) for k, v in build_zoo_family("llava", root / "llava").items()}
+    ckpt = init_from_target(AutoModelForImageTextToText.from_pretrained(paths["target"]), keep_fraction=0.75)
+    paths["dream"] = str(save(root / "dream", ckpt, AutoTokenizer.from_pretrained(paths["target"])))
+    return paths
+
+
+def test_plan_profiles_a_text_drafter_a_dream_drafter_and_a_vlm_target(zoo, tmp_path):
+    from PIL import Image
+
+    picture = tmp_path / "picture.png"
+    Image.fromarray((torch.rand(30, 40, 3) * 255).to(torch.uint8).numpy()).save(picture)
+    kinds = {"tiny": "causal_lm", "dream": "dream", "target": "vlm"}
+    raw = {"name": "zoo", "stages": [{"name": n, "kind": k, "model": zoo[n], "dtype": "float32"} for n, k in kinds.items()]}
+    prof = profile(raw, prompts=["describe the picture"], image=str(picture), max_new_tokens=12)
+    assert prof.image == str(picture) and [s.kind for s in prof.stages] == list(kinds.values())
+    assert all(0 < s.forward_s < 1 and 0 < s.verify_s < 1 for s in prof.stages)
+    assert [(p.drafter, p.verifier, p.skipped) for p in prof.pairs] == [
+        ("tiny", "dream", None),  # the DREAM stage verifies with the target's features beside it
+        ("tiny", "target", None),
+        ("dream", "target", None),
+    ]
+    assert all(0 <= p.alpha <= 1 and p.num_draft_tokens > 0 for p in prof.pairs)
+    plan = recommend(prof, raw)
+    assert len(plan.chains) == 4
+    assert load_config(recommended_config(raw, plan)).stages[-1].name == "target"
+
+
+# ---- the analytical helpers --------------------------------------------------------------------------
+
+
+def test_flat_verify_costs_give_the_plain_chain_model_and_costly_ones_less():
+    lat, alphas, windows = [0.001, 0.005, 0.04], [0.9, 0.8], [4, 8]
+    assert chain_rates_with_verify_cost(lat, lat, 8, alphas, windows) == pytest.approx(chain_rates(lat, alphas, windows))
+    costly = chain_rates_with_verify_cost(lat, [0.001, 0.006, 0.06], 8, alphas, windows)
+    assert costly[-1] < chain_rates(lat, alphas, windows)[-1] * 0.9
+    assert sync_rate(0.7, 4, 0.002, 0.04) == pytest.approx(sync_speedup(0.7, 4, 0.05) / 0.04)
+
+
+# ---- recommendation ------------------------------------------------------------------------------------
+
+
+def synthetic(latencies_ms: dict[str, tuple[float, float]], alphas: dict[tuple[str, str], float]) -> tuple[Profile, dict]:
+    """A profile measured elsewhere: per stage (1-token, 8-token) ms, per pair alpha."""
+    stages = tuple(StageProfile(n, "mock", a / 1e3, b / 1e3, 8) for n, (a, b) in latencies_ms.items())
+    pairs = tuple(PairProfile(d, v, a) for (d, v), a in alphas.items())
+    return Profile("synthetic", stages, pairs, ("p",), None, 64, 4), mock_raw(**{n: {} for n in latencies_ms})
+
+
+def test_fast_agreeable_drafters_make_a_three_stage_chain():
+    prof, raw = synthetic(
+        {"tiny": (1, 1), "mid": (5, 5), "target": (40, 40)},
+        {("tiny", "mid"): 0.9, ("tiny", "target"): 0.81, ("mid", "target"): 0.9},
+    )
+    plan = recommend(prof, raw)
+    assert plan.recommended.stages == ("tiny", "mid", "target")
+    two = max(c.tokens_per_s for c in plan.chains if len(c.stages) == 2)
+    assert plan.recommended.tokens_per_s > two * (1 + FEWER_STAGES)
+    assert plan.recommended.speedup == pytest.approx(plan.recommended.tokens_per_s * 0.040)
+    assert len(plan.chains) == 4 and {c.stages for c in plan.synchronous} == {("mid", "target"), ("tiny", "target")}
+    assert all(w == max(1, la // 2) for w, la in zip(plan.recommended.windows, plan.recommended.lookaheads))
+
+
+def test_a_slow_drafter_is_left_out_for_the_cheap_one():
+    prof, raw = synthetic(
+        {"cheap": (2, 2), "slow": (35, 35), "target": (40, 40)},
+        {("cheap", "slow"): 0.7, ("cheap", "target"): 0.7, ("slow", "target"): 0.5},
+    )
+    plan = recommend(prof, raw)
+    assert plan.recommended.stages == ("cheap", "target")
+
+
+def test_a_drafter_that_gains_less_than_the_margin_leaves_the_target_alone():
+    prof, raw = synthetic({"slow": (38, 38), "target": (40, 40)}, {("slow", "target"): 0.1})
+    plan = recommend(prof, raw)
+    chain = next(c for c in plan.chains if c.stages == ("slow", "target"))
+    assert 1.0 < chain.speedup < 1 + FEWER_STAGES  # predicted a hair faster: not worth a device
+    assert plan.recommended.stages == ("target",) and plan.recommended.lookaheads == ()
+    assert plan.recommended.speedup == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("verify_ms, stages", [(40, ("d", "target")), (160, ("target",))])
+def test_a_costly_verification_can_make_the_target_alone_best(verify_ms, stages):
+    prof, raw = synthetic({"d": (20, 20), "target": (40, verify_ms)}, {("d", "target"): 0.4})
+    assert recommend(prof, raw).recommended.stages == stages
+
+
+def test_the_smallest_lookahead_within_a_hair_of_the_best_wins():
+    """A fast drafter: every longer window adds a little; a lookahead within 1% of the best is enough."""
+    prof, raw = synthetic({"d": (1, 1), "target": (40, 40)}, {("d", "target"): 0.6})
+    plan = recommend(prof, raw)
+    (chosen,) = plan.recommended.lookaheads
+    assert chosen < max(LOOKAHEADS)
+    lat, alphas = [0.001, 0.040], [0.6]
+    best = max(chain_rates(lat, alphas, [max(1, la // 2)])[-1] for la in LOOKAHEADS)
+    assert best * (1 - TIE) <= plan.recommended.tokens_per_s < best
+    assert all(chain_rates(lat, alphas, [max(1, la // 2)])[-1] < best * (1 - TIE) for la in LOOKAHEADS if la < chosen)
+
+
+def test_chains_through_an_unmeasured_pair_are_not_candidates():
+    prof, raw = synthetic(
+        {"tiny": (1, 1), "mid": (5, 5), "target": (40, 40)},
+        {("tiny", "mid"): None, ("tiny", "target"): 0.81, ("mid", "target"): 0.9},
+    )
+    plan = recommend(prof, raw)
+    assert ("tiny", "mid", "target") not in [c.stages for c in plan.chains]
+    assert plan.recommended.stages == ("mid", "target")
+
+
+def test_the_recommended_config_drops_unused_stages_and_sets_lookaheads():
+    prof, raw = synthetic(
+        {"cheap": (2, 2), "slow": (35, 35), "target": (40, 40)},
+        {("cheap", "slow"): 0.7, ("cheap", "target"): 0.7, ("slow", "target"): 0.5},
+    )
+    raw["stages"][0]["agreement"] = 0.7
+    plan = recommend(prof, raw)
+    config = load_config(recommended_config(raw, plan))
+    assert [s.name for s in config.stages] == ["cheap", "target"]
+    assert config.stages[0].max_lookahead == plan.recommended.lookaheads[0]
+    assert config.stages[0].options.agreement == 0.7
+    assert config.window(1) == plan.recommended.windows[0]
+
+
+# ---- the command line ----------------------------------------------------------------------------------
+
+
+def test_cli_prints_the_table_and_writes_json_and_a_config_that_loads(tmp_path, capsys):
+    raw = mock_raw(tiny={"agreement": 0.9, "latency_ms": 1}, mid={"agreement": 0.9, "latency_ms": 3}, target={"latency_ms": 12})
+    path = tmp_path / "mock.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out_json, out_yaml = tmp_path / "plan.json", tmp_path / "rec.yaml"
+    argv = ["plan", str(path), "--prompt", "one prompt", "--prompt", "two", "--max-new-tokens", "24"]
+    assert main([*argv, "--json", str(out_json), "--write-config", str(out_yaml)]) == 0
+    out = capsys.readouterr().out
+    for text in ("1-token fwd", "tiny -> mid", "mid -> target", "recommended:", "sync", "2 prompts x 24 new tokens"):
+        assert text in out
+    figures = json.loads(out_json.read_text())
+    assert [s["name"] for s in figures["profile"]["stages"]] == ["tiny", "mid", "target"]
+    assert figures["recommended"]["stages"][-1] == "target" and figures["recommended"]["speedup"] > 1.0
+    written = load_config(out_yaml)
+    assert [s.name for s in written.stages] == figures["recommended"]["stages"]
+    assert [s.max_lookahead for s in written.stages[:-1]] == figures["recommended"]["lookaheads"]
+
+
+@pytest.mark.parametrize(
+    "edit, args, message",
+    [
+        (lambda raw: raw["stages"][0].update(agreemnt=0.5), [], "agreemnt"),
+        (lambda raw: None, ["--image", "no-such-picture.png"], "does not take images"),
+        (lambda raw: None, ["--max-new-tokens", "4"], "max_new_tokens"),
+    ],
+    ids=["unknown-key", "image-for-a-text-target", "too-few-tokens"],
+)
+def test_cli_bad_inputs_are_named(tmp_path, capsys, edit, args, message):
+    raw = mock_raw(tiny={}, target={})
+    edit(raw)
+    path = tmp_path / "mock.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["plan", str(path), *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_names_a_missing_config_and_a_missing_image(tmp_path, capsys):
+    assert main(["plan", str(tmp_path / "absent.yaml")]) == 2
+    assert "absent.yaml" in capsys.readouterr().err
+    (tmp_path / "vlm").mkdir()  # a vlm target: the image is checked before anything loads
+    path = tmp_path / "vlm.yaml"
+    path.write_text(yaml.safe_dump({"stages": [{"name": "target", "kind": "vlm", "model": str(tmp_path / "vlm")}]}))
+    assert main(["plan", str(path), "--image", str(tmp_path / "cat.png")]) == 2
+    assert "cat.png" in capsys.readouterr().err
