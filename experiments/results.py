@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,22 +50,29 @@ def _read(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def _link(path: Path) -> str:
+    """`path` as the page links it (relative to the page)."""
+    return os.path.relpath(path, PAGE.parent)
+
+
 def _missing(command: str) -> str:
     return f"_Not measured yet: run `{command}`._"
 
 
 def section_bench() -> str:
     command = f"python -m experiments.bench {CONFIG} --prompts {PROMPTS} --out {BENCH}"
-    table = (BENCH / "bench.md").read_text() if (BENCH / "bench.md").is_file() else _missing(command)
+    title = "## The demo models, every way of running them"
+    if not (BENCH / "bench.md").is_file():
+        return f"{title}\n\n{_missing(command)}"
     return "\n".join(
         [
-            "## The demo models, every way of running them",
+            title,
             "",
             f"Command: `{command}`",
             "",
-            table.strip(),
+            (BENCH / "bench.md").read_text().strip(),
             "",
-            f"![speedup per method]({(BENCH / 'bench.png').relative_to(PAGE.parent)})",
+            f"![speedup per method]({_link(BENCH / 'bench.png')})",
             "",
             f"Per-prompt answers (Spec-Bench jsonl: `new_tokens`, `wall_time`, `accept_lengths`): `{BENCH}/*.jsonl`.",
         ]
@@ -147,7 +155,7 @@ def section_scaling() -> str:
         return "## Scaling with devices\n\n" + _missing(command)
     body = (SCALING / "scaling.md").read_text().strip()
     body = body.replace("# Scaling with devices", "## Scaling with devices", 1)
-    return "\n".join([body, "", f"Command: `{command}`", "", f"![scaling]({(SCALING / 'scaling.png').relative_to(PAGE.parent)})"])
+    return "\n".join([body, "", f"Command: `{command}`", "", f"![scaling]({_link(SCALING / 'scaling.png')})"])
 
 
 def section_models() -> str:
