@@ -9,7 +9,10 @@ stream is attached is the pipeline's address returned.
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import ray
@@ -30,6 +33,21 @@ def ray_env() -> None:
     """Keep Ray on loopback, without auth tokens or usage stats (set before ray.init / ray start)."""
     for key, value in RAY_ENV.items():
         os.environ.setdefault(key, value)
+
+
+@contextmanager
+def local_ray(num_cpus: float | None = None) -> Iterator[dict]:
+    """A Ray session on this machine only, for benchmarks, shut down on exit; yields its resources.
+    `num_cpus`: what Ray is told this machine has (default: its cores)."""
+    ray_env()
+    cpus = os.cpu_count() or 1
+    ray.init(
+        address="local", num_cpus=cpus if num_cpus is None else num_cpus, include_dashboard=False, logging_level=logging.WARNING
+    )
+    try:
+        yield ray.cluster_resources()
+    finally:
+        ray.shutdown()
 
 
 def _bundle(resources: dict) -> dict:

@@ -205,22 +205,16 @@ def async_methods(config: PipelineConfig, backend: str) -> Iterator[Iterator[Pip
     if backend == "local":
         yield in_process()
         return
-    import ray
+    from cluster.pipeline import local_ray
 
-    from cluster.pipeline import ray_env
-
-    ray_env()
     needed = max(sum(s.resources.get("num_cpus", 1) for s in sub_pipeline(config, names).stages) for names in chains(config))
     cpus = os.cpu_count() or 1
     if needed > cpus:
         log.warning(
             "the config's stages ask for %.2f CPUs and this machine has %d: Ray is told it has %.2f", needed, cpus, needed
         )
-    ray.init(address="local", num_cpus=max(cpus, int(needed + 0.999)), include_dashboard=False, logging_level=logging.WARNING)
-    try:
+    with local_ray(max(cpus, int(needed + 0.999))):
         yield on_ray()
-    finally:
-        ray.shutdown()
 
 
 # ---- running and reporting ---------------------------------------------------------------------

@@ -288,17 +288,13 @@ def real_sweep(
 ) -> list[ScalingRow]:
     """On a local Ray (started and stopped here): one stage per device, as far as the devices go."""
     from cluster.demo import demo_config, time_requests
-    from cluster.pipeline import ray_env
-
-    ray_env()
-    import ray
+    from cluster.pipeline import local_ray
 
     requests = real_requests(prompts, tokens)
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level=logging.WARNING)
     rows: list[ScalingRow] = []
     reference: list[list[int]] | None = None
-    try:
-        resource, count = cluster_devices(ray.cluster_resources())
+    with local_ray() as available:
+        resource, count = cluster_devices(available)
         for names in REAL_CHAINS[: min(count, len(REAL_CHAINS))]:
             config = on_devices(demo_config(models, list(names), dtype, 1), resource)
             timed = time_requests(config, requests)
@@ -324,8 +320,6 @@ def real_sweep(
             log.info("real %s: %.2f tok/s measured, %.2f predicted", rows[-1].chain, tps, predicted)
             if tick:
                 tick(f"real d={len(names)}")
-    finally:
-        ray.shutdown()
     return rows
 
 
