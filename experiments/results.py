@@ -216,12 +216,15 @@ def section_standing() -> str:
         lines.append(f"- 3-stage ({three[0]}) {rows[three[0]]:.1f} tok/s vs the best 2-stage ({top2}) {rows[top2]:.1f} tok/s.")
     if alone and deployed:
         overhead = 1000 / deployed - 1000 / alone
+        prefill = {r["method"]: r["prefill_s"] for r in bench["rows"]}
         lines.append(
             f"- Why: the deployment itself. The target alone behind the coordinator, as a Ray actor linked by gRPC, runs at "
             f"{deployed / alone:.2f}x the same target decoding in this process: {overhead:.1f} ms more per token, on a "
-            f"{1000 / alone:.1f} ms-per-token target. On 2 cores the stage actors, the coordinator, the client and Ray's own "
-            "processes share the CPU, so each forward slows and every step waits on thread and process wake-ups. "
-            "Synchronous speculation runs in one process without any of it."
+            f"{1000 / alone:.1f} ms-per-token target, the prefill included ({prefill['async target'] * 1e3:.0f} ms vs "
+            f"{prefill['target'] * 1e3:.0f} ms per request: the client ships the image, the coordinator runs the processor "
+            "and sends the pixels on). On 2 cores the stage actors, the coordinator, the client and Ray's own processes "
+            "share the CPU, so each forward slows and every step waits on process wake-ups. Synchronous speculation runs "
+            "in one process without any of it."
         )
     if scaling is not None:
         emulated = [r for r in scaling["rows"] if r["sweep"] == "emulated" and r.get("sync_tokens_per_s")]
