@@ -8,7 +8,7 @@ grid cell under it (the shape's kind, colour and size, the printed word), and th
 predicts the background and the number of shapes. Random scenes are drawn fresh for every batch
 (rendering takes a quarter of a millisecond), so the tower never sees a scene twice.
 
-Used by `python -m experiments.train_demo tower`; the target step then starts from this tower.
+Run by `python -m experiments.train_demo target` before the language model trains over the frozen tower.
 """
 
 from __future__ import annotations
@@ -67,7 +67,9 @@ class DenseProbe(nn.Module):
         self.background = nn.Linear(hidden, heads.background)
         self.count = nn.Linear(hidden, heads.count)
 
-    def loss(self, states: torch.Tensor, cells: torch.Tensor, background: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, float]:
+    def loss(
+        self, states: torch.Tensor, cells: torch.Tensor, background: torch.Tensor, count: torch.Tensor
+    ) -> tuple[torch.Tensor, float]:
         """states [B, 1 + N, H] (class token first); cells [B, N, 4]; background, count [B] -> (loss, patch accuracy)."""
         patches = states[:, 1:].float()
         loss = sum(F.cross_entropy(head(patches).flatten(0, 1), cells[..., j].flatten()) for j, head in enumerate(self.cell))
@@ -91,7 +93,9 @@ def scene_batches(image_processor, size: int, patch: int, batch_size: int, seed:
         yield pixels, cells, background, count
 
 
-def pretrain_tower(tower: nn.Module, image_processor, size: int, patch: int, minutes: float, steps: int, seed: int) -> list[float]:
+def pretrain_tower(
+    tower: nn.Module, image_processor, size: int, patch: int, minutes: float, steps: int, seed: int
+) -> list[float]:
     """Train `tower` (a CLIPVisionModel) in place with the dense probe; -> the loss curve."""
     torch.manual_seed(seed)
     probe = DenseProbe(tower.config.hidden_size)

@@ -1,8 +1,8 @@
 """Train the demo's models on the generated visual world (`experiments.world`), reproducibly, on a CPU.
 
     python -m experiments.train_demo tokenizer        # BPE on the world's text, with the chat tokens
-    python -m experiments.train_demo target           # the VLM target (LLaVA class), ~21M parameters
-    python -m experiments.train_demo target --resume --minutes 15   # its second phase (as shipped)
+    python -m experiments.train_demo target --steps 1500 --minutes 60           # the VLM target (LLaVA class), ~21M parameters
+    python -m experiments.train_demo target --resume --steps 650 --minutes 13   # its second phase (as shipped)
     python -m experiments.train_demo tiny             # the tiny text drafter (sees the prompt's text only)
     python -m experiments.train_demo dream            # the DREAM drafter, through stages.dream.train
     python -m experiments.train_demo evaluate         # the target's accuracy on held-out questions
