@@ -14,7 +14,6 @@ Run by `python -m experiments.train_demo target` before the language model train
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from experiments.optimiser import Optimiser
 from experiments.world import BACKGROUNDS, CELLS, COLOURS, KINDS_OF_SHAPE, SIZES, WORDS, Scene, random_scene, render
 
 log = logging.getLogger(__name__)
@@ -99,11 +99,8 @@ def pretrain_tower(
     """Train `tower` (a CLIPVisionModel) in place with the dense probe; -> the loss curve."""
     torch.manual_seed(seed)
     probe = DenseProbe(tower.config.hidden_size)
-    params = [*tower.parameters(), *probe.parameters()]
-    opt = torch.optim.AdamW(params, lr=2e-3, betas=(0.9, 0.95), weight_decay=0.05)
-    warmup = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.05, 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
+    optimiser = Optimiser.adamw(
+        [*tower.parameters(), *probe.parameters()], 2e-3, steps, weight_decay=0.05, warmup_steps=steps // 20
     )
     data = scene_batches(image_processor, size, patch, 64, seed)
     deadline = time.monotonic() + minutes * 60
@@ -115,13 +112,8 @@ def pretrain_tower(
         with torch.autocast("cpu", dtype=torch.bfloat16):
             states = tower(pixel_values=pixels).last_hidden_state  # [B, 1 + N, H]
         loss, accuracy = probe.loss(states, cells, background, count)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        curve.append(loss.item())
-        bar.set_postfix(loss=f"{loss.item():.3f}", patches_right=f"{accuracy:.2f}")
+        curve.append(optimiser.update(loss))
+        bar.set_postfix(loss=f"{curve[-1]:.3f}", patches_right=f"{accuracy:.2f}")
         if time.monotonic() > deadline:
             log.info("tower: time budget reached after %d steps", len(curve))
             break

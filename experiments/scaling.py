@@ -452,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.real and not real:
         print(f"real sweep skipped: no demo models under {args.models} (python -m experiments.train_demo all)")
     real_points = min(os.cpu_count() or 1, len(REAL_CHAINS)) if real else 0
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {"prompts": len(PROMPTS)}
+    settings = {k: os.path.relpath(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {"prompts": len(PROMPTS)}
     with tqdm(total=args.devices + real_points, desc="scaling", unit="point") as bar:
 
         def tick(label: str) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import random
 import time
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from experiments.demo_tower import pretrain_tower
+from experiments.optimiser import Optimiser
 from experiments.vlm_zoo.llava import CHAT_TEMPLATE  # the LLaVA-1.5 conversation format
 
 log = logging.getLogger(__name__)
@@ -153,11 +153,7 @@ def batches(examples, processor, tokenizer, batch_size: int, rng: random.Random,
 def fit(model, data, minutes: float, lr: float, max_steps: int, desc: str) -> list[float]:
     """AdamW, warmup then cosine over `max_steps`, stopping at the time budget; bf16 autocast."""
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
-    warmup = max(1, max_steps // 30)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.05, 0.5 * (1 + math.cos(math.pi * min(1.0, s / max_steps))))
-    )
+    optimiser = Optimiser.adamw(params, lr, max_steps, weight_decay=0.1, warmup_steps=max_steps // 30)
     deadline = time.monotonic() + minutes * 60
     curve: list[float] = []
     model.train()
@@ -168,12 +164,7 @@ def fit(model, data, minutes: float, lr: float, max_steps: int, desc: str) -> li
             kwargs = {"pixel_values": pixels} if pixels is not None else {}
             logits = model(input_ids=ids, **kwargs).logits  # right padding: real tokens never see it
         loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        curve.append(loss.item())
+        curve.append(optimiser.update(loss))
         bar.set_postfix(loss=f"{sum(curve[-20:]) / len(curve[-20:]):.3f}")
         if time.monotonic() > deadline:
             log.info("%s: time budget reached after %d steps", desc, len(curve))
