@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import ray
+from ray.exceptions import RayError as ClusterError  # noqa: F401  (what a failed actor raises, for callers outside cluster/)
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 

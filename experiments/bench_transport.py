@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from contextlib import ExitStack
 import tempfile
 import time
 
@@ -55,13 +56,21 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray column")
     args = parser.parse_args()
-    if not args.no_ray:
-        from cluster.pipeline import ray_env
+    with ExitStack() as stack:
+        if not args.no_ray:
+            from cluster.pipeline import local_ray
 
-        ray_env()
-        import ray
+            stack.enter_context(local_ray(2))
+        rows = measure(args)
+    print(f"Wall microseconds per committed token, median of {args.runs} runs, 127.0.0.1, 2 cores:\n")
+    print("| pipeline | in-process links | gRPC streams, one process | Ray actors + gRPC + Client |")
+    print("|---|---|---|---|")
+    for name, local, grpc_us, ray_us in rows:
+        print(f"| {name} | {local:.0f} | {grpc_us:.0f} ({grpc_us - local:+.0f}) | {ray_us:.0f} ({ray_us - local:+.0f}) |")
 
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+def measure(args: argparse.Namespace) -> list[tuple[str, float, float, float]]:
+    """-> [(pipeline, in-process us, one-process gRPC us, Ray us)] per committed token."""
     from experiments.toy_models import build_family
     from stages import load_stages
 
@@ -103,11 +112,7 @@ def main() -> None:
             per_token_us(config, True, tokens, args.runs, stages),
         )
         rows.append(("toy Llamas tiny->mid->target (fp32)", local, grpc_us, in_ray(config, tokens)))
-    print(f"Wall microseconds per committed token, median of {args.runs} runs, 127.0.0.1, 2 cores:\n")
-    print("| pipeline | in-process links | gRPC streams, one process | Ray actors + gRPC + Client |")
-    print("|---|---|---|---|")
-    for name, local, grpc_us, ray_us in rows:
-        print(f"| {name} | {local:.0f} | {grpc_us:.0f} ({grpc_us - local:+.0f}) | {ray_us:.0f} ({ray_us - local:+.0f}) |")
+    return rows
 
 
 if __name__ == "__main__":

@@ -468,11 +468,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_real(rows: list[ScalingRow], args: argparse.Namespace, tick: Tick) -> bool:
     """Append the real sweep's rows; False (and a message) if a stage failed on Ray."""
-    from ray.exceptions import RayError
+    from cluster.pipeline import ClusterError
 
     try:
         rows += real_sweep(args.models, args.real_prompts, args.real_tokens, args.dtype, tick)
-    except (RayError, ConfigError) as e:
+    except (ClusterError, ConfigError) as e:
         print(f"real sweep failed: {str(e).strip().splitlines()[-1]}")
         return False
     return True

@@ -1,21 +1,21 @@
 """Train the demo's models on the generated visual world (`experiments.world`), reproducibly, on a CPU.
 
     python -m experiments.train_demo tokenizer        # BPE on the world's text, with the chat tokens
-    python -m experiments.train_demo target --steps 1500 --minutes 60           # the VLM target (LLaVA class), ~21M parameters
-    python -m experiments.train_demo target --resume --steps 650 --minutes 13   # its second phase (as shipped)
+    python -m experiments.train_demo target           # the VLM target (LLaVA class), ~21M parameters: 1500 steps, 60 min budget
+    python -m experiments.train_demo target --resume  # its second phase (as shipped): 650 steps, a fresh schedule
     python -m experiments.train_demo tiny             # the tiny text drafter (sees the prompt's text only)
     python -m experiments.train_demo dream            # the DREAM drafter, through stages.dream.train
     python -m experiments.train_demo evaluate         # the target's accuracy on held-out questions
-    python -m experiments.train_demo all              # everything above, in order
+    python -m experiments.train_demo all              # everything above, in order: the shipped models
 
 The target step first pretrains the vision tower on the world's ground truth (1200 steps, about 5
 minutes; `experiments.demo_tower`), then trains the language model and projector on the
-conversations with the tower frozen, as LLaVA does (as shipped: `--steps 1500`, about 25 minutes on
-an idle machine). Everything is seeded; each step runs its `--steps` and stops early at its
-`--minutes` budget (the target's default is 25) and
-writes half-precision safetensors to `models/demo/{target,tiny,dream}` (shipped in the repository,
-so `pipespec demo` starts at once; retraining overwrites them). Training runs in bf16 autocast with
-fp32 master weights (bf16 matmuls are several times faster on this CPU).
+conversations with the tower frozen, as LLaVA does (about 25 minutes on an idle machine). Each step
+runs the shipped recipe (`SHIPPED`: its optimiser steps, stopping early at its minutes of budget)
+unless `--steps` / `--minutes` say otherwise. Everything is seeded. The models are written in half
+precision to `models/demo/{target,tiny,dream}` (shipped in the repository, so `pipespec demo` starts
+at once; retraining overwrites them). Training runs in bf16 autocast with fp32 master weights (bf16
+matmuls are several times faster on this CPU).
 """
 
 from __future__ import annotations
@@ -45,6 +45,14 @@ IMAGE_SIZE, PATCH = 64, 8  # 64 image tokens
 # target's width), within the ship budget.
 TARGET = dict(hidden=256, layers=24, heads=4, intermediate=704)
 TOWER_STEPS, TOWER_MINUTES = 1200, 15.0  # about 5 minutes on an idle machine
+# How the shipped models were trained, (optimiser steps, minutes of budget) per step of `all`; --steps
+# and --minutes override them. The target trains in two phases, the second a fresh schedule (--resume).
+SHIPPED: dict[str, tuple[int, float | None]] = {
+    "target": (1500, 60.0),
+    "target-resume": (650, 13.0),
+    "tiny": (3000, 8.0),
+    "dream": (2000, None),
+}
 TINY = dict(hidden=192, layers=2, heads=4, intermediate=512)
 
 
@@ -258,7 +266,7 @@ def evaluate_target(models: Path, n: int, seed: int, max_new_tokens: int = 128) 
     return report
 
 
-def train_dream(models: Path, minutes: float, steps: int, seed: int) -> Path:
+def train_dream(models: Path, steps: int, seed: int) -> Path:
     import subprocess
     import sys
 
@@ -275,8 +283,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("step", choices=["tokenizer", "target", "tiny", "dream", "evaluate", "all"])
     parser.add_argument("--models", type=Path, default=MODELS)
-    parser.add_argument("--minutes", type=float, default=25.0, help="time budget of a training step")
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--minutes", type=float, help="time budget of a training step (default: the shipped recipe's)")
+    parser.add_argument("--steps", type=int, help="optimiser steps (default: the shipped recipe's)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--held-out", type=int, default=200)
@@ -284,16 +292,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.manual_seed(args.seed)
-    steps = [args.step] if args.step != "all" else ["tokenizer", "target", "tiny", "dream", "evaluate"]
+    steps = [args.step] if args.step != "all" else ["tokenizer", "target", "target-resume", "tiny", "dream", "evaluate"]
     for step in steps:
+        step = "target-resume" if step == "target" and args.resume else step
+        shipped_steps, shipped_minutes = SHIPPED.get(step, (None, None))
+        n_steps, minutes = args.steps or shipped_steps, args.minutes or shipped_minutes
         if step == "tokenizer":
             train_tokenizer(args.models / "tokenizer", seed=args.seed)
-        elif step == "target":
-            train_target(args.models, args.minutes, args.steps, args.batch_size, args.seed, args.resume)
+        elif step in ("target", "target-resume"):
+            train_target(args.models, minutes, n_steps, args.batch_size, args.seed, resume=step == "target-resume")
         elif step == "tiny":
-            train_tiny(args.models, min(args.minutes, 8.0), args.steps, args.batch_size * 2, args.seed)
+            train_tiny(args.models, minutes, n_steps, args.batch_size * 2, args.seed)
         elif step == "dream":
-            train_dream(args.models, args.minutes, args.steps, args.seed)
+            train_dream(args.models, n_steps, args.seed)
         else:
             report = evaluate_target(args.models, args.held_out, args.seed)
             out = Path("experiments/results/demo_target_accuracy.json")
