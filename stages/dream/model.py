@@ -13,8 +13,9 @@ target has verified, the drafter's own f_j beyond (feature-level autoregression)
 and memory entry carries its explicit original position, and every mask is built from positions,
 never from offsets, so dropped image tokens (compression) and rollbacks stay correct.
 
-`cross_attention=False` is the EAGLE-style ablation: block 1 fuses [a_t ; feature_{t-1}] with a linear
-layer instead of attending over the whole memory.
+`cross_attention=False` is the EAGLE-style ablation the DREAM paper compares against: a single block
+fed fc([E[token_t] ; feature_{t-1}]) (EAGLE's fusion of the token with the previous feature), then the
+final norm and head; no cross-attention, no intermediate block.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class DreamConfig:
     vocab_size: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    cross_attention: bool = True  # False: the EAGLE-style ablation (previous feature fused, no memory attention)
+    cross_attention: bool = True  # False: the EAGLE-style ablation (one block fed the previous feature)
 
     @property
     def head_dim(self) -> int:
@@ -182,7 +183,7 @@ class CrossBlock(nn.Module):
 
 
 class PreviousFeatureFuse(nn.Module):
-    """The ablation without cross-attention (EAGLE-style): [a_t ; feature at t - 1] -> H."""
+    """The EAGLE-style ablation's input: fc([x_t ; feature at t - 1]) -> H, instead of cross-attention."""
 
     def __init__(self, config: DreamConfig):
         super().__init__()
@@ -190,18 +191,13 @@ class PreviousFeatureFuse(nn.Module):
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        memory: torch.Tensor,
-        memory_positions: torch.Tensor,
-        memory_kv: None = None,  # only cross-attention projects its memory
+        self, x: torch.Tensor, positions: torch.Tensor, memory: torch.Tensor, memory_positions: torch.Tensor
     ) -> torch.Tensor:
         # the latest entry strictly before each query (zeros when none)
         visible = memory_positions[None, :] <= positions[:, None] - 1  # [n, m]
         index = torch.where(visible, memory_positions[None, :], -1).argmax(-1)  # [n]
         previous = memory[:, index] * visible.any(-1)[None, :, None]  # [B, n, H]
-        return x + self.fc(torch.cat([x, self.norm(previous)], dim=-1))
+        return self.fc(torch.cat([x, self.norm(previous)], dim=-1))
 
 
 @dataclass
@@ -220,9 +216,13 @@ class DreamDrafter(nn.Module):
     def __init__(self, config: DreamConfig):
         super().__init__()
         self.config = config
-        self.block0 = SelfBlock(config, input_norm=False)
-        self.block1 = CrossBlock(config) if config.cross_attention else PreviousFeatureFuse(config)
-        self.block2 = SelfBlock(config)
+        if config.cross_attention:
+            self.block0 = SelfBlock(config, input_norm=False)
+            self.block1 = CrossBlock(config)
+            self.block2 = SelfBlock(config)
+        else:  # the EAGLE-style ablation: one block, its cache in `block0`'s place
+            self.fuse = PreviousFeatureFuse(config)
+            self.block0 = SelfBlock(config)
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def new_caches(self) -> DraftCaches:
@@ -233,12 +233,16 @@ class DreamDrafter(nn.Module):
         self,
         inputs: torch.Tensor,  # [B, n, H] input embeddings
         positions: torch.Tensor,  # [n] their positions
-        memory: torch.Tensor,  # [B, m, H] features
+        memory: torch.Tensor | None,  # [B, m, H] features (None when `memory_kv` is given)
         memory_positions: torch.Tensor,  # [m]
         caches: DraftCaches | None = None,  # inference (B = 1): earlier positions' keys and values
         memory_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # the memory's projection, if already known
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (f [B, n, H] predicted features, a [B, n, H] block 0's output, for intermediate supervision)."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> (f [B, n, H] predicted features, block 0's output [B, n, H] for the intermediate
+        supervision, or None for the EAGLE-style ablation, which has no intermediate block)."""
+        if not self.config.cross_attention:
+            x = self.fuse(inputs, positions, memory, memory_positions)
+            return self.norm(self.block0(x, positions, caches.block0 if caches else None)), None
         a = self.block0(inputs, positions, caches.block0 if caches else None)
         c = self.block1(a, positions, memory, memory_positions, memory_kv)
         f = self.norm(self.block2(c, positions, caches.block2 if caches else None))

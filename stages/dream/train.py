@@ -19,7 +19,7 @@ loss curve written next to the checkpoint (loss_curve.json, loss_curve.png).
 Evaluation: mean acceptance length of greedy chain drafting (`--gamma` tokens per round) against the
 target's own answers on held-out samples, through the same `DreamSession` the pipeline runs.
 Ablations (each trained and evaluated in one run): `dream` (cross-attention, entropy-selected layer,
-no compression), `no_cross_attention` (EAGLE-style previous-feature fusion), `compression_0.75`,
+no compression), `no_cross_attention` (EAGLE-style: one block fed the previous feature), `compression_0.75`,
 `compression_0.5`, `layer_25` / `layer_50` / `layer_75` (fixed supervision layer).
 """
 
@@ -122,11 +122,11 @@ def sequence_loss(
 
     def one_pass(memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         f, a = drafter(inputs, positions, memory, positions)
-        f, a = f[0][answer_rows], a[0][answer_rows]
+        f = f[0][answer_rows]
         logp = F.log_softmax(f @ lm_head.T, dim=-1)
         kl = (target_logp.exp() * (target_logp - logp)).sum(-1).mean()  # summed over the vocabulary
         reg_f = F.smooth_l1_loss(f, target_f)
-        reg_a = F.smooth_l1_loss(a, target_a)
+        reg_a = F.smooth_l1_loss(a[0][answer_rows], target_a) if a is not None else torch.zeros(())  # EAGLE: no intermediate
         loss = 0.2 * reg_f + 0.2 * reg_a + kl
         return loss, f, {"kl": kl.item(), "f": reg_f.item(), "intermediate": reg_a.item()}
 
