@@ -175,7 +175,7 @@ def section_models() -> str:
     ablation = _read(RESULTS / "dream_ablation.json")
     command = (
         "python -m stages.dream.train --target models/demo/target --samples experiments.world:samples --ablations "
-        "--steps 1500 --train-samples 384 --held-out 48 --max-new-tokens 96"
+        "--steps 4000 --train-samples 1200 --held-out 48 --max-new-tokens 96"
     )
     parts += ["", "DREAM ablations: mean acceptance length of greedy chains of 5 against the target, held-out prompts.", ""]
     if ablation is None:

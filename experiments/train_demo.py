@@ -51,7 +51,7 @@ SHIPPED: dict[str, tuple[int, float | None]] = {
     "target": (1500, 60.0),
     "target-resume": (650, 13.0),
     "tiny": (3000, 8.0),
-    "dream": (2000, None),
+    "dream": (4000, None),
 }
 TINY = dict(hidden=192, layers=2, heads=4, intermediate=512)
 
@@ -272,7 +272,7 @@ def train_dream(models: Path, steps: int, seed: int) -> Path:
 
     cmd = [
         sys.executable, "-m", "stages.dream.train", "--target", str(models / "target"), "--samples", "experiments.world:samples",
-        "--out", str(models / "dream"), "--steps", str(steps), "--seed", str(seed), "--train-samples", "512",
+        "--out", str(models / "dream"), "--steps", str(steps), "--seed", str(seed), "--train-samples", "1200",
         "--max-new-tokens", "96",
     ]  # fmt: skip
     subprocess.run(cmd, check=True)
