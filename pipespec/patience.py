@@ -8,9 +8,9 @@ drafts g to verify next: it maximises the expected tokens per second
 
     E(g) / (T_verify + (g - pending) * T_draft),     E(g) = (1 - a^(g+1)) / (1 - a)
 
-over pending <= g <= room, and waits (at most 1.5x the expected drafting time, and never longer
-than `max_wait` of one verifier forward) only when g > pending. With a slow drafter g = pending
-and the rule reduces to PipeSpec's. T_verify is this stage's own measured seconds per forward;
+over the g drafts it can afford to wait for, pending <= g <= room with 1.5x the expected drafting
+time (g - pending) * T_draft within `max_wait` of one verifier forward, and waits that long only
+when g > pending. With a slow drafter g = pending and the rule reduces to PipeSpec's. T_verify is this stage's own measured seconds per forward;
 T_draft is the drafter's seconds per token, which it reports with its drafts; a is this stage's
 measured acceptance rate (accepted / (accepted + rejections)).
 """
@@ -44,12 +44,13 @@ class Patience:
         if self.verify_s is None or draft_s is None or room <= pending:
             return pending, 0.0
         a = min(self.acceptance, 0.999)
+        budget = self.max_wait * self.verify_s
+        affordable = room if draft_s <= 0 else min(room, pending + int(budget / (1.5 * draft_s)))
 
         def rate(g: int) -> float:
             return (1 - a ** (g + 1)) / (1 - a) / (self.verify_s + (g - pending) * draft_s)
 
-        best = max(range(pending, room + 1), key=rate)
-        wait = 1.5 * (best - pending) * draft_s
-        if best > pending and wait <= self.max_wait * self.verify_s:
-            return best, max(wait, 1e-4)
-        return pending, 0.0
+        best = max(range(pending, affordable + 1), key=rate)
+        if best == pending:
+            return pending, 0.0
+        return best, max(1.5 * (best - pending) * draft_s, 1e-4)
