@@ -214,6 +214,9 @@ def section_standing() -> str:
     if three and two:
         top2 = max(two, key=rows.get)
         lines.append(f"- 3-stage ({three[0]}) {rows[three[0]]:.1f} tok/s vs the best 2-stage ({top2}) {rows[top2]:.1f} tok/s.")
+    plan = _read(PLAN)
+    if three and plan is not None:
+        lines.append(_third_stage(plan["profile"]))
     if alone and deployed:
         overhead = 1000 / deployed - 1000 / alone
         prefill = {r["method"]: r["prefill_s"] for r in bench["rows"]}
@@ -235,6 +238,24 @@ def section_standing() -> str:
                 f"the asynchronous pipeline is ahead of the best synchronous speculation: {ratios}."
             )
     return "\n".join(lines)
+
+
+def _third_stage(profile: dict) -> str:
+    """Why a third stage does not pay when the two drafters share a core: the first drafter's drafts,
+    verified by the second, against the second drafting alone, from `pipespec plan`'s profile."""
+    first, second = profile["stages"][0], profile["stages"][1]
+    pair = next(p for p in profile["pairs"] if (p["drafter"], p["verifier"]) == (first["name"], second["name"]))
+    gamma, tau = profile["gamma"], pair["mean_acceptance_length"]
+    alone = 1 / second["forward_s"]
+    chained = tau / (second["verify_s"] + gamma * first["forward_s"])
+    return (
+        f"- Why no third stage here: {first['name']} and {second['name']} share a core. {second['name']} drafts alone at "
+        f"{alone:.0f} tok/s ({second['forward_s'] * 1e3:.1f} ms per forward); with {first['name']} in front on the same core "
+        f"({gamma} forwards of {first['forward_s'] * 1e3:.1f} ms, then a verification of {second['verify_s'] * 1e3:.1f} ms "
+        f"that keeps {tau:.2f} tokens) it drafts {chained:.0f} tok/s. A drafter only "
+        f"{second['forward_s'] / first['forward_s']:.1f}x cheaper than the next stage pays only on a device of its own "
+        "(`pipespec plan` profile)."
+    )
 
 
 def section_vlm() -> str:

@@ -36,3 +36,21 @@ def test_the_page_renders_with_nothing_measured(tmp_path, monkeypatch):
     page = results.render()
     assert page.startswith("# Results") and "CPU cores" in page
     assert page.count("_Not measured yet") == 6  # accuracy, ablations, bench, plan, scaling, vlm
+
+
+def test_the_third_stage_is_weighed_on_a_shared_core():
+    """dream alone: 1 / 2 ms = 500 tok/s; tiny in front: 2.5 tokens / (3 ms + 4 x 1 ms) = 357 tok/s."""
+    profile = {
+        "gamma": 4,
+        "stages": [
+            {"name": "tiny", "forward_s": 0.001, "verify_s": 0.001},
+            {"name": "dream", "forward_s": 0.002, "verify_s": 0.003},
+            {"name": "target", "forward_s": 0.010, "verify_s": 0.012},
+        ],
+        "pairs": [
+            {"drafter": "tiny", "verifier": "target", "mean_acceptance_length": 3.0},
+            {"drafter": "tiny", "verifier": "dream", "mean_acceptance_length": 2.5},
+        ],
+    }
+    text = results._third_stage(profile)
+    assert "dream drafts alone at 500 tok/s" in text and "it drafts 357 tok/s" in text
