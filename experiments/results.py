@@ -249,12 +249,12 @@ def _third_stage(profile: dict) -> str:
     alone = 1 / second["forward_s"]
     chained = tau / (second["verify_s"] + gamma * first["forward_s"])
     return (
-        f"- Why no third stage here: {first['name']} and {second['name']} share a core. {second['name']} drafts alone at "
-        f"{alone:.0f} tok/s ({second['forward_s'] * 1e3:.1f} ms per forward); with {first['name']} in front on the same core "
-        f"({gamma} forwards of {first['forward_s'] * 1e3:.1f} ms, then a verification of {second['verify_s'] * 1e3:.1f} ms "
-        f"that keeps {tau:.2f} tokens) it drafts {chained:.0f} tok/s. A drafter only "
-        f"{second['forward_s'] / first['forward_s']:.1f}x cheaper than the next stage pays only on a device of its own "
-        "(`pipespec plan` profile)."
+        f"- A third stage on a shared core: {first['name']} and {second['name']} share one here. {second['name']} drafts "
+        f"alone at {alone:.0f} tok/s ({second['forward_s'] * 1e3:.1f} ms per forward); with {first['name']} in front on the "
+        f"same core ({gamma} forwards of {first['forward_s'] * 1e3:.1f} ms, then a verification of "
+        f"{second['verify_s'] * 1e3:.1f} ms that keeps {tau:.2f} tokens) it drafts {chained:.0f} tok/s, "
+        f"{chained / alone:.2f}x, before any runtime cost. A deeper chain pays when each stage has a device of its "
+        "own; here the first drafter's work competes for the core the second one needs (`pipespec plan` profile)."
     )
 
 

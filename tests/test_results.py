@@ -53,4 +53,4 @@ def test_the_third_stage_is_weighed_on_a_shared_core():
         ],
     }
     text = results._third_stage(profile)
-    assert "dream drafts alone at 500 tok/s" in text and "it drafts 357 tok/s" in text
+    assert "dream drafts alone at 500 tok/s" in text and "it drafts 357 tok/s, 0.71x" in text
