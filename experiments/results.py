@@ -241,8 +241,9 @@ def section_standing() -> str:
 
 
 def _third_stage(profile: dict) -> str:
-    """Why a third stage does not pay when the two drafters share a core: the first drafter's drafts,
-    verified by the second, against the second drafting alone, from `pipespec plan`'s profile."""
+    """A third stage when the two drafters share a core: the second drafter's drafting rate with the
+    first drafting for it (synchronously, window `gamma`) against drafting alone, from `pipespec
+    plan`'s profile, before any runtime cost."""
     first, second = profile["stages"][0], profile["stages"][1]
     pair = next(p for p in profile["pairs"] if (p["drafter"], p["verifier"]) == (first["name"], second["name"]))
     gamma, tau = profile["gamma"], pair["mean_acceptance_length"]

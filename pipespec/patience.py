@@ -8,11 +8,12 @@ drafts g to verify next: it maximises the expected tokens per second
 
     E(g) / (T_verify + (g - pending) * T_draft),     E(g) = (1 - a^(g+1)) / (1 - a)
 
-over the g drafts it can afford to wait for, pending <= g <= room with 1.5x the expected drafting
-time (g - pending) * T_draft within `max_wait` of one verifier forward, and waits that long only
-when g > pending. With a slow drafter g = pending and the rule reduces to PipeSpec's. T_verify is this stage's own measured seconds per forward;
-T_draft is the drafter's seconds per token, which it reports with its drafts; a is this stage's
-measured acceptance rate (accepted / (accepted + rejections)).
+over the g drafts it can afford to wait for (pending <= g <= room, with 1.5x the expected drafting
+time (g - pending) * T_draft within `max_wait` of one verifier forward), and waits that long only
+when g > pending. With a slow drafter g = pending and the rule reduces to PipeSpec's. T_verify is
+this stage's own measured seconds per forward; T_draft is the drafter's seconds per token, which it
+reports with its drafts; a is this stage's measured acceptance rate (accepted / (accepted +
+rejections)).
 """
 
 from __future__ import annotations
