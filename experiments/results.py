@@ -215,8 +215,9 @@ def section_standing() -> str:
         top2 = max(two, key=rows.get)
         lines.append(f"- 3-stage ({three[0]}) {rows[three[0]]:.1f} tok/s vs the best 2-stage ({top2}) {rows[top2]:.1f} tok/s.")
     plan = _read(PLAN)
-    if three and plan is not None:
-        lines.append(_third_stage(plan["profile"]))
+    third = _third_stage(plan["profile"]) if three and plan is not None else None
+    if third:
+        lines.append(third)
     if alone and deployed:
         overhead = 1000 / deployed - 1000 / alone
         prefill = {r["method"]: r["prefill_s"] for r in bench["rows"]}
@@ -240,12 +241,14 @@ def section_standing() -> str:
     return "\n".join(lines)
 
 
-def _third_stage(profile: dict) -> str:
+def _third_stage(profile: dict) -> str | None:
     """A third stage when the two drafters share a core: the second drafter's drafting rate with the
     first drafting for it (synchronously, window `gamma`) against drafting alone, from `pipespec
-    plan`'s profile, before any runtime cost."""
+    plan`'s profile, before any runtime cost; None if the plan did not profile that pair."""
     first, second = profile["stages"][0], profile["stages"][1]
-    pair = next(p for p in profile["pairs"] if (p["drafter"], p["verifier"]) == (first["name"], second["name"]))
+    pair = next((p for p in profile["pairs"] if (p["drafter"], p["verifier"]) == (first["name"], second["name"])), None)
+    if pair is None or pair.get("skipped"):
+        return None
     gamma, tau = profile["gamma"], pair["mean_acceptance_length"]
     alone = 1 / second["forward_s"]
     chained = tau / (second["verify_s"] + gamma * first["forward_s"])

@@ -290,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--held-out", type=int, default=200)
     parser.add_argument("--resume", action="store_true", help="target: continue from the saved model (a second phase)")
     args = parser.parse_args(argv)
+    if args.resume and args.step != "target":
+        parser.error(f"--resume continues the target's training, not step {args.step!r} (all runs both phases)")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.manual_seed(args.seed)
     steps = [args.step] if args.step != "all" else ["tokenizer", "target", "target-resume", "tiny", "dream", "evaluate"]
