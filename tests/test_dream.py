@@ -275,6 +275,16 @@ def test_training_loss_falls_on_a_small_fixed_batch(trainer, variant):
     assert mean_acceptance_length(stage, ckpt, examples[:1]) > 2.0
 
 
+
+def test_every_fast_parameter_name_matches_a_cross_attention_parameter():
+    """A rename must not silently drop the gates or the q/k scales back to the slow learning rate."""
+    from stages.dream.train import FAST_PARAMETERS
+
+    names = [n for n, _ in drafter().named_parameters()]
+    for suffix in FAST_PARAMETERS:
+        assert any(n.endswith(suffix) for n in names), (suffix, names)
+    assert not any(n.endswith(FAST_PARAMETERS) for n, _ in drafter(cross_attention=False).named_parameters())
+
 def test_synchronous_speculation_with_a_dream_drafter_equals_the_target_alone(world, reference):
     from pipespec.synchronous import generate_sync
 
