@@ -124,6 +124,39 @@ def test_compression_keeps_the_most_attended_image_tokens():
     assert kept_positions(image, None, 0.5).all()
 
 
+
+def test_the_intermediate_regression_does_not_depend_on_the_residual_streams_scale():
+    """Mid-layer residual streams run 5-18x the post-norm last hidden state: the first block regresses
+    onto the selected layer RMS-normalised, so scaling that layer changes nothing in the loss."""
+    from stages.dream.features import SequenceFeatures
+    from stages.dream.train import Variant, sequence_loss
+
+    torch.manual_seed(0)
+    T, P, H, V, L = 12, 5, CONFIG.hidden_size, CONFIG.vocab_size, 4
+    layers = torch.randn(L, T, H)
+
+    def features(scale: float) -> SequenceFeatures:
+        g = torch.Generator().manual_seed(1)
+        return SequenceFeatures(
+            ids=torch.randint(0, V, (T,), generator=g),
+            prompt_len=P,
+            embeddings=torch.randn(T, H, generator=g),
+            hidden=torch.randn(T, H, generator=g),
+            logits=torch.randn(T, V, generator=g),
+            layer_hidden=layers * scale,
+            entropy=torch.rand(L - 1, T, generator=g),
+            candidates=tuple(range(L - 1)),
+            image_mask=torch.zeros(T, dtype=torch.bool),
+            attention_received=torch.rand(P - 1, generator=g),
+        )
+
+    head = torch.randn(V, H)
+    for variant in (Variant("dream"), Variant("layer_50", layer=0.5)):
+        _, small = sequence_loss(drafter(), features(1.0), head, variant)
+        _, large = sequence_loss(drafter(), features(20.0), head, variant)
+        assert small["intermediate"] == pytest.approx(large["intermediate"], rel=1e-5)
+        assert small["intermediate"] < 1.0  # on the unit scale, not in SmoothL1's linear regime
+
 # ---- the stage in a pipeline ----------------------------------------------------------------------
 
 
