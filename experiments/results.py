@@ -186,7 +186,23 @@ def section_models() -> str:
         for name, v in ablation.items():
             rel = f"{v['mean_acceptance_length'] / base - 1:+.1%}" if base else "-"
             parts.append(f"| {name} | {v['mean_acceptance_length']:.3f} | {rel} | {v['prompts']} |")
+        parts += ["", *_ablation_verdicts(ablation)]
     return "\n".join(parts)
+
+
+def _ablation_verdicts(ablation: dict) -> list[str]:
+    """The issue's two bars: DREAM at least +10% over the EAGLE-style block, compression 0.75 at most 2% below."""
+    tau = {name: v["mean_acceptance_length"] for name, v in ablation.items()}
+    lines = []
+    if "dream" in tau and "no_cross_attention" in tau:
+        gain = tau["dream"] / tau["no_cross_attention"] - 1
+        verdict = "met" if gain >= 0.10 else "not met"
+        lines.append(f"- DREAM over the EAGLE-style block (no_cross_attention): {gain:+.1%} (bar: at least +10%, the paper's gain; {verdict}).")
+    if "dream" in tau and "compression_0.75" in tau:
+        cost = 1 - tau["compression_0.75"] / tau["dream"]
+        verdict = "met" if cost <= 0.02 else "not met"
+        lines.append(f"- Compression 0.75 against none: {-cost:+.1%} (bar: at most 2% lower; {verdict}).")
+    return lines
 
 
 def section_standing() -> str:

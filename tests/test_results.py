@@ -54,3 +54,17 @@ def test_the_third_stage_is_weighed_on_a_shared_core():
     }
     text = results._third_stage(profile)
     assert "dream drafts alone at 500 tok/s" in text and "it drafts 357 tok/s, 0.71x" in text
+
+
+def test_the_ablation_is_held_to_the_issue_bars():
+    def ablation(**tau: float) -> dict:
+        return {name: {"mean_acceptance_length": v, "prompts": 48} for name, v in tau.items()}
+
+    met = results._ablation_verdicts(ablation(dream=4.4, no_cross_attention=4.0, **{"compression_0.75": 4.32}))
+    assert met == [
+        "- DREAM over the EAGLE-style block (no_cross_attention): +10.0% (bar: at least +10%, the paper's gain; met).",
+        "- Compression 0.75 against none: -1.8% (bar: at most 2% lower; met).",
+    ]
+    missed = results._ablation_verdicts(ablation(dream=4.0, no_cross_attention=3.9, **{"compression_0.75": 3.8}))
+    assert "+2.6%" in missed[0] and missed[0].endswith("not met).") and missed[1].endswith("not met).")
+    assert results._ablation_verdicts(ablation(dream=4.0)) == []
