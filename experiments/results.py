@@ -197,7 +197,9 @@ def _ablation_verdicts(ablation: dict) -> list[str]:
     if "dream" in tau and "no_cross_attention" in tau:
         gain = tau["dream"] / tau["no_cross_attention"] - 1
         verdict = "met" if gain >= 0.10 else "not met"
-        lines.append(f"- DREAM over the EAGLE-style block (no_cross_attention): {gain:+.1%} (bar: at least +10%, the paper's gain; {verdict}).")
+        lines.append(
+            f"- DREAM over the EAGLE-style block (no_cross_attention): {gain:+.1%} (bar: at least +10%, the paper's gain; {verdict})."
+        )
     if "dream" in tau and "compression_0.75" in tau:
         cost = 1 - tau["compression_0.75"] / tau["dream"]
         verdict = "met" if cost <= 0.02 else "not met"

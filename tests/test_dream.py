@@ -124,7 +124,6 @@ def test_compression_keeps_the_most_attended_image_tokens():
     assert kept_positions(image, None, 0.5).all()
 
 
-
 def test_the_intermediate_regression_does_not_depend_on_the_residual_streams_scale():
     """Mid-layer residual streams run 5-18x the post-norm last hidden state: the first block regresses
     onto the selected layer RMS-normalised, so scaling that layer changes nothing in the loss."""
@@ -156,6 +155,7 @@ def test_the_intermediate_regression_does_not_depend_on_the_residual_streams_sca
         _, large = sequence_loss(drafter(), features(20.0), head, variant)
         assert small["intermediate"] == pytest.approx(large["intermediate"], rel=1e-5)
         assert small["intermediate"] < 1.0  # on the unit scale, not in SmoothL1's linear regime
+
 
 # ---- the stage in a pipeline ----------------------------------------------------------------------
 
@@ -308,7 +308,6 @@ def test_training_loss_falls_on_a_small_fixed_batch(trainer, variant):
     assert mean_acceptance_length(stage, ckpt, examples[:1]) > 2.0
 
 
-
 def test_every_fast_parameter_name_matches_a_cross_attention_parameter():
     """A rename must not silently drop the gates or the q/k scales back to the slow learning rate."""
     from stages.dream.train import FAST_PARAMETERS
@@ -317,6 +316,7 @@ def test_every_fast_parameter_name_matches_a_cross_attention_parameter():
     for suffix in FAST_PARAMETERS:
         assert any(n.endswith(suffix) for n in names), (suffix, names)
     assert not any(n.endswith(FAST_PARAMETERS) for n, _ in drafter(cross_attention=False).named_parameters())
+
 
 def test_synchronous_speculation_with_a_dream_drafter_equals_the_target_alone(world, reference):
     from pipespec.synchronous import generate_sync
