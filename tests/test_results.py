@@ -68,3 +68,17 @@ def test_the_ablation_is_held_to_the_issue_bars():
     missed = results._ablation_verdicts(ablation(dream=4.0, no_cross_attention=3.9, **{"compression_0.75": 3.8}))
     assert "+2.6%" in missed[0] and missed[0].endswith("not met).") and missed[1].endswith("not met).")
     assert results._ablation_verdicts(ablation(dream=4.0)) == []
+
+
+def test_the_ablation_table_shows_each_seed(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    ablation = {
+        "dream": {"mean_acceptance_length": 4.0, "prompts": 48, "per_seed": [4.1, 3.9], "seeds": [0, 1]},
+        "no_cross_attention": {"mean_acceptance_length": 3.8, "prompts": 48},  # written before --seeds
+    }
+    (tmp_path / "dream_ablation.json").write_text(json.dumps(ablation))
+    text = results.section_models()
+    assert "| dream | 4.000 | +0.0% | 4.100, 3.900 | 48 |" in text
+    assert "| no_cross_attention | 3.800 | -5.0% | - | 48 |" in text

@@ -20,7 +20,8 @@ Evaluation: mean acceptance length of greedy chain drafting (`--gamma` tokens pe
 target's own answers on held-out samples, through the same `DreamSession` the pipeline runs.
 Ablations (each trained and evaluated in one run): `dream` (cross-attention, entropy-selected layer,
 no compression), `no_cross_attention` (EAGLE-style: one block fed the previous feature), `compression_0.75`,
-`compression_0.5`, `layer_25` / `layer_50` / `layer_75` (fixed supervision layer).
+`compression_0.5`, `layer_25` / `layer_50` / `layer_75` (fixed supervision layer); `--seeds N` trains
+each with N seeds and `--jobs J` in J worker processes (`stages.dream.ablation`).
 """
 
 from __future__ import annotations
@@ -307,7 +308,12 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", choices=[v.name for v in VARIANTS], help="--ablations: only these")
     parser.add_argument("--json", type=Path, default=Path("experiments/results/dream_ablation.json"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=1, help="--ablations: train each variant with this many seeds from --seed")
+    parser.add_argument("--jobs", type=int, default=1, help="--ablations: train this many cells at once, in worker processes")
     args = parser.parse_args()
+    for flag in ("seeds", "jobs"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.manual_seed(args.seed)
     stage = VLMStage("target", args.target, "float32")
@@ -318,24 +324,30 @@ def main() -> None:
     held_out = examples_for(
         stage, processor, load_samples(args.samples, "held_out", args.held_out, args.seed), args.max_new_tokens
     )
-    variants = VARIANTS if args.ablations else (Variant("dream", keep_fraction=args.keep_fraction),)
-    if args.ablations and args.variants:
-        variants = tuple(v for v in VARIANTS if v.name in args.variants)
-    results = {}
-    for variant in variants:
-        ckpt, curve = train(stage, train_set, variant, args.steps, args.lr, args.seed)
-        tau = mean_acceptance_length(stage, ckpt, held_out, args.gamma)
-        results[variant.name] = {"mean_acceptance_length": tau, "prompts": len(held_out)}
-        print(f"{variant.name:<20} mean acceptance length {tau:.3f} on {len(held_out)} held-out prompts")
-        if args.out is not None and not args.ablations:
-            path = save(args.out, ckpt, processor.tokenizer, torch.float16)
-            (path / "loss_curve.json").write_text(json.dumps(curve) + "\n")
-            plot_curve(curve, path / "loss_curve.png")
-            print(f"wrote {path}")
     if args.ablations:
+        from stages.dream.ablation import GridSpec, run_grid  # it imports this module
+
+        variants = tuple(v for v in VARIANTS if not args.variants or v.name in args.variants)
+        spec = GridSpec(args.steps, tuple(range(args.seed, args.seed + args.seeds)), args.lr, args.gamma)
+        results = run_grid(stage, variants, train_set, held_out, spec, args.jobs)
+        for name, r in results.items():
+            seeds = " ".join(f"{tau:.3f}" for tau in r["per_seed"])
+            print(
+                f"{name:<20} mean acceptance length {r['mean_acceptance_length']:.3f} (seeds: {seeds}) on {r['prompts']} held-out prompts"
+            )
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")
         print(f"wrote {args.json}")
+        return
+    variant = Variant("dream", keep_fraction=args.keep_fraction)
+    ckpt, curve = train(stage, train_set, variant, args.steps, args.lr, args.seed)
+    tau = mean_acceptance_length(stage, ckpt, held_out, args.gamma)
+    print(f"dream mean acceptance length {tau:.3f} on {len(held_out)} held-out prompts")
+    if args.out is not None:
+        path = save(args.out, ckpt, processor.tokenizer, torch.float16)
+        (path / "loss_curve.json").write_text(json.dumps(curve) + "\n")
+        plot_curve(curve, path / "loss_curve.png")
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,64 @@
+"""The DREAM ablation grid: seeds summarised per variant, and worker processes giving what one
+process gives."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+
+from stages.dream.ablation import GridSpec, run_grid, worker_threads
+from stages.dream.train import VARIANTS, examples_for, noise_samples
+
+pytestmark = pytest.mark.slow
+
+VARIANT = {v.name: v for v in VARIANTS}
+
+
+@pytest.fixture(scope="module")
+def grid_inputs(tmp_path_factory):
+    """A zoo target saved to disk (the workers load it from there) and a few short answers."""
+    from experiments.vlm_zoo import build_zoo_family
+    from pipespec.images import load_processor
+    from stages.vlm import VLMStage
+
+    target = str(build_zoo_family("llava", tmp_path_factory.mktemp("ablation"))["target"])
+    stage = VLMStage("target", target, "float32")
+    examples = examples_for(stage, load_processor(target, "target"), noise_samples("train", 3, 0), 8)
+    return stage, examples
+
+
+def test_each_variant_gets_every_seed_and_their_mean(grid_inputs):
+    stage, examples = grid_inputs
+    variants = (VARIANT["dream"], VARIANT["no_cross_attention"])
+    results = run_grid(stage, variants, examples, examples[:2], GridSpec(steps=4, seeds=(3, 4)))
+    assert list(results) == ["dream", "no_cross_attention"]
+    for r in results.values():
+        assert r["seeds"] == [3, 4] and r["prompts"] == 2 and len(r["per_seed"]) == 2
+        assert r["mean_acceptance_length"] == pytest.approx(statistics.fmean(r["per_seed"]))
+        assert all(1.0 <= tau <= 6.0 for tau in r["per_seed"])  # at least the target's token, at most gamma + 1
+
+
+def test_worker_processes_give_what_one_process_gives(grid_inputs):
+    stage, examples = grid_inputs
+    variants = (VARIANT["dream"], VARIANT["layer_50"])
+    spec = GridSpec(steps=6, seeds=(0, 1), lr=3e-3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(worker_threads(2))  # the same kernels, so the same numbers to the last bit
+    try:
+        here = run_grid(stage, variants, examples, examples, spec)
+    finally:
+        torch.set_num_threads(threads)
+    there = run_grid(stage, variants, examples, examples, spec, jobs=2)
+    assert there == here
+
+
+@pytest.mark.parametrize("flag", ["--seeds", "--jobs"])
+def test_a_grid_of_no_seeds_or_no_workers_is_refused_by_name(flag):
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "stages.dream.train", "--target", "unused", "--ablations", flag, "0"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and f"{flag} must be at least 1, got 0" in out.stderr
