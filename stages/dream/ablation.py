@@ -59,9 +59,10 @@ def run_grid(
         taus = [_train_and_evaluate(stage, train_set, held_out, v, seed, spec, progress=True) for v, seed in cells]
     else:
         taus = _in_workers(stage, cells, train_set, held_out, spec, jobs)
+    n = len(spec.seeds)
     results = {}
-    for v in variants:
-        per_seed = [tau for (cell, _), tau in zip(cells, taus) if cell == v]
+    for i, v in enumerate(variants):
+        per_seed = taus[i * n : (i + 1) * n]  # cells run variant-major: this variant's seeds in order
         results[v.name] = {
             "mean_acceptance_length": statistics.fmean(per_seed),
             "prompts": len(held_out),
