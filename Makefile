@@ -10,11 +10,13 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: setup demo test bench clean
 
-$(VENV)/.installed: pyproject.toml
+# torch first, alone: the CPU build (an unconstrained resolve could pull the CUDA one). Then the project
+# with its test extras (build: grpcio-tools, plot: matplotlib) at the versions of constraints.txt.
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $@
 
 setup: $(VENV)/.installed
@@ -29,4 +31,4 @@ bench: setup
 	$(PY) -m experiments.bench_engine --json experiments/results/bench_engine.json
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 import torch
 from tqdm import tqdm
 
-from experiments.prompts import Prompt, load_prompts
+from experiments.prompt_sets import Prompt, load_prompts
 from pipespec import LocalPipeline, load_config
 from pipespec.config import PipelineConfig, sub_pipeline
 from pipespec.messages import RequestSpec
@@ -128,7 +128,7 @@ class HFAssisted:
     """Hugging Face assisted generation with the same drafter and target models (greedy)."""
 
     name: str
-    target: Any  # a stage with an HF `model` and a `fit` (stages.vocabulary.LogitsFit)
+    target: Any  # a stage with an HF `model` and a `fit` (pipespec.stages.vocabulary.LogitsFit)
     drafter: Any
 
     def answer(self, request: Request) -> Answer:
@@ -187,7 +187,7 @@ def async_methods(config: PipelineConfig, backend: str) -> Iterator[Iterator[Pip
     """Yields a generator of methods, each pipeline started when reached and stopped after."""
 
     def on_ray() -> Iterator[Pipelined]:
-        from cluster.pipeline import start_pipeline
+        from pipespec.cluster.pipeline import start_pipeline
         from pipespec import Client
 
         for names in chains(config):
@@ -205,7 +205,7 @@ def async_methods(config: PipelineConfig, backend: str) -> Iterator[Iterator[Pip
     if backend == "local":
         yield in_process()
         return
-    from cluster.pipeline import local_ray
+    from pipespec.cluster.pipeline import local_ray
 
     needed = max(sum(s.resources.get("num_cpus", 1) for s in sub_pipeline(config, names).stages) for names in chains(config))
     cpus = os.cpu_count() or 1

@@ -28,7 +28,7 @@ from pipespec import LocalPipeline, load_config
 from pipespec.messages import RequestSpec
 from pipespec.params import SamplingParams
 from pipespec.synchronous import generate_sync
-from stages import load_stages
+from pipespec.stages import load_stages
 
 PROMPTS = [(1, 2, 3), (7, 5, 9, 4), (11, 3)]
 SYNC_WINDOWS = (2, 4, 8)

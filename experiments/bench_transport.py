@@ -2,7 +2,7 @@
 with every stage in its own Ray actor (process) talking gRPC over 127.0.0.1, reached by a Client.
 
 Per committed token, wall microseconds, median of --runs runs, for zero-latency mock stages (pure
-runtime + transport cost) and for the small random-weight Llamas of experiments.toy_models. The
+runtime + transport cost) and for the small random-weight Llamas of tests.fixtures.toy_models. The
 in-process and one-process-gRPC columns share one event loop, so their difference is the cost of the
 gRPC path itself (framing, msgpack, HTTP/2 on loopback); the Ray column adds process hops and lets
 stages run in parallel (here on 2 cores).
@@ -33,7 +33,7 @@ def per_token_us(config, over_grpc: bool, tokens: int, runs: int, stages=None) -
 
 
 def ray_per_token_us(config, tokens: int, runs: int) -> float:
-    from cluster.pipeline import start_pipeline
+    from pipespec.cluster.pipeline import start_pipeline
     from pipespec import Client
 
     running = start_pipeline(config, port=0)
@@ -58,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     with ExitStack() as stack:
         if not args.no_ray:
-            from cluster.pipeline import local_ray
+            from pipespec.cluster.pipeline import local_ray
 
             stack.enter_context(local_ray(2))
         rows = measure(args)
@@ -71,8 +71,8 @@ def main() -> None:
 
 def measure(args: argparse.Namespace) -> list[tuple[str, float, float, float]]:
     """-> [(pipeline, in-process us, one-process gRPC us, Ray us)] per committed token."""
-    from experiments.toy_models import build_family
-    from stages import load_stages
+    from tests.fixtures.toy_models import build_family
+    from pipespec.stages import load_stages
 
     def in_ray(config, tokens):
         return float("nan") if args.no_ray else ray_per_token_us(config, tokens, args.runs)

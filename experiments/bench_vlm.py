@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from experiments.vlm_zoo import family_tokenizer
-from experiments.vlm_zoo.llava import CHAT_TEMPLATE
+from tests.fixtures.vlm_zoo import family_tokenizer
+from demo.llava_template import CHAT_TEMPLATE
 
 log = logging.getLogger(__name__)
 

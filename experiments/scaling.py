@@ -259,8 +259,8 @@ def on_devices(config: PipelineConfig, resource: str) -> PipelineConfig:
 
 def real_requests(prompts: int, tokens: int, seed: int = 3) -> list[dict]:
     """Questions about held-out pictures of the demo models' world."""
-    from experiments.train_demo import IMAGE_SIZE
-    from experiments.world import examples, render
+    from demo.train import IMAGE_SIZE
+    from demo.world import examples, render
 
     held_out = examples("held_out", prompts, seed=seed)
     return [dict(prompt=ex.prompt, image=render(ex.scene, IMAGE_SIZE), max_new_tokens=tokens) for ex in held_out]
@@ -287,8 +287,8 @@ def real_sweep(
     models: Path, prompts: int = 4, tokens: int = 48, dtype: str = "float32", tick: Tick | None = None
 ) -> list[ScalingRow]:
     """On a local Ray (started and stopped here): one stage per device, as far as the devices go."""
-    from cluster.demo import demo_config, time_requests
-    from cluster.pipeline import local_ray
+    from pipespec.cluster.demo import demo_config, time_requests
+    from pipespec.cluster.pipeline import local_ray
 
     requests = real_requests(prompts, tokens)
     rows: list[ScalingRow] = []
@@ -428,7 +428,7 @@ def write_outputs(rows: Sequence[ScalingRow], out: Path, settings: dict[str, Any
 def main(argv: Sequence[str] | None = None) -> int:
     from tqdm import tqdm
 
-    from cluster.demo import DEMO_MODELS
+    from pipespec.cluster.demo import DEMO_MODELS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=len(CHAIN), help=f"emulated sweep: 1 .. this many (at most {len(CHAIN)})")
@@ -450,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--time-scale must be > 0")
     real = args.real and have_real_models(args.models)
     if args.real and not real:
-        print(f"real sweep skipped: no demo models under {args.models} (python -m experiments.train_demo all)")
+        print(f"real sweep skipped: no demo models under {args.models} (python -m demo.train all)")
     real_points = min(os.cpu_count() or 1, len(REAL_CHAINS)) if real else 0
     settings = {k: os.path.relpath(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {"prompts": len(PROMPTS)}
     with tqdm(total=args.devices + real_points, desc="scaling", unit="point") as bar:
@@ -468,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_real(rows: list[ScalingRow], args: argparse.Namespace, tick: Tick) -> bool:
     """Append the real sweep's rows; False (and a message) if a stage failed on Ray."""
-    from cluster.pipeline import ClusterError
+    from pipespec.cluster.pipeline import ClusterError
 
     try:
         rows += real_sweep(args.models, args.real_prompts, args.real_tokens, args.dtype, tick)

@@ -7,7 +7,7 @@
     pipespec plan CONFIG [--prompt TEXT ...] [--image FILE] [--max-new-tokens N] [--json FILE]
                   [--write-config FILE] [--threads N]
 
-`demo` runs the embedded default on a local Ray (see cluster.demo): the shipped models (tiny -> dream
+`demo` runs the embedded default on a local Ray (see pipespec.cluster.demo): the shipped models (tiny -> dream
 -> VLM target, trained on the generated visual world) answer a question about a picture, streamed
 token by token; then the target alone answers the same request, and a table shows each stage pair's
 acceptance, tokens per second and the speedup measured right then, and whether the answers match.
@@ -29,14 +29,14 @@ def _printable(text: str) -> str:
 
 
 def demo(args: argparse.Namespace) -> int:
-    from cluster.demo import DEFAULT_PROMPT, run_demo
+    from pipespec.cluster.demo import DEFAULT_PROMPT, run_demo
 
     models = {"models": Path(args.models)} if args.models else {}
     return run_demo(args.prompt or DEFAULT_PROMPT, args.image, args.max_new_tokens, args.dtype, args.json, **models)
 
 
 def serve(args: argparse.Namespace) -> int:
-    from cluster.launch import serve as launch
+    from pipespec.cluster.launch import serve as launch
 
     return launch(args.config, args.address, args.host, args.port, args.strategy)
 
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run the embedded default pipeline on this machine")
     d.add_argument("--prompt", help="the question (default: Describe the image.)")
-    d.add_argument("--image", help="a picture to ask about (default: one from the world's held-out split)")
+    d.add_argument("--image", help="a picture to ask about (default: the shipped example, models/demo/example.png)")
     d.add_argument("--max-new-tokens", type=int, default=96)
     d.add_argument(
         "--dtype",
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         help="float32 (default) compares exactly with the target alone; in bfloat16 a verifier's block "
         "logits can differ in the last bit from one-token decoding and flip a near-tie",
     )
-    d.add_argument("--models", help="the trained demo models (default: models/demo; python -m experiments.train_demo)")
+    d.add_argument("--models", help="the trained demo models (default: models/demo; python -m demo.train)")
     d.add_argument("--json", help="also write the figures as JSON to this file")
     d.set_defaults(run=demo)
     s = sub.add_parser("serve", help="start a pipeline on Ray (a local one by default) and serve it")

@@ -1,4 +1,4 @@
-"""`Client`: stream generations from a running pipeline (`pipespec serve` / `cluster.launch`).
+"""`Client`: stream generations from a running pipeline (`pipespec serve` / `pipespec.cluster.launch`).
 
     from pipespec import Client
     client = Client("127.0.0.1:50051")

@@ -52,7 +52,7 @@ class LocalPipeline:
         self.tokenizer = check_shared_tokenizer(config)  # before any weights load
         processor = load_target_processor(config)
         if stages is None:
-            from stages import load_stages
+            from pipespec.stages import load_stages
 
             stages = load_stages(config, len(self.tokenizer) if self.tokenizer is not None else None)
         self.stages = list(stages)

@@ -138,8 +138,7 @@ def profile(
 ) -> Profile:
     """Measure every stage's latencies and every pair's acceptance (see the module docstring).
 
-    `image`: for a VLM target, a path, bytes, PIL image or data URL (default: a held-out picture of the
-    demo's world). `torch_threads`: 1, as each stage gets in a pipeline sharing this machine.
+    `image`: for a VLM target (required there), a path, bytes, PIL image or data URL. `torch_threads`: 1, as each stage gets in a pipeline sharing this machine.
     """
     from pipespec.local import LocalPipeline
 
@@ -171,10 +170,7 @@ def _image(config: PipelineConfig, image: Any) -> tuple[Any, str | None]:
     if target.kind != "vlm":
         return None, None
     if image is None:
-        from cluster.demo import default_image
-
-        log.info("no image given: using a held-out picture of the demo's world")
-        return default_image(), "held-out picture of the demo world"
+        raise ValueError(f"target stage {target.name!r} ({target.kind}) takes images: profile it with --image FILE")
     return load_image(image), str(image) if isinstance(image, (str, os.PathLike)) else type(image).__name__
 
 
@@ -290,7 +286,7 @@ def _drafter(loaded: Stage, chain: PipelineConfig, width: int, valid: int | None
     stage after it); any other stage does not depend on its chain, so the loaded one serves."""
     if chain.stages[0].kind != "mock":
         return loaded
-    from stages import build_stage
+    from pipespec.stages import build_stage
 
     return build_stage(chain.stages[0], chain.stages, width, valid)
 

@@ -15,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def family(tmp_path_factory) -> dict:
     """target (8 layers), mid (its first 4), tiny (its first 1), other (independent): paths."""
-    from experiments.toy_models import build_family
+    from tests.fixtures.toy_models import build_family
 
     return {name: str(path) for name, path in build_family(tmp_path_factory.mktemp("toy")).items()}
 

@@ -1,4 +1,4 @@
-"""experiments.bench and experiments.prompts: every method side by side, the files users read, bad input."""
+"""experiments.bench and experiments.prompt_sets: every method side by side, the files users read, bad input."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from experiments.bench import Settings, chains, run_bench
-from experiments.prompts import WORLD_PROMPTS, load_prompts
+from experiments.prompt_sets import WORLD_PROMPTS, load_prompts
 from pipespec import load_config
 from pipespec.config import ConfigError, sub_pipeline
 

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def test_serve_then_generate(family, tmp_path):
-    from cluster.pipeline import RAY_ENV
+    from pipespec.cluster.pipeline import RAY_ENV
 
     config = {
         "name": "cli",
@@ -63,8 +63,8 @@ def test_serve_a_vlm_then_generate_with_an_image(tmp_path):
     import numpy as np
     from PIL import Image
 
-    from cluster.pipeline import RAY_ENV
-    from experiments.vlm_zoo import build_zoo_family
+    from pipespec.cluster.pipeline import RAY_ENV
+    from tests.fixtures.vlm_zoo import build_zoo_family
     from pipespec import LocalPipeline, load_config
     from pipespec.cli import _printable
 
@@ -108,7 +108,7 @@ def test_demo_runs_the_shipped_models_exactly(tmp_path):
     """`pipespec demo`: local Ray, tiny -> dream -> VLM target from models/demo, figures as JSON."""
     import json
 
-    from cluster.pipeline import RAY_ENV
+    from pipespec.cluster.pipeline import RAY_ENV
 
     pipespec = str(Path(sys.executable).with_name("pipespec"))
     out = tmp_path / "demo.json"

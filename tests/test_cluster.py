@@ -20,7 +20,7 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module")
 def ray_session():
-    from cluster.pipeline import ray_env
+    from pipespec.cluster.pipeline import ray_env
 
     ray_env()
     import ray
@@ -32,16 +32,16 @@ def ray_session():
 
 @pytest.fixture(scope="module")
 def mock_pipeline(ray_session):
-    from cluster.pipeline import start_pipeline
+    from pipespec.cluster.pipeline import start_pipeline
 
-    running = start_pipeline(load_config("cluster/configs/mock3.yaml"), port=0)
+    running = start_pipeline(load_config("pipespec/configs/mock3.yaml"), port=0)
     yield running
     running.stop()
 
 
 @pytest.fixture(scope="module")
 def mock_target_alone():
-    config = load_config("cluster/configs/mock3.yaml")
+    config = load_config("pipespec/configs/mock3.yaml")
     with LocalPipeline(load_config({"stages": [{"name": "t", "kind": "mock", "vocab_size": 128, "latency_ms": 0}]})) as p:
         assert config.stages[-1].options.vocab_size == 128
         yield p
@@ -108,7 +108,7 @@ def test_bad_request_is_an_error_naming_the_value(mock_pipeline):
 
 
 def test_real_models_in_actors_equal_target_alone(ray_session, family):
-    from cluster.pipeline import start_pipeline
+    from pipespec.cluster.pipeline import start_pipeline
 
     def stage(name, cpus):
         return {"name": name, "kind": "causal_lm", "model": family[name], "dtype": "float32", "resources": {"num_cpus": cpus}}

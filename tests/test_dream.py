@@ -1,6 +1,6 @@
 """The DREAM drafter: masks from positions, compression, its stage in a 3-stage pipeline, exactness.
 
-The pipeline tests use small random VLMs (`experiments.vlm_zoo`) and an untrained drafter whose gates
+The pipeline tests use small random VLMs (`tests.fixtures.vlm_zoo`) and an untrained drafter whose gates
 are opened (so the memory matters); correctness does not depend on the drafter's quality.
 """
 
@@ -13,8 +13,8 @@ from PIL import Image
 
 from pipespec import LocalPipeline, load_config
 from pipespec.config import ConfigError
-from stages.dream.compression import kept_positions
-from stages.dream.model import DreamConfig, DreamDrafter
+from pipespec.stages.dream.compression import kept_positions
+from pipespec.stages.dream.model import DreamConfig, DreamDrafter
 
 CONFIG = DreamConfig(hidden_size=32, num_heads=4, intermediate_size=64, vocab_size=50)
 
@@ -82,7 +82,7 @@ def test_cached_steps_equal_one_forward():
 
 def test_the_memory_projected_once_per_entry_equals_projecting_it_every_step():
     """FeatureMemory keeps each entry's keys and values from when it was stored, in position order."""
-    from stages.dream.stage import FeatureMemory
+    from pipespec.stages.dream.stage import FeatureMemory
 
     model = drafter()
     positions = torch.tensor([0, 1, 3, 4, 5])
@@ -127,8 +127,8 @@ def test_compression_keeps_the_most_attended_image_tokens():
 def test_the_intermediate_regression_does_not_depend_on_the_residual_streams_scale():
     """Mid-layer residual streams run 5-18x the post-norm last hidden state: the first block regresses
     onto the selected layer RMS-normalised, so scaling that layer changes nothing in the loss."""
-    from stages.dream.features import SequenceFeatures
-    from stages.dream.train import Variant, sequence_loss
+    from pipespec.stages.dream.features import SequenceFeatures
+    from pipespec.stages.dream.train import Variant, sequence_loss
 
     torch.manual_seed(0)
     T, P, H, V, L = 12, 5, CONFIG.hidden_size, CONFIG.vocab_size, 4
@@ -173,8 +173,8 @@ def world(request, tmp_path_factory):
     """A zoo family plus an untrained DREAM drafter for its target (gates opened), saved to disk."""
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-    from experiments.vlm_zoo import build_zoo_family
-    from stages.dream.checkpoint import init_from_target, save
+    from tests.fixtures.vlm_zoo import build_zoo_family
+    from pipespec.stages.dream.checkpoint import init_from_target, save
 
     root = tmp_path_factory.mktemp("dream")
     paths = {k: str(v) for k, v in build_zoo_family(request.param, root / request.param).items()}
@@ -264,8 +264,8 @@ def test_a_dream_stage_must_sit_right_before_a_vlm_target(world):
 @pytest.fixture(scope="module")
 def trainer(world):
     from pipespec.images import load_processor
-    from stages.dream.train import examples_for, noise_samples
-    from stages.vlm import VLMStage
+    from pipespec.stages.dream.train import examples_for, noise_samples
+    from pipespec.stages.vlm import VLMStage
 
     stage = VLMStage("target", world["target"], "float32")
     examples = examples_for(stage, load_processor(world["target"], "target"), noise_samples("train", 3, 0), 12)
@@ -273,7 +273,7 @@ def trainer(world):
 
 
 def test_target_features_and_entropy_selection(trainer):
-    from stages.dream.features import FeatureExtractor
+    from pipespec.stages.dream.features import FeatureExtractor
 
     stage, examples = trainer
     ex = examples[0]
@@ -298,7 +298,7 @@ def test_target_features_and_entropy_selection(trainer):
 
 @pytest.mark.parametrize("variant", ["dream", "no_cross_attention", "compression_0.5", "layer_50"])
 def test_training_loss_falls_on_a_small_fixed_batch(trainer, variant):
-    from stages.dream.train import VARIANTS, mean_acceptance_length, train
+    from pipespec.stages.dream.train import VARIANTS, mean_acceptance_length, train
 
     stage, examples = trainer
     chosen = next(v for v in VARIANTS if v.name == variant)
@@ -310,7 +310,7 @@ def test_training_loss_falls_on_a_small_fixed_batch(trainer, variant):
 
 def test_every_fast_parameter_name_matches_a_cross_attention_parameter():
     """A rename must not silently drop the gates or the q/k scales back to the slow learning rate."""
-    from stages.dream.train import FAST_PARAMETERS
+    from pipespec.stages.dream.train import FAST_PARAMETERS
 
     names = [n for n, _ in drafter().named_parameters()]
     for suffix in FAST_PARAMETERS:

@@ -8,8 +8,8 @@ import statistics
 import pytest
 import torch
 
-from stages.dream.ablation import GridSpec, run_grid, worker_threads
-from stages.dream.train import VARIANTS, examples_for, noise_samples
+from pipespec.stages.dream.ablation import GridSpec, run_grid, worker_threads
+from pipespec.stages.dream.train import VARIANTS, examples_for, noise_samples
 
 pytestmark = pytest.mark.slow
 
@@ -19,9 +19,9 @@ VARIANT = {v.name: v for v in VARIANTS}
 @pytest.fixture(scope="module")
 def grid_inputs(tmp_path_factory):
     """A zoo target saved to disk (the workers load it from there) and a few short answers."""
-    from experiments.vlm_zoo import build_zoo_family
+    from tests.fixtures.vlm_zoo import build_zoo_family
     from pipespec.images import load_processor
-    from stages.vlm import VLMStage
+    from pipespec.stages.vlm import VLMStage
 
     target = str(build_zoo_family("llava", tmp_path_factory.mktemp("ablation"))["target"])
     stage = VLMStage("target", target, "float32")
@@ -58,6 +58,6 @@ def test_a_grid_of_no_seeds_is_refused_by_name():
     import subprocess
     import sys
 
-    argv = [sys.executable, "-m", "stages.dream.train", "--target", "unused", "--ablations", "--seeds", "0"]
+    argv = [sys.executable, "-m", "pipespec.stages.dream.train", "--target", "unused", "--ablations", "--seeds", "0"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--seeds must be at least 1, got 0" in out.stderr

@@ -1,7 +1,7 @@
 """The first test of everything: the pipeline's output equals the target alone, token for token.
 
 Small Llama models with random weights, saved and loaded from disk through the real loading code
-(`experiments.toy_models`): drafters made of the target's first layers (they agree with it about
+(`tests.fixtures.toy_models`): drafters made of the target's first layers (they agree with it about
 half the time, so acceptance and rejection paths both run) and an independent model (agrees almost
 never). k = 2, 3, 4 stages; lookahead 0..8; greedy and coupled sampling with several seeds; 20
 prompts; reference = the target alone through `LocalPipeline` with one stage, and Hugging Face
@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from pipespec import LocalPipeline, load_config
 from pipespec.choice import scores
 from pipespec.params import SamplingParams
-from stages.causal_lm import CausalLMStage
+from pipespec.stages.causal_lm import CausalLMStage
 
 EPS = 1e-4
 CHAINS = {2: ["tiny", "target"], 3: ["tiny", "mid", "target"], 4: ["other", "tiny", "mid", "target"]}
@@ -37,7 +37,7 @@ def loaded(family):
 
 @pytest.fixture(scope="module")
 def prompts(family):
-    from experiments.toy_models import corpus
+    from tests.fixtures.toy_models import corpus
 
     tok = AutoTokenizer.from_pretrained(family["target"])
     return [tok.encode(line)[:12] for line in corpus(20, seed=7)]

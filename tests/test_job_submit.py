@@ -1,6 +1,6 @@
 """`ray job submit` of a pipeline config to a `ray start --head` cluster on loopback, end to end.
 
-Starts a head node (its own Ray session for this module), submits `python -m cluster.launch` with
+Starts a head node (its own Ray session for this module), submits `python -m pipespec.cluster.launch` with
 the mock config, waits for the coordinator to answer, streams a generation through `Client`, then
 stops the job and the cluster.
 """
@@ -30,7 +30,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory):
-    from cluster.pipeline import RAY_ENV
+    from pipespec.cluster.pipeline import RAY_ENV
 
     env = {**os.environ, **RAY_ENV}
     ray = str(Path(sys.executable).with_name("ray"))
@@ -53,7 +53,7 @@ def test_ray_job_submit_serves_a_pipeline(head, tmp_path):
     port = free_port()
     job_id = f"pipespec-test-{port}"
     submit = [ray, "job", "submit", "--address", dashboard, "--submission-id", job_id, "--no-wait",
-              "--working-dir", str(ROOT), "--", sys.executable, "-m", "cluster.launch", "cluster/configs/mock3.yaml",
+              "--working-dir", str(ROOT), "--", sys.executable, "-m", "pipespec.cluster.launch", "pipespec/configs/mock3.yaml",
               "--port", str(port)]  # fmt: skip
     subprocess.run(submit, env=env, check=True, capture_output=True, timeout=180, cwd=ROOT)
     try:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from experiments.toy_models import train_tokenizer
+from tests.fixtures.toy_models import train_tokenizer
 from pipespec import ConfigError, LocalPipeline, load_config
-from stages.causal_lm import CausalLMStage
+from pipespec.stages.causal_lm import CausalLMStage
 
 
 def text_config(family, names, **extra):

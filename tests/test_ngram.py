@@ -8,7 +8,7 @@ from pipespec import LocalPipeline, load_config
 from pipespec.config import NgramOptions
 from pipespec.messages import RequestSpec
 from pipespec.params import SamplingParams
-from stages.ngram import NgramStage
+from pipespec.stages.ngram import NgramStage
 
 
 def test_proposes_what_followed_the_longest_earlier_match():

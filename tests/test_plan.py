@@ -123,8 +123,8 @@ def zoo(tmp_path_factory) -> dict[str, str]:
     """A small random LLaVA family and an untrained DREAM drafter for its target, saved to disk."""
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-    from experiments.vlm_zoo import build_zoo_family
-    from stages.dream.checkpoint import init_from_target, save
+    from tests.fixtures.vlm_zoo import build_zoo_family
+    from pipespec.stages.dream.checkpoint import init_from_target, save
 
     root = tmp_path_factory.mktemp("plan-zoo")
     paths = {k: str(v) for k, v in build_zoo_family("llava", root / "llava").items()}

@@ -22,7 +22,7 @@ import torch
 
 import pipespec.choice
 from pipespec import LocalPipeline, load_config
-from stages.mock import MockStage
+from pipespec.stages.mock import MockStage
 
 V, N, NEW, PROMPT = 4, 6000, 3, (1, 2)
 DELTA = 1e-6

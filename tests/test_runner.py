@@ -75,7 +75,7 @@ def test_emulated_latency_pipeline_speculates(target_alone):
 
 
 def test_kv_invariant_fires_on_a_bad_keep():
-    from stages.mock import MockStage
+    from pipespec.stages.mock import MockStage
 
     stage = MockStage("m", [mock_config([1.0]).stages[0].options])
     session = stage.open(RequestSpec("r", (1, 2, 3), SamplingParams(), 8))
@@ -86,7 +86,7 @@ def test_kv_invariant_fires_on_a_bad_keep():
 
 def test_a_stage_failure_ends_only_its_request(target_alone):
     """A stage that raises for one request fails that request; the others finish exactly."""
-    from stages.mock import MockStage
+    from pipespec.stages.mock import MockStage
 
     class Faulty(MockStage):
         def open(self, request):

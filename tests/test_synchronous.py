@@ -8,7 +8,7 @@ from pipespec import LocalPipeline, load_config
 from pipespec.messages import RequestSpec
 from pipespec.params import SamplingParams
 from pipespec.synchronous import generate_sync
-from stages import load_stages
+from pipespec.stages import load_stages
 
 TARGET = {"name": "t", "kind": "mock", "vocab_size": 50}
 

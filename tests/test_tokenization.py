@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from experiments.toy_models import train_tokenizer
+from tests.fixtures.toy_models import train_tokenizer
 from pipespec.config import ConfigError, load_config
 from pipespec.tokenization import IncrementalDetokenizer, check_shared_tokenizer
 

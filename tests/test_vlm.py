@@ -2,7 +2,7 @@
 
 For each family (LLaVA, LLaVA-NeXT, Idefics3, Qwen2-VL, Gemma 3, Mistral 3) a small random model is
 built from a config and saved with its processor and a tokenizer trained here
-(`experiments.vlm_zoo`), then loaded back through the `vlm` stage. 2- and 3-stage pipelines (text
+(`tests.fixtures.vlm_zoo`), then loaded back through the `vlm` stage. 2- and 3-stage pipelines (text
 drafters in front, the 3-stage one with a differently padded embedding table) must equal the
 target alone, greedy and coupled, on real images of odd sizes, with requests for different images
 running concurrently; greedy must also equal Hugging Face `generate` on the same processor output.
@@ -18,10 +18,10 @@ import pytest
 import torch
 from PIL import Image
 
-from experiments.vlm_zoo import FAMILIES, build_zoo_family
+from tests.fixtures.vlm_zoo import FAMILIES, build_zoo_family
 from pipespec import LocalPipeline, load_config
-from stages.causal_lm import CausalLMStage
-from stages.vlm import VLMStage
+from pipespec.stages.causal_lm import CausalLMStage
+from pipespec.stages.vlm import VLMStage
 
 NEW_TOKENS = 16
 PROMPTS = ["what is the red circle", "describe the picture"]

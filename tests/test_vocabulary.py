@@ -1,4 +1,4 @@
-"""stages.vocabulary: every stage's logits at the target's width, padding rows masked."""
+"""pipespec.stages.vocabulary: every stage's logits at the target's width, padding rows masked."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipespec.config import ConfigError
-from stages.vocabulary import LogitsFit
+from pipespec.stages.vocabulary import LogitsFit
 
 
 def test_same_table_is_left_alone():

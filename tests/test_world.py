@@ -1,4 +1,4 @@
-"""The generated visual world (experiments/world.py): scenes, renders, examples, splits and scoring."""
+"""The generated visual world (demo/world.py): scenes, renders, examples, splits and scoring."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from experiments import world as w
+from demo import world as w
 
 
 @pytest.fixture(scope="module")

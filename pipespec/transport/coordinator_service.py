@@ -16,8 +16,8 @@ from pipespec import codec
 from pipespec.coordinator import Coordinator
 from pipespec.frontdoor import FrontDoor
 from pipespec.transport.streams import SERVER_OPTIONS
-from protos import pipespec_pb2 as pb
-from protos import pipespec_pb2_grpc as pb_grpc
+from pipespec.protos import pipespec_pb2 as pb
+from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 
 
 def _optional(request: pb.GenerateRequest, name: str):

@@ -10,8 +10,8 @@ import grpc
 from pipespec import codec
 from pipespec.outputs import Delta
 from pipespec.transport.streams import CHANNEL_OPTIONS
-from protos import pipespec_pb2 as pb
-from protos import pipespec_pb2_grpc as pb_grpc
+from pipespec.protos import pipespec_pb2 as pb
+from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 
 
 def build_request(

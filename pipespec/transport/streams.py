@@ -19,8 +19,8 @@ import grpc
 
 from pipespec import codec
 from pipespec.messages import Message
-from protos import pipespec_pb2 as pb
-from protos import pipespec_pb2_grpc as pb_grpc
+from pipespec.protos import pipespec_pb2 as pb
+from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

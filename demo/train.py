@@ -1,0 +1,334 @@
+"""Train the demo's models on the generated visual world (`demo.world`), reproducibly, on a CPU.
+
+    python -m demo.train tokenizer        # BPE on the world's text, with the chat tokens
+    python -m demo.train target           # the VLM target (LLaVA class), ~21M parameters: 1500 steps, 60 min budget
+    python -m demo.train target --resume  # its second phase (as shipped): 650 steps, a fresh schedule
+    python -m demo.train tiny             # the tiny text drafter (sees the prompt's text only)
+    python -m demo.train dream            # the DREAM drafter, through pipespec.stages.dream.train
+    python -m demo.train evaluate         # the target's accuracy on held-out questions
+    python -m demo.train picture          # models/demo/example.png: the picture `pipespec demo` asks about
+    python -m demo.train all              # everything above, in order: the shipped models
+
+The target step first pretrains the vision tower on the world's ground truth (1200 steps, about 5
+minutes; `demo.tower`), then trains the language model and projector on the
+conversations with the tower frozen, as LLaVA does (about 25 minutes on an idle machine). Each step
+runs the shipped recipe (`SHIPPED`: its optimiser steps, stopping early at its minutes of budget)
+unless `--steps` / `--minutes` say otherwise. Everything is seeded. The models are written in half
+precision to `models/demo/{target,tiny,dream}` (shipped in the repository, so `pipespec demo` starts
+at once; retraining overwrites them). Training runs in bf16 autocast with fp32 master weights (bf16
+matmuls are several times faster on this CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from demo.tower import pretrain_tower
+from demo.optimiser import Optimiser
+from demo.llava_template import CHAT_TEMPLATE
+
+log = logging.getLogger(__name__)
+
+MODELS = Path("models/demo")
+IMAGE_SIZE, PATCH = 64, 8  # 64 image tokens
+# Deep and narrow: a forward on this CPU costs about 0.45 ms per layer plus the bytes of its weights, so
+# 24 narrow layers make the target several times as costly as its drafters (DREAM's blocks have the
+# target's width), within the ship budget.
+TARGET = dict(hidden=256, layers=24, heads=4, intermediate=704)
+TOWER_STEPS, TOWER_MINUTES = 1200, 15.0  # about 5 minutes on an idle machine
+# How the shipped models were trained, (optimiser steps, minutes of budget) per step of `all`; --steps
+# and --minutes override them. The target trains in two phases, the second a fresh schedule (--resume).
+SHIPPED: dict[str, tuple[int, float | None]] = {
+    "target": (1500, 60.0),
+    "target-resume": (650, 13.0),
+    "tiny": (3000, 8.0),
+    "dream": (4000, None),
+}
+TINY = dict(hidden=192, layers=2, heads=4, intermediate=512)
+
+
+# ---- tokenizer --------------------------------------------------------------------------------------
+
+
+def train_tokenizer(out: Path, vocab_size: int = 1024, seed: int = 0):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from demo.world import corpus
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    special = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    texts = corpus(seed=seed) + ["USER: ", "ASSISTANT:", "\n"]
+    tok.train_from_iterator(texts, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
+    fast.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    fast.chat_template = CHAT_TEMPLATE
+    out.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(out)
+    return fast
+
+
+def load_tokenizer(models: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(models / "tokenizer")
+
+
+# ---- the target -------------------------------------------------------------------------------------
+
+
+def build_target(tokenizer, seed: int = 0):
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    vision = CLIPVisionConfig(
+        hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+        image_size=IMAGE_SIZE, patch_size=PATCH, projection_dim=192,
+    )  # fmt: skip
+    h = TARGET
+    text = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=h["hidden"], intermediate_size=h["intermediate"],
+        num_hidden_layers=h["layers"], num_attention_heads=h["heads"], num_key_value_heads=h["heads"],
+        max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+    )  # fmt: skip
+    config = LlavaConfig(
+        vision_config=vision.to_dict(), text_config=text.to_dict(), image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_select_strategy="default", vision_feature_layer=-1,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config)
+    size = {"shortest_edge": IMAGE_SIZE}
+    processor = LlavaProcessor(
+        image_processor=CLIPImageProcessor(size=size, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}),
+        tokenizer=tokenizer, patch_size=PATCH, vision_feature_select_strategy="default", num_additional_image_tokens=1,
+        chat_template=CHAT_TEMPLATE,
+    )  # fmt: skip
+    return model, processor
+
+
+def batches(examples, processor, tokenizer, batch_size: int, rng: random.Random, with_image: bool = True):
+    """Endless shuffled batches: (input_ids [B, T], pixel_values [B, 3, S, S] | None, labels [B, T])."""
+    from demo.world import render
+
+    order: list[int] = []
+    while True:
+        if len(order) < batch_size:
+            order = list(range(len(examples)))
+            rng.shuffle(order)
+        chosen = [examples[order.pop()] for _ in range(batch_size)]
+        rows, labels, pixels = [], [], []
+        for ex in chosen:
+            parts = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": ex.prompt}]
+            renderer = processor if with_image else tokenizer
+            text = renderer.apply_chat_template([{"role": "user", "content": parts}], add_generation_prompt=True, tokenize=False)
+            if with_image:
+                enc = processor(text=[text], images=[render(ex.scene, IMAGE_SIZE)], return_tensors="pt")
+                prompt = enc["input_ids"][0].tolist()
+                pixels.append(enc["pixel_values"][0])
+            else:
+                prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+            answer = tokenizer(" " + ex.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            rows.append(prompt + answer)
+            labels.append([-100] * len(prompt) + answer)
+        width = max(len(r) for r in rows)
+        pad = tokenizer.pad_token_id
+        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+        lab = torch.tensor([r + [-100] * (width - len(r)) for r in labels])
+        yield ids, (torch.stack(pixels) if with_image else None), lab
+
+
+def fit(model, data, minutes: float, lr: float, max_steps: int, desc: str) -> list[float]:
+    """AdamW, warmup then cosine over `max_steps`, stopping at the time budget; bf16 autocast."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimiser = Optimiser.adamw(params, lr, max_steps, weight_decay=0.1, warmup_steps=max_steps // 30)
+    deadline = time.monotonic() + minutes * 60
+    curve: list[float] = []
+    model.train()
+    bar = tqdm(range(max_steps), desc=desc)
+    for _ in bar:
+        ids, pixels, labels = next(data)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            kwargs = {"pixel_values": pixels} if pixels is not None else {}
+            logits = model(input_ids=ids, **kwargs).logits  # right padding: real tokens never see it
+        loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+        curve.append(optimiser.update(loss))
+        bar.set_postfix(loss=f"{sum(curve[-20:]) / len(curve[-20:]):.3f}")
+        if time.monotonic() > deadline:
+            log.info("%s: time budget reached after %d steps", desc, len(curve))
+            break
+    model.eval()
+    return curve
+
+
+def save_half(model, out: Path, *extras) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.float16).save_pretrained(out, max_shard_size="16MB")  # no file over 16 MB in the repository
+    model.to(torch.float32)
+    for extra in extras:
+        extra.save_pretrained(out)
+
+
+def train_target(models: Path, minutes: float, steps: int, batch_size: int, seed: int, resume: bool = False) -> Path:
+    """Train the target from scratch, or (`resume`) continue from the saved one with a fresh schedule."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from demo.world import examples
+
+    out = models / "target"
+    tokenizer = load_tokenizer(models)
+    curve: list[float] = []
+    if resume:
+        model = LlavaForConditionalGeneration.from_pretrained(out, dtype=torch.float32)
+        processor = AutoProcessor.from_pretrained(out)
+        curve = json.loads((out / "loss_curve.json").read_text())
+    else:
+        model, processor = build_target(tokenizer, seed)
+        tower_curve = pretrain_tower(
+            model.model.vision_tower, processor.image_processor, IMAGE_SIZE, PATCH, TOWER_MINUTES, TOWER_STEPS, seed
+        )  # fmt: skip
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "tower_loss_curve.json").write_text(json.dumps(tower_curve) + "\n")
+    model.model.vision_tower.requires_grad_(False)  # LLaVA's recipe: the pretrained tower stays frozen
+    log.info("target: %.1fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)
+    phase = len(curve) > 0
+    data = batches(examples("train", 50_000, seed + phase), processor, tokenizer, batch_size, random.Random(seed + phase))
+    curve += fit(model, data, minutes, 5e-4 if resume else 1e-3, steps, "target")
+    save_half(model, out, processor)
+    (out / "loss_curve.json").write_text(json.dumps(curve) + "\n")
+    return out
+
+
+def train_tiny(models: Path, minutes: float, steps: int, batch_size: int, seed: int) -> Path:
+    """A small Llama on the same conversations, text only (what a text drafter sees)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from demo.world import examples
+
+    tokenizer = load_tokenizer(models)
+    h = TINY
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=h["hidden"], intermediate_size=h["intermediate"],
+        num_hidden_layers=h["layers"], num_attention_heads=h["heads"], num_key_value_heads=h["heads"],
+        max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    data = batches(examples("train", 50_000, seed + 1), None, tokenizer, batch_size, random.Random(seed), with_image=False)
+    curve = fit(model, data, minutes, 2e-3, steps, "tiny")
+    out = models / "tiny"
+    save_half(model, out, tokenizer)
+    (out / "loss_curve.json").write_text(json.dumps(curve) + "\n")
+    return out
+
+
+# ---- evaluation -------------------------------------------------------------------------------------
+
+
+def evaluate_target(models: Path, n: int, seed: int, max_new_tokens: int = 128) -> dict:
+    """Greedy answers of the target (alone, through the `vlm` stage) on held-out questions, scored."""
+    from demo.world import chance, examples, render, score
+    from pipespec import LocalPipeline, load_config
+
+    config = load_config({"stages": [{"name": "target", "kind": "vlm", "model": str(models / "target"), "dtype": "float32"}]})
+    held_out = examples("held_out", n, seed)
+    right: dict[str, list[bool]] = {}
+    with LocalPipeline(config) as pipe:
+        futures = [pipe.submit(ex.prompt, image=render(ex.scene, IMAGE_SIZE), max_new_tokens=max_new_tokens) for ex in held_out]
+        for ex, fut in zip(held_out, tqdm(futures, desc="held-out answers")):
+            right.setdefault(ex.kind, []).append(score(ex, fut.result().text))
+    report = {
+        kind: {"accuracy": sum(v) / len(v), "chance": chance(kind), "questions": len(v)} for kind, v in sorted(right.items())
+    }
+    for kind, r in report.items():
+        print(f"{kind:<10} accuracy {r['accuracy']:.2f} (chance {r['chance']:.2f}) on {r['questions']} held-out questions")
+    return report
+
+
+def train_dream(models: Path, steps: int, seed: int) -> Path:
+    import subprocess
+    import sys
+
+    cmd = [
+        sys.executable, "-m", "pipespec.stages.dream.train", "--target", str(models / "target"), "--samples", "demo.world:samples",
+        "--out", str(models / "dream"), "--steps", str(steps), "--seed", str(seed), "--train-samples", "1200",
+        "--max-new-tokens", "96",
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True)
+    return models / "dream"
+
+
+def write_example_picture(models: Path) -> Path:
+    """The demo's default picture, a held-out scene of the world, as a PNG beside the models (the
+    runtime reads the file; it never renders the world itself)."""
+    from demo.world import examples, render
+
+    scene = next(ex.scene for ex in examples("held_out", 12, seed=7) if ex.kind == "describe")
+    out = models / "example.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    render(scene, IMAGE_SIZE).save(out)
+    log.info("wrote %s", out)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("step", choices=["tokenizer", "target", "tiny", "dream", "evaluate", "picture", "all"])
+    parser.add_argument("--models", type=Path, default=MODELS)
+    parser.add_argument("--minutes", type=float, help="time budget of a training step (default: the shipped recipe's)")
+    parser.add_argument("--steps", type=int, help="optimiser steps (default: the shipped recipe's)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--held-out", type=int, default=200)
+    parser.add_argument("--resume", action="store_true", help="target: continue from the saved model (a second phase)")
+    args = parser.parse_args(argv)
+    if args.resume and args.step != "target":
+        parser.error(f"--resume continues the target's training, not step {args.step!r} (all runs both phases)")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    torch.manual_seed(args.seed)
+    steps = [args.step] if args.step != "all" else ["tokenizer", "target", "target-resume", "tiny", "dream", "evaluate", "picture"]
+    for step in steps:
+        step = "target-resume" if step == "target" and args.resume else step
+        shipped_steps, shipped_minutes = SHIPPED.get(step, (None, None))
+        n_steps, minutes = args.steps or shipped_steps, args.minutes or shipped_minutes
+        if step == "tokenizer":
+            train_tokenizer(args.models / "tokenizer", seed=args.seed)
+        elif step in ("target", "target-resume"):
+            train_target(args.models, minutes, n_steps, args.batch_size, args.seed, resume=step == "target-resume")
+        elif step == "tiny":
+            train_tiny(args.models, minutes, n_steps, args.batch_size * 2, args.seed)
+        elif step == "dream":
+            train_dream(args.models, n_steps, args.seed)
+        elif step == "picture":
+            write_example_picture(args.models)
+        else:
+            report = evaluate_target(args.models, args.held_out, args.seed)
+            out = Path("experiments/results/demo_target_accuracy.json")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,3 +1,0 @@
-from experiments.vlm_zoo import main
-
-main()

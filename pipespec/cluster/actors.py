@@ -1,0 +1,97 @@
+"""The Ray actors: one per stage (its model, its StageRunner, its gRPC server) and the coordinator.
+
+Every actor is async: its event loop runs the runner (or the coordinator) and its gRPC server; the
+stage's forward passes run on the runner's compute thread. torch's thread count is set to the
+actor's CPU share, since Ray otherwise leaves small actors with one OpenMP thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import ray
+
+from pipespec.config import PipelineConfig
+from pipespec.frontdoor import TargetInfo
+
+log = logging.getLogger(__name__)
+
+
+@ray.remote
+class StageActor:
+    def __init__(self, config: PipelineConfig, index: int, target_vocab_size: int | None, valid: int | None, torch_threads: int):
+        """`target_vocab_size`: None for the target itself; `valid`: the shared tokenizer's size (pipespec.stages.vocabulary)."""
+        import torch
+
+        from pipespec.stages import build_stage
+
+        torch.set_num_threads(torch_threads)
+        self.config = config
+        self.index = index
+        spec = config.stages[index]
+        feeds_dream = index > 0 and config.stages[index - 1].kind == "dream"
+        self.stage = build_stage(spec, config.stages[index:], target_vocab_size, valid, feeds_dream)
+        self.runner = None
+        self.service = None
+        self.clients: list = []
+
+    def target_info(self) -> TargetInfo:
+        return TargetInfo.of(self.config.stages[self.index], self.stage)
+
+    def vocab_size(self) -> int:
+        return self.stage.vocab_size
+
+    async def serve(self, host: str) -> str:
+        """Start the runner and its gRPC server; -> the address its drafter and the coordinator use."""
+        from pipespec.runner import StageRunner
+        from pipespec.transport.streams import serve_stage
+
+        self.runner = StageRunner.for_config(self.stage, self.config, self.index)
+        self.server, port, self.service = await serve_stage(self.runner, host, 0)
+        self.task = asyncio.get_running_loop().create_task(self.runner.run())
+        return f"{host}:{port}"
+
+    async def connect_downstream(self, address: str) -> None:
+        """Open the stream to our verifier: drafts go down it, verdicts come back."""
+        from pipespec.transport.streams import StageClient
+
+        client = StageClient(address)
+        await client.wait_ready()
+        self.clients.append(client)
+        self.runner.downstream = client.link(self.runner.deliver)
+
+    async def attached(self) -> None:
+        """Return once the coordinator (and our drafter, if any) have connected."""
+        await self.service.coordinator_attached.wait()
+        if self.index > 0:
+            await self.service.drafter_attached.wait()
+
+    def open_requests(self) -> int:
+        return len(self.runner.requests) if self.runner else 0
+
+
+@ray.remote
+class CoordinatorActor:
+    async def serve(self, config: PipelineConfig, stage_addresses: list[str], target: TargetInfo, host: str, port: int) -> str:
+        from pipespec.coordinator import Coordinator
+        from pipespec.frontdoor import FrontDoor
+        from pipespec.images import load_target_processor
+        from pipespec.tokenization import IncrementalDetokenizer, check_shared_tokenizer
+        from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
+        from pipespec.transport.streams import StageClient
+
+        tokenizer = check_shared_tokenizer(config)
+        processor = load_target_processor(config)
+        detok = (lambda: IncrementalDetokenizer(tokenizer)) if tokenizer is not None else None
+        self.coordinator = Coordinator([s.name for s in config.stages], detok)
+        self.clients = [StageClient(a) for a in stage_addresses]
+        for client in self.clients:
+            await client.wait_ready()
+        self.coordinator.stages = [c.control(self.coordinator.deliver) for c in self.clients]
+        service = CoordinatorService(self.coordinator, FrontDoor(config, target, tokenizer, processor), config.name)
+        self.server, bound = await serve_coordinator(service, host, port)
+        return f"{host}:{bound}"
+
+    def live_requests(self) -> int:
+        return len(self.coordinator.live)

@@ -1,0 +1,67 @@
+"""Serve a pipeline on a Ray cluster: the `ray job submit` entrypoint, and `pipespec serve`.
+
+    ray job submit --working-dir . -- python -m pipespec.cluster.launch CONFIG [--port P] [--strategy pack|spread]
+    pipespec serve CONFIG [--address RAY_ADDRESS]        # a local Ray unless --address
+
+Prints the address clients connect to (`pipespec generate --address ...`, `Client(address)`), then
+serves until stopped (Ctrl-C, SIGTERM, `ray job stop`), removing its actors and placement group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from pipespec.cluster.pipeline import ray_env, start_pipeline
+from pipespec.config import ConfigError, load_config
+
+
+def serve(config_path: str, ray_address: str | None, host: str, port: int | None, strategy: str) -> int:
+    ray_env()
+    import ray
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as e:
+        print(f"pipespec: {e}", file=sys.stderr)
+        return 2
+    if ray_address is None and not os.environ.get("RAY_ADDRESS"):
+        ray.init(address="local", include_dashboard=False)  # a Ray of our own on this machine
+    else:
+        ray.init(address=ray_address)  # the cluster we were submitted to (RAY_ADDRESS) or asked for
+    running = start_pipeline(config, host=host, port=port, strategy=strategy)
+    print(f"pipespec: serving {config.name!r} ({len(config.stages)} stages) at {running.address}", flush=True)
+    stop = asyncio.Event()
+
+    async def wait() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+
+    try:
+        asyncio.run(wait())
+    finally:
+        running.stop()
+        print("pipespec: stopped", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config")
+    parser.add_argument("--address", help="Ray cluster address (default: the job's cluster, else a local Ray)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface the gRPC servers bind")
+    parser.add_argument("--port", type=int, help="coordinator port (default: the config's server.port; 0 = any)")
+    parser.add_argument("--strategy", default="pack", help="placement: pack | spread | strict-pack | strict-spread")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return serve(args.config, args.address, args.host, args.port, args.strategy)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""Any Hugging Face image-text-to-text model as a stage: the VLM target.
+
+Loaded with `AutoModelForImageTextToText.from_pretrained` (LLaVA, LLaVA-NeXT, Idefics3/SmolVLM,
+Qwen2-VL/2.5-VL, Gemma 3, Mistral 3, ...). The front door has already run the model's processor:
+the request carries the expanded prompt ids and the pixel arrays (`ImageInputs`). `open` prefills
+every prompt token but the last together with the pixel arrays (the image is encoded once, here);
+every later `forward` feeds token ids only, over a per-request `DynamicCache` cropped on rollback,
+with positions taken from the cache length. Models with multimodal rotary positions (Qwen2-VL) keep
+their position offset on the model object; each session keeps its own and puts it back before
+each of its forwards, so concurrent requests with different images never share one.
+
+What the DREAM drafter needs of the target is exposed on the session: `prefill_features` holds the merged
+input embeddings, the last layer's post-norm hidden states and (when `image_attention` is on) the
+last-layer attention each prompt position received; `hidden` holds the post-norm hidden states of
+the tokens fed by the latest `forward`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AttentionInterface, AutoModelForImageTextToText, DynamicCache
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+from pipespec.config import ConfigError
+from pipespec.messages import ImageInputs, PrefillFeatures, RequestSpec
+from pipespec.stage import check_keep, check_length
+from pipespec.stages.causal_lm import DTYPES
+from pipespec.stages.dream.compression import attention_received
+from pipespec.stages.vocabulary import LogitsFit
+
+log = logging.getLogger(__name__)
+
+PER_TOKEN = ("token_type_ids", "mm_token_type_ids")  # processor arrays with one entry per prompt token [1, P]
+
+
+def _sdpa_with_weights(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, heads, q, d]
+    key: torch.Tensor,  # [1, kv_heads, k, d]
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,  # sdpa's: None (causal), bool (True = attend) or additive
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """sdpa's output unchanged, plus the attention weights sdpa never materialises (when asked)."""
+    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    if not getattr(module, "keep_weights", False):
+        return out, None
+    k = repeat_kv(key, query.shape[1] // key.shape[1]).float()
+    scores = (query.float() @ k.transpose(-1, -2)) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
+    q_len, k_len = query.shape[2], key.shape[2]
+    if attention_mask is None:  # causal, the queries being the last q_len of the k_len positions
+        attention_mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
+    if attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask, float("-inf"))
+    else:
+        scores = scores + attention_mask.float()
+    return out, scores.softmax(-1)  # [1, heads, q, k]
+
+
+AttentionInterface.register("sdpa_with_weights", _sdpa_with_weights)
+
+
+class _Taps:
+    """Forward hooks on the language model: its input embeddings, final-norm output, last-layer attention."""
+
+    def __init__(self, model: torch.nn.Module, image_attention: bool):
+        decoder = model.get_decoder()
+        self.embeddings: torch.Tensor | None = None
+        self.hidden: torch.Tensor | None = None
+        self.attention: torch.Tensor | None = None
+        self.last_attention: torch.nn.Module | None = None
+        decoder.register_forward_pre_hook(self._on_decoder, with_kwargs=True)
+        decoder.norm.register_forward_hook(self._on_norm)
+        if image_attention:
+            attn = self.last_attention = decoder.layers[-1].self_attn
+            attn.config = copy.copy(attn.config)  # this layer only: sdpa that can also return its weights
+            attn.config._attn_implementation = "sdpa_with_weights"
+            attn.register_forward_hook(self._on_attention)
+
+    def _on_decoder(self, module: Any, args: tuple, kwargs: dict) -> None:
+        self.embeddings = kwargs.get("inputs_embeds")
+
+    def _on_norm(self, module: Any, args: tuple, output: torch.Tensor) -> None:
+        self.hidden = output
+
+    def _on_attention(self, module: Any, args: tuple, output: tuple) -> None:
+        self.attention = output[1]  # [1, heads, q, k]
+
+
+class VLMStage:
+    takes_images = True
+
+    def __init__(
+        self,
+        name: str,
+        model_dir: str,
+        dtype: str = "bfloat16",
+        device: str = "cpu",
+        width: int | None = None,  # see CausalLMStage
+        valid: int | None = None,
+        image_attention: bool = False,  # also compute the last layer's attention weights at prefill
+    ):
+        self.name = name
+        self.device = torch.device(device)
+        self.dtype = DTYPES[dtype]
+        try:
+            model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=self.dtype)
+        except ValueError as e:  # a config class the auto mapping does not know: not an image-text model
+            raise ConfigError(f"stage {name!r}: {model_dir!r} is not an image-text-to-text model: {e}") from e
+        self.model = model.to(self.device).eval()
+        config = self.model.config
+        text = config.get_text_config()
+        self.fit = LogitsFit.of(name, self.model.get_output_embeddings().out_features, width, valid)
+        self.vocab_size = self.fit.width
+        self.max_context = getattr(text, "max_position_embeddings", None)
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = text.eos_token_id
+        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else eos or [])
+        image_token = getattr(config, "image_token_id", None)
+        self.image_token_id = getattr(config, "image_token_index", None) if image_token is None else image_token
+        self.taps = _Taps(self.model, image_attention)
+        self.inner = self.model.model
+        self.has_rope_deltas = hasattr(self.inner, "rope_deltas")
+
+    def open(self, request: RequestSpec) -> VLMSession:
+        session = VLMSession(self, request.prompt_token_ids)
+        if len(request.prompt_token_ids) > 1:
+            session.prefill(request.image)
+        elif request.image is not None:
+            raise ValueError(f"stage {self.name!r}: an image prompt needs more than its image tokens")
+        return session
+
+    def tensors(self, image: ImageInputs, prefill: int | None = None) -> dict[str, torch.Tensor]:
+        """Processor arrays -> model inputs; per-token arrays ([1, P]) cut to `prefill` = P - 1 tokens if given."""
+        out = {}
+        for key, array in image.arrays.items():
+            t = torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+            if prefill is not None and key in PER_TOKEN:
+                t = t[:, :prefill]
+            if t.is_floating_point():
+                t = t.to(self.dtype)
+            out[key] = t
+        return out
+
+    @torch.inference_mode()
+    def run(
+        self, session: VLMSession, keep: int, tokens: Sequence[int], image: dict[str, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
+        if self.has_rope_deltas:
+            self.inner.rope_deltas = session.rope_deltas
+        extra: dict[str, Any] = {}
+        if image is not None:
+            extra = dict(image, logits_to_keep=1)
+        out = self.model(input_ids=ids, past_key_values=session.cache, use_cache=True, **extra)
+        if self.has_rope_deltas:
+            session.rope_deltas = self.inner.rope_deltas
+        return self.fit(out.logits[0].float())  # [n, V] (prefill: [1, V])
+
+
+class VLMSession:
+    def __init__(self, stage: VLMStage, prompt: Sequence[int]):
+        self.stage = stage
+        self.prompt = tuple(prompt)
+        self.prompt_len = len(prompt)
+        self.last_prompt_token = prompt[-1]
+        self.cache = DynamicCache()
+        self.rope_deltas: torch.Tensor | None = None
+        hidden = stage.model.get_input_embeddings().embedding_dim
+        nothing = torch.empty(0, hidden, device=stage.device)
+        empty = PrefillFeatures(nothing, nothing, torch.empty(0, dtype=torch.bool, device=stage.device))
+        self.prefill_features: PrefillFeatures | None = empty  # replaced by `prefill` (a 1-token prompt has none)
+        self.hidden: torch.Tensor | None = None  # [n, H] post-norm, for the tokens of the last forward
+
+    def prefill(self, image: ImageInputs | None) -> None:
+        stage, taps = self.stage, self.stage.taps
+        length = self.prompt_len - 1
+        pixels = stage.tensors(image, length) if image is not None else {}
+        taps.attention = None
+        if taps.last_attention is not None:
+            taps.last_attention.keep_weights = True
+        try:
+            stage.run(self, 0, self.prompt[:-1], pixels)
+        finally:
+            if taps.last_attention is not None:
+                taps.last_attention.keep_weights = False
+        check_length(stage.name, self.cache.get_seq_length(), length)
+        hidden = taps.hidden[0].detach()
+        image_mask = torch.tensor(self.prompt[:-1], device=hidden.device) == stage.image_token_id
+        received = None
+        if taps.attention is not None:
+            received = attention_received(taps.attention[0], image_mask)
+        self.prefill_features = PrefillFeatures(taps.embeddings[0].detach(), hidden, image_mask, received)
+
+    def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
+        name = self.stage.name
+        cache_len = self.cache.get_seq_length()
+        check_keep(name, keep, cache_len)
+        assert keep >= self.prompt_len - 1, f"rollback into the prompt ({keep} < {self.prompt_len - 1}): the image is gone"
+        if keep < cache_len:
+            self.cache.crop(keep - cache_len)
+            check_length(name, self.cache.get_seq_length(), keep)
+        logits = self.stage.run(self, keep, tokens)
+        self.hidden = self.stage.taps.hidden[0].detach()
+        check_length(name, self.cache.get_seq_length(), keep + len(tokens))
+        return logits
+
+    def close(self) -> None:
+        self.cache = DynamicCache()
+        self.prefill_features = None
+        self.hidden = None

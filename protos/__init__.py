@@ -1,1 +1,0 @@
-"""The wire contract (pipespec.proto) and its generated Python modules (regenerate: python -m protos.build)."""

@@ -1,0 +1,84 @@
+"""experiments.report: the plan is checked against the measured best, and the page renders what exists."""
+
+from __future__ import annotations
+
+from experiments import report as results
+
+
+def _bench(**tps: float) -> dict:
+    return {"rows": [{"method": name.replace("_", "->"), "tokens_per_s": v} for name, v in tps.items()]}
+
+
+def _plan(recommended: tuple[str, ...]) -> dict:
+    chains = [{"stages": ["target"], "tokens_per_s": 10.0}, {"stages": ["tiny", "target"], "tokens_per_s": 20.0}]
+    return {"recommended": {"stages": list(recommended)}, "chains": chains}
+
+
+def test_the_plan_agrees_with_the_measured_best():
+    bench = _bench(**{"target": 9.0, "sync tiny_target": 15.0, "async target": 8.0, "async tiny_target": 17.0})
+    text = results.plan_check(_plan(("tiny", "target")), bench)
+    assert "is the measured best" in text
+    assert "| tiny -> target (recommended) | 20.0 | 17.0 |" in text
+    assert "sync" not in text.split("\n\n")[0]  # only asynchronous chains are compared
+
+
+def test_the_plan_disagreeing_with_the_measured_best_says_by_how_much():
+    bench = _bench(**{"async target": 8.0, "async tiny_target": 16.0, "async tiny_dream_target (local)": 20.0})
+    text = results.plan_check(_plan(("tiny", "target")), bench)
+    assert "is not the measured best (tiny -> dream -> target)" in text and "80%" in text
+
+
+def test_the_page_renders_with_nothing_measured(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    monkeypatch.setattr(results, "BENCH", tmp_path / "bench")
+    monkeypatch.setattr(results, "PLAN", tmp_path / "plan.json")
+    monkeypatch.setattr(results, "SCALING", tmp_path / "scaling")
+    page = results.render()
+    assert page.startswith("# Results") and "CPU cores" in page
+    assert page.count("_Not measured yet") == 6  # accuracy, ablations, bench, plan, scaling, vlm
+
+
+def test_the_third_stage_is_weighed_on_a_shared_core():
+    """dream alone: 1 / 2 ms = 500 tok/s; tiny in front: 2.5 tokens / (3 ms + 4 x 1 ms) = 357 tok/s."""
+    profile = {
+        "gamma": 4,
+        "stages": [
+            {"name": "tiny", "forward_s": 0.001, "verify_s": 0.001},
+            {"name": "dream", "forward_s": 0.002, "verify_s": 0.003},
+            {"name": "target", "forward_s": 0.010, "verify_s": 0.012},
+        ],
+        "pairs": [
+            {"drafter": "tiny", "verifier": "target", "mean_acceptance_length": 3.0},
+            {"drafter": "tiny", "verifier": "dream", "mean_acceptance_length": 2.5},
+        ],
+    }
+    text = results._third_stage(profile)
+    assert "dream drafts alone at 500 tok/s" in text and "it drafts 357 tok/s, 0.71x" in text
+
+
+def test_the_ablation_is_held_to_the_issue_bars():
+    def ablation(**tau: float) -> dict:
+        return {name: {"mean_acceptance_length": v, "prompts": 48} for name, v in tau.items()}
+
+    met = results._ablation_verdicts(ablation(dream=4.4, no_cross_attention=4.0, **{"compression_0.75": 4.32}))
+    assert met == [
+        "- DREAM over the EAGLE-style block (no_cross_attention): +10.0% (bar: at least +10%, the paper's gain; met).",
+        "- Compression 0.75 against none: -1.8% (bar: at most 2% lower; met).",
+    ]
+    missed = results._ablation_verdicts(ablation(dream=4.0, no_cross_attention=3.9, **{"compression_0.75": 3.8}))
+    assert "+2.6%" in missed[0] and missed[0].endswith("not met).") and missed[1].endswith("not met).")
+    assert results._ablation_verdicts(ablation(dream=4.0)) == []
+
+
+def test_the_ablation_table_shows_each_seed(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    ablation = {
+        "dream": {"mean_acceptance_length": 4.0, "prompts": 48, "per_seed": [4.1, 3.9], "seeds": [0, 1]},
+        "no_cross_attention": {"mean_acceptance_length": 3.8, "prompts": 48},  # written before --seeds
+    }
+    (tmp_path / "dream_ablation.json").write_text(json.dumps(ablation))
+    text = results.section_models()
+    assert "| dream | 4.000 | +0.0% | 4.100, 3.900 | 48 |" in text
+    assert "| no_cross_attention | 3.800 | -5.0% | - | 48 |" in text
