@@ -308,7 +308,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--resume continues the target's training, not step {args.step!r} (all runs both phases)")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.manual_seed(args.seed)
-    steps = [args.step] if args.step != "all" else ["tokenizer", "target", "target-resume", "tiny", "dream", "evaluate", "picture"]
+    steps = (
+        [args.step] if args.step != "all" else ["tokenizer", "target", "target-resume", "tiny", "dream", "evaluate", "picture"]
+    )
     for step in steps:
         step = "target-resume" if step == "target" and args.resume else step
         shipped_steps, shipped_minutes = SHIPPED.get(step, (None, None))
