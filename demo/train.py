@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from demo.tower import pretrain_tower
-from demo.optimiser import Optimiser
 from demo.llava_template import CHAT_TEMPLATE
+from pipespec.stages.dream.training.optimiser import Optimiser
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +308,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--resume continues the target's training, not step {args.step!r} (all runs both phases)")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.manual_seed(args.seed)
-    steps = [args.step] if args.step != "all" else ["tokenizer", "target", "target-resume", "tiny", "dream", "evaluate", "picture"]
+    steps = (
+        [args.step] if args.step != "all" else ["tokenizer", "target", "target-resume", "tiny", "dream", "evaluate", "picture"]
+    )
     for step in steps:
         step = "target-resume" if step == "target" and args.resume else step
         shipped_steps, shipped_minutes = SHIPPED.get(step, (None, None))
