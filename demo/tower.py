@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from demo.optimiser import Optimiser
 from demo.world import BACKGROUNDS, CELLS, COLOURS, KINDS_OF_SHAPE, SIZES, WORDS, Scene, random_scene, render
+from pipespec.stages.dream.training.optimiser import Optimiser
 
 log = logging.getLogger(__name__)
 

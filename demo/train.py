@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from demo.tower import pretrain_tower
-from demo.optimiser import Optimiser
 from demo.llava_template import CHAT_TEMPLATE
+from pipespec.stages.dream.training.optimiser import Optimiser
 
 log = logging.getLogger(__name__)
 

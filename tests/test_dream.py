@@ -127,8 +127,9 @@ def test_compression_keeps_the_most_attended_image_tokens():
 def test_the_intermediate_regression_does_not_depend_on_the_residual_streams_scale():
     """Mid-layer residual streams run 5-18x the post-norm last hidden state: the first block regresses
     onto the selected layer RMS-normalised, so scaling that layer changes nothing in the loss."""
-    from pipespec.stages.dream.features import SequenceFeatures
-    from pipespec.stages.dream.train import Variant, sequence_loss
+    from pipespec.stages.dream.training.features import SequenceFeatures
+    from pipespec.stages.dream.training.loss import sequence_loss
+    from pipespec.stages.dream.training.variants import Variant
 
     torch.manual_seed(0)
     T, P, H, V, L = 12, 5, CONFIG.hidden_size, CONFIG.vocab_size, 4
@@ -264,7 +265,7 @@ def test_a_dream_stage_must_sit_right_before_a_vlm_target(world):
 @pytest.fixture(scope="module")
 def trainer(world):
     from pipespec.images import load_processor
-    from pipespec.stages.dream.train import examples_for, noise_samples
+    from pipespec.stages.dream.training.data import examples_for, noise_samples
     from pipespec.stages.vlm import VLMStage
 
     stage = VLMStage("target", world["target"], "float32")
@@ -273,7 +274,7 @@ def trainer(world):
 
 
 def test_target_features_and_entropy_selection(trainer):
-    from pipespec.stages.dream.features import FeatureExtractor
+    from pipespec.stages.dream.training.features import FeatureExtractor
 
     stage, examples = trainer
     ex = examples[0]
@@ -298,7 +299,9 @@ def test_target_features_and_entropy_selection(trainer):
 
 @pytest.mark.parametrize("variant", ["dream", "no_cross_attention", "compression_0.5", "layer_50"])
 def test_training_loss_falls_on_a_small_fixed_batch(trainer, variant):
-    from pipespec.stages.dream.train import VARIANTS, mean_acceptance_length, train
+    from pipespec.stages.dream.training.evaluation import mean_acceptance_length
+    from pipespec.stages.dream.training.loop import train
+    from pipespec.stages.dream.training.variants import VARIANTS
 
     stage, examples = trainer
     chosen = next(v for v in VARIANTS if v.name == variant)
@@ -310,7 +313,7 @@ def test_training_loss_falls_on_a_small_fixed_batch(trainer, variant):
 
 def test_every_fast_parameter_name_matches_a_cross_attention_parameter():
     """A rename must not silently drop the gates or the q/k scales back to the slow learning rate."""
-    from pipespec.stages.dream.train import FAST_PARAMETERS
+    from pipespec.stages.dream.training.loop import FAST_PARAMETERS
 
     names = [n for n, _ in drafter().named_parameters()]
     for suffix in FAST_PARAMETERS:

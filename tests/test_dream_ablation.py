@@ -8,8 +8,9 @@ import statistics
 import pytest
 import torch
 
-from pipespec.stages.dream.ablation import GridSpec, run_grid, worker_threads
-from pipespec.stages.dream.train import VARIANTS, examples_for, noise_samples
+from pipespec.stages.dream.training.ablation import GridSpec, run_grid, worker_threads
+from pipespec.stages.dream.training.data import examples_for, noise_samples
+from pipespec.stages.dream.training.variants import VARIANTS
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +59,7 @@ def test_a_grid_of_no_seeds_is_refused_by_name():
     import subprocess
     import sys
 
-    argv = [sys.executable, "-m", "pipespec.stages.dream.train", "--target", "unused", "--ablations", "--seeds", "0"]
+    argv = [sys.executable, "-m", "pipespec.stages.dream.train", "--target", "unused", "--samples", "unused:unused"]
+    argv += ["--ablations", "--seeds", "0"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--seeds must be at least 1, got 0" in out.stderr

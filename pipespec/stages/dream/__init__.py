@@ -1,2 +1,3 @@
 """The DREAM drafter (design section 4): `model.py` the network, `compression.py` which image positions it
-keeps, `checkpoint.py` its files, `stage.py` the `dream` stage, `train.py` its training and ablations."""
+keeps, `checkpoint.py` its files, `stage.py` the `dream` stage, `training/` its training and ablations,
+`train.py` their command line."""

@@ -29,7 +29,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from pipespec.stages.dream import train as training
+from pipespec.stages.dream.training.data import Example
+from pipespec.stages.dream.training.evaluation import mean_acceptance_length
+from pipespec.stages.dream.training.loop import train
+from pipespec.stages.dream.training.variants import Variant
 from pipespec.stages.vlm import VLMStage
 
 
@@ -45,9 +48,9 @@ class GridSpec:
 
 def run_grid(
     stage: VLMStage,
-    variants: Sequence[training.Variant],
-    train_set: Sequence[training.Example],
-    held_out: Sequence[training.Example],
+    variants: Sequence[Variant],
+    train_set: Sequence[Example],
+    held_out: Sequence[Example],
     spec: GridSpec,
     jobs: int = 1,
 ) -> dict[str, dict]:
@@ -79,22 +82,22 @@ def worker_threads(jobs: int) -> int:
 
 def _train_and_evaluate(
     stage: VLMStage,
-    train_set: Sequence[training.Example],
-    held_out: Sequence[training.Example],
-    variant: training.Variant,
+    train_set: Sequence[Example],
+    held_out: Sequence[Example],
+    variant: Variant,
     seed: int,
     spec: GridSpec,
     progress: bool,
 ) -> float:
-    ckpt, _ = training.train(stage, train_set, variant, spec.steps, spec.lr, seed, progress=progress)
-    return training.mean_acceptance_length(stage, ckpt, held_out, spec.gamma)
+    ckpt, _ = train(stage, train_set, variant, spec.steps, spec.lr, seed, progress=progress)
+    return mean_acceptance_length(stage, ckpt, held_out, spec.gamma)
 
 
 def _in_workers(
     stage: VLMStage,
-    cells: list[tuple[training.Variant, int]],
-    train_set: Sequence[training.Example],
-    held_out: Sequence[training.Example],
+    cells: list[tuple[Variant, int]],
+    train_set: Sequence[Example],
+    held_out: Sequence[Example],
     spec: GridSpec,
     jobs: int,
 ) -> list[float]:
@@ -105,8 +108,7 @@ def _in_workers(
         context = multiprocessing.get_context("spawn")  # no forked torch thread pools
         init = (stage.model.name_or_path, str(examples), threads)
         with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_load_worker, initargs=init) as pool:
-            # A variant travels as its fields: run as `python -m pipespec.stages.dream.train`, its class is __main__'s.
-            futures = [pool.submit(_worker_cell, dataclasses.asdict(v), seed, spec) for v, seed in cells]
+            futures = [pool.submit(_worker_cell, v, seed, spec) for v, seed in cells]
             names = {f: f"{v.name} seed {seed}" for f, (v, seed) in zip(futures, cells)}
             bar = tqdm(total=len(futures), desc=f"ablation ({jobs} jobs)")
             for done in concurrent.futures.as_completed(futures):
@@ -125,6 +127,6 @@ def _load_worker(target: str, examples: str, threads: int) -> None:
     _worker.update(torch.load(examples, weights_only=False))
 
 
-def _worker_cell(variant: dict, seed: int, spec: GridSpec) -> float:
+def _worker_cell(variant: Variant, seed: int, spec: GridSpec) -> float:
     stage, train_set, held_out = _worker["stage"], _worker["train"], _worker["held_out"]
-    return _train_and_evaluate(stage, train_set, held_out, training.Variant(**variant), seed, spec, progress=False)
+    return _train_and_evaluate(stage, train_set, held_out, variant, seed, spec, progress=False)
