@@ -59,7 +59,6 @@ def test_a_grid_of_no_seeds_is_refused_by_name():
     import subprocess
     import sys
 
-    argv = [sys.executable, "-m", "pipespec.stages.dream.train", "--target", "unused", "--samples", "unused:unused"]
-    argv += ["--ablations", "--seeds", "0"]
+    argv = [sys.executable, "-m", "pipespec.stages.dream.train", "--target", "unused", "--ablations", "--seeds", "0"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--seeds must be at least 1, got 0" in out.stderr

@@ -68,7 +68,7 @@ def plot_curve(curve: Sequence[float], path: Path, width: int = 640, height: int
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", required=True, help="the VLM target's directory")
-    parser.add_argument("--samples", required=True, help="MODULE:FUNCTION giving (image, prompt) pairs")
+    parser.add_argument("--samples", help="MODULE:FUNCTION giving (image, prompt) pairs (required)")
     parser.add_argument("--out", type=Path, help="where the trained drafter goes (the dream stage loads it)")
     parser.add_argument("--train-samples", type=int, default=256)
     parser.add_argument("--held-out", type=int, default=32)
@@ -87,6 +87,8 @@ def main() -> None:
     for flag in ("seeds", "jobs"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    if args.samples is None:
+        parser.error("--samples MODULE:FUNCTION is required (e.g. demo.world:samples for the demo's world)")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.manual_seed(args.seed)
     stage = VLMStage("target", args.target, "float32")
