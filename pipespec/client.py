@@ -14,9 +14,11 @@ pipeline config's defaults.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from typing import Any
 
+from pipespec.generate_args import GenerateArgs
 from pipespec.images import image_bytes
 from pipespec.outputs import Delta, Generation
 
@@ -26,39 +28,23 @@ class Client:
         self.address = address
         self.timeout = timeout
 
-    def _request(
-        self,
-        prompt: str | None = None,
-        *,
-        prompt_token_ids: Sequence[int] | None = None,
-        image: Any = None,
-        max_new_tokens: int = 64,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] | None = None,
-    ):
-        """The request's keywords, the same as `LocalPipeline.generate`'s, into a GenerateRequest."""
-        from pipespec.transport.generate_client import build_request
-
-        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
-        ids = list(prompt_token_ids) if prompt_token_ids is not None else None
-        return build_request(
-            prompt, ids, image_bytes(image)[0] if image is not None else None, max_new_tokens, sampling, list(stop or [])
-        )
+    @staticmethod
+    def _args(prompt: str | None, **kwargs: Any) -> GenerateArgs:
+        """The request's keywords (`GenerateArgs`, the same as `LocalPipeline.generate`'s), the image encoded."""
+        args = GenerateArgs(prompt, **kwargs)
+        return replace(args, image=image_bytes(args.image)[0]) if args.image is not None else args
 
     def stream(self, prompt: str | None = None, **kwargs: Any) -> Iterator[Delta]:
-        """Yield deltas as they are committed; keywords as in `_request`."""
+        """Yield deltas as they are committed; keywords as in `GenerateArgs`."""
         from pipespec.transport.generate_client import stream
 
-        yield from stream(self.address, self._request(prompt, **kwargs), self.timeout)
+        yield from stream(self.address, self._args(prompt, **kwargs), self.timeout)
 
     async def astream(self, prompt: str | None = None, **kwargs: Any) -> AsyncIterator[Delta]:
         """The async twin of `stream`."""
         from pipespec.transport.generate_client import astream
 
-        async for delta in astream(self.address, self._request(prompt, **kwargs), self.timeout):
+        async for delta in astream(self.address, self._args(prompt, **kwargs), self.timeout):
             yield delta
 
     def generate(self, prompt: str | None = None, **kwargs: Any) -> Generation:

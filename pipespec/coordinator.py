@@ -43,10 +43,16 @@ class _Live:
 class Coordinator:
     def __init__(self, stage_names: Sequence[str], detokenizer_factory: Callable[[], Detokenizer] | None):
         self.stage_names = list(stage_names)
-        self.stages: list[Link] = []  # set by whoever wires the pipeline, upstream to downstream
+        self.stages: list[Link] = []  # upstream to downstream (`connect`)
         self.detokenizer_factory = detokenizer_factory
         self.ledger = Ledger()
         self.live: dict[str, _Live] = {}
+
+    def connect(self, stages: Sequence[Link]) -> None:
+        """Give the coordinator its links to every stage, upstream to downstream."""
+        if len(stages) != len(self.stage_names):
+            raise ValueError(f"{len(stages)} links for the {len(self.stage_names)} stages {self.stage_names}")
+        self.stages = list(stages)
 
     # ---- client side --------------------------------------------------------------------------
 

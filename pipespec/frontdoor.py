@@ -1,4 +1,4 @@
-"""The front door: one request's inputs validated into a `RequestSpec`, or a clear error.
+"""The front door: one request's `GenerateArgs` validated into a `RequestSpec`, or a clear error.
 
 Shared by every way in (LocalPipeline, the coordinator's gRPC service), so a bad value is refused
 the same way everywhere, before anything reaches a stage, and never disturbs running requests. An
@@ -9,11 +9,11 @@ Torch-free: it knows the target through a `TargetInfo`, not the model.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pipespec.config import PipelineConfig, StageSpec
+from pipespec.generate_args import GenerateArgs
 from pipespec.images import encode_image_prompt, encode_text_prompt, load_image
 from pipespec.messages import RequestSpec
 from pipespec.tokenization import encode_prompt
@@ -52,39 +52,27 @@ class FrontDoor:
         self.processor = processor
         self._ids = itertools.count()
 
-    def request(
-        self,
-        prompt: str | None = None,
-        *,
-        prompt_token_ids: Sequence[int] | None = None,
-        image: Any = None,
-        max_new_tokens: int = 64,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] | None = None,
-    ) -> tuple[RequestSpec, tuple[str, ...]]:
+    def request(self, args: GenerateArgs) -> tuple[RequestSpec, tuple[str, ...]]:
         """Validate one request; sampling defaults come from the config. Raises ValueError."""
         target = self.target
-        if (prompt is None) == (prompt_token_ids is None):
+        if (args.prompt is None) == (args.prompt_token_ids is None):
             raise ValueError("give exactly one of prompt and prompt_token_ids")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        if image is not None and not target.takes_images:
+        if isinstance(args.max_new_tokens, bool) or not isinstance(args.max_new_tokens, int) or args.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {args.max_new_tokens!r}")
+        if args.image is not None and not target.takes_images:
             raise ValueError(f"target stage {target.name!r} ({target.kind}) does not take images")
-        if image is not None and prompt is None:
+        if args.image is not None and args.prompt is None:
             raise ValueError("an image needs a text prompt (the processor places its image tokens), not prompt_token_ids")
         image_prompt = None
-        if image is not None:
-            image_prompt = encode_image_prompt(self.processor, prompt, load_image(image))
+        if args.image is not None:
+            image_prompt = encode_image_prompt(self.processor, args.prompt, load_image(args.image))
             ids = list(image_prompt.prompt_token_ids)
-        elif prompt_token_ids is not None:
-            ids = [int(t) for t in prompt_token_ids]
+        elif args.prompt_token_ids is not None:
+            ids = [int(t) for t in args.prompt_token_ids]
         elif self.processor is not None:
-            ids = encode_text_prompt(self.processor, prompt)
+            ids = encode_text_prompt(self.processor, args.prompt)
         elif self.tokenizer is not None:
-            ids = encode_prompt(self.tokenizer, prompt)
+            ids = encode_prompt(self.tokenizer, args.prompt)
         else:
             raise ValueError("this pipeline has no tokenizer (mock stages): pass prompt_token_ids")
         if not ids:
@@ -92,21 +80,21 @@ class FrontDoor:
         bad = [t for t in ids if not 0 <= t < target.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary of {target.vocab_size}")
-        if target.max_context is not None and len(ids) + max_new_tokens > target.max_context:
+        if target.max_context is not None and len(ids) + args.max_new_tokens > target.max_context:
             raise ValueError(
-                f"prompt of {len(ids)} tokens + max_new_tokens {max_new_tokens} exceeds the context of "
+                f"prompt of {len(ids)} tokens + max_new_tokens {args.max_new_tokens} exceeds the context of "
                 f"{target.max_context} tokens of target {target.name!r}"
             )
-        if stop and self.tokenizer is None:
+        if args.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this pipeline has none (mock stages)")
-        params = self.config.sampling.params(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        params = self.config.sampling.params(**args.sampling())
         spec = RequestSpec(
             request_id=f"req-{next(self._ids)}",
             prompt_token_ids=tuple(ids),
             params=params,
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=args.max_new_tokens,
             stop_token_ids=target.eos_token_ids,
             image=image_prompt.image if image_prompt else None,
             text_prompt_token_ids=image_prompt.text_prompt_token_ids if image_prompt else None,
         )
-        return spec, tuple(stop or ())
+        return spec, args.stop

@@ -18,16 +18,16 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from pipespec.assembly import Entrance, link_coordinator, link_in_process, link_to_verifier
 from pipespec.config import PipelineConfig
 from pipespec.coordinator import Coordinator
-from pipespec.frontdoor import FrontDoor, TargetInfo
-from pipespec.images import load_target_processor
+from pipespec.frontdoor import TargetInfo
+from pipespec.generate_args import GenerateArgs
 from pipespec.links import Inbox, InProcessLink, Link
 from pipespec.messages import RequestSpec
 from pipespec.outputs import Delta, Generation
 from pipespec.runner import StageRunner
 from pipespec.stage import Stage
-from pipespec.tokenization import IncrementalDetokenizer, check_shared_tokenizer
 
 
 class LocalPipeline:
@@ -49,14 +49,13 @@ class LocalPipeline:
         self.over_grpc = over_grpc
         self._servers: list = []  # gRPC servers and clients (over_grpc only)
         self._clients: list = []
-        self.tokenizer = check_shared_tokenizer(config)  # before any weights load
-        processor = load_target_processor(config)
+        self.entrance = Entrance.check(config)  # before any weights load
         if stages is None:
             from pipespec.stages import load_stages
 
-            stages = load_stages(config, len(self.tokenizer) if self.tokenizer is not None else None)
+            stages = load_stages(config, self.entrance.tokenizer_size)
         self.stages = list(stages)
-        self.front_door = FrontDoor(config, TargetInfo.of(config.target, self.stages[-1]), self.tokenizer, processor)
+        self.front_door = self.entrance.front_door(TargetInfo.of(config.target, self.stages[-1]))
         if torch_threads is not None:
             import torch
 
@@ -66,6 +65,11 @@ class LocalPipeline:
         self.runners: list[StageRunner] = []
         self.coordinator: Coordinator | None = None
         self._tasks: list[asyncio.Task] = []
+
+    @property
+    def tokenizer(self) -> Any | None:
+        """The tokenizer every stage shares, None for mock stages."""
+        return self.entrance.tokenizer
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -83,39 +87,25 @@ class LocalPipeline:
         asyncio.run_coroutine_threadsafe(self._wire(), self.loop).result()
 
     async def _wire(self) -> None:
-        specs = self.config.stages
-        k = len(specs)
         self.runners = [StageRunner.for_config(stage, self.config, i) for i, stage in enumerate(self.stages)]
-        detok = (lambda: IncrementalDetokenizer(self.tokenizer)) if self.tokenizer is not None else None
-        self.coordinator = Coordinator([s.name for s in specs], detok)
-        link = self.link_factory
-        for i, runner in enumerate(self.runners):
-            runner.coordinator = link(self.coordinator)
-            if i > 0:
-                runner.upstream = link(self.runners[i - 1])
-            if i < k - 1:
-                runner.downstream = link(self.runners[i + 1])
-        self.coordinator.stages = [link(r) for r in self.runners]
+        self.coordinator = self.entrance.coordinator()
         if self.over_grpc:
             await self._wire_grpc()
+        else:
+            link_in_process(self.runners, self.coordinator, self.link_factory)
         self._tasks = [asyncio.create_task(r.run(), name=f"runner-{r.name}") for r in self.runners]
 
     async def _wire_grpc(self) -> None:
-        """Replace every link with a gRPC stream through a server per stage on 127.0.0.1."""
-        from pipespec.transport.streams import StageClient, serve_stage
+        """Every link a gRPC stream, through a server per stage on 127.0.0.1 (as on a cluster)."""
+        from pipespec.transport.streams import serve_stage
 
         served = [await serve_stage(r) for r in self.runners]
-        clients = [StageClient(f"127.0.0.1:{port}") for _, port, _ in served]
-        self._servers, self._clients = [s for s, _, _ in served], clients
-        for client in clients:
-            await client.wait_ready()
-        for i, runner in enumerate(self.runners[:-1]):
-            runner.downstream = clients[i + 1].link(runner.deliver)
-        self.coordinator.stages = [c.control(self.coordinator.deliver) for c in clients]
-        for i, (_, _, service) in enumerate(served):
-            await service.coordinator_attached.wait()
-            if i > 0:
-                await service.drafter_attached.wait()
+        addresses = [f"127.0.0.1:{port}" for _, port, _ in served]
+        clients = [await link_to_verifier(r, verifier) for r, verifier in zip(self.runners[:-1], addresses[1:])]
+        clients += await link_coordinator(self.coordinator, addresses)
+        self._servers, self._clients = [server for server, _, _ in served], clients
+        for _, _, service in served:
+            await service.attached()
 
     def close(self) -> None:
         if self.loop is None:
@@ -141,8 +131,8 @@ class LocalPipeline:
     # ---- requests -----------------------------------------------------------------------------
 
     def request(self, prompt: str | None = None, **kwargs: Any) -> tuple[RequestSpec, tuple[str, ...]]:
-        """Validate one request at the front door (see pipespec.frontdoor)."""
-        return self.front_door.request(prompt, **kwargs)
+        """Validate one request at the front door (see pipespec.frontdoor); keywords as in `GenerateArgs`."""
+        return self.front_door.request(GenerateArgs(prompt, **kwargs))
 
     def stream(self, prompt: str | None = None, **kwargs: Any) -> Iterator[Delta]:
         """Yield deltas as the target commits them; leaving the loop early aborts the request."""

@@ -158,6 +158,16 @@ class StageRunner:
     def deliver(self, message: Message) -> None:
         self.inbox.put_nowait(message)
 
+    def connect(self, *, upstream: Link | None = None, downstream: Link | None = None, coordinator: Link | None = None) -> None:
+        """Give this runner the links given (the others stay): to its drafter (upstream), to its
+        verifier (downstream), to the coordinator. Over gRPC each arrives when its stream attaches."""
+        if upstream is not None:
+            self.upstream = upstream
+        if downstream is not None:
+            self.downstream = downstream
+        if coordinator is not None:
+            self.coordinator = coordinator
+
     async def run(self) -> None:
         self.loop = asyncio.get_running_loop()
         try:

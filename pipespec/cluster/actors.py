@@ -54,18 +54,13 @@ class StageActor:
 
     async def connect_downstream(self, address: str) -> None:
         """Open the stream to our verifier: drafts go down it, verdicts come back."""
-        from pipespec.transport.streams import StageClient
+        from pipespec.assembly import link_to_verifier
 
-        client = StageClient(address)
-        await client.wait_ready()
-        self.clients.append(client)
-        self.runner.downstream = client.link(self.runner.deliver)
+        self.clients.append(await link_to_verifier(self.runner, address))
 
     async def attached(self) -> None:
         """Return once the coordinator (and our drafter, if any) have connected."""
-        await self.service.coordinator_attached.wait()
-        if self.index > 0:
-            await self.service.drafter_attached.wait()
+        await self.service.attached()
 
     def open_requests(self) -> int:
         return len(self.runner.requests) if self.runner else 0
@@ -74,22 +69,13 @@ class StageActor:
 @ray.remote
 class CoordinatorActor:
     async def serve(self, config: PipelineConfig, stage_addresses: list[str], target: TargetInfo, host: str, port: int) -> str:
-        from pipespec.coordinator import Coordinator
-        from pipespec.frontdoor import FrontDoor
-        from pipespec.images import load_target_processor
-        from pipespec.tokenization import IncrementalDetokenizer, check_shared_tokenizer
+        from pipespec.assembly import Entrance, link_coordinator
         from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
-        from pipespec.transport.streams import StageClient
 
-        tokenizer = check_shared_tokenizer(config)
-        processor = load_target_processor(config)
-        detok = (lambda: IncrementalDetokenizer(tokenizer)) if tokenizer is not None else None
-        self.coordinator = Coordinator([s.name for s in config.stages], detok)
-        self.clients = [StageClient(a) for a in stage_addresses]
-        for client in self.clients:
-            await client.wait_ready()
-        self.coordinator.stages = [c.control(self.coordinator.deliver) for c in self.clients]
-        service = CoordinatorService(self.coordinator, FrontDoor(config, target, tokenizer, processor), config.name)
+        entrance = Entrance.check(config)
+        self.coordinator = entrance.coordinator()
+        self.clients = await link_coordinator(self.coordinator, stage_addresses)
+        service = CoordinatorService(self.coordinator, entrance.front_door(target), config.name)
         self.server, bound = await serve_coordinator(service, host, port)
         return f"{host}:{bound}"
 

@@ -20,10 +20,9 @@ from ray.exceptions import RayError as ClusterError  # noqa: F401  (what a faile
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from pipespec.assembly import Entrance
 from pipespec.cluster.actors import CoordinatorActor, StageActor
 from pipespec.config import ConfigError, PipelineConfig
-from pipespec.images import load_target_processor
-from pipespec.tokenization import check_shared_tokenizer
 from pipespec.stages import check_vocabularies
 
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -78,9 +77,7 @@ def start_pipeline(
 ) -> RunningPipeline:
     if strategy not in STRATEGIES:
         raise ConfigError(f"placement strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
-    tokenizer = check_shared_tokenizer(config)  # config-time checks, before any actor loads weights
-    load_target_processor(config)
-    valid = len(tokenizer) if tokenizer is not None else None
+    valid = Entrance.check(config).tokenizer_size  # config-time checks, before any actor loads weights
     specs = config.stages
     bundles = [_bundle(s.resources) or {"CPU": 0.01} for s in specs]
     group = placement_group(bundles, strategy=STRATEGIES[strategy], name=f"pipespec-{config.name}")

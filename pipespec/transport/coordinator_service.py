@@ -15,13 +15,10 @@ import grpc
 from pipespec import codec
 from pipespec.coordinator import Coordinator
 from pipespec.frontdoor import FrontDoor
-from pipespec.transport.streams import SERVER_OPTIONS
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
-
-
-def _optional(request: pb.GenerateRequest, name: str):
-    return getattr(request, name) if request.HasField(name) else None
+from pipespec.transport.generate_request import from_proto
+from pipespec.transport.streams import SERVER_OPTIONS
 
 
 class CoordinatorService(pb_grpc.CoordinatorServicer):
@@ -32,18 +29,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateResponse]:
         try:
-            spec, stop = await asyncio.to_thread(  # off the loop: an image runs through the processor
-                self.front_door.request,
-                request.prompt if not request.prompt_token_ids else None,
-                prompt_token_ids=list(request.prompt_token_ids) or None,
-                image=request.image or None,
-                max_new_tokens=request.max_new_tokens if request.max_new_tokens else 64,
-                temperature=_optional(request, "temperature"),
-                top_p=_optional(request, "top_p"),
-                top_k=_optional(request, "top_k"),
-                seed=_optional(request, "seed"),
-                stop=list(request.stop),
-            )
+            # off the loop: an image runs through the processor
+            spec, stop = await asyncio.to_thread(self.front_door.request, from_proto(request))
         except ValueError as e:
             yield pb.GenerateResponse(error=pb.Error(message=str(e)))
             return

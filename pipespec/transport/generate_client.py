@@ -3,36 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import grpc
 
 from pipespec import codec
+from pipespec.generate_args import GenerateArgs
 from pipespec.outputs import Delta
-from pipespec.transport.streams import CHANNEL_OPTIONS
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
-
-
-def build_request(
-    prompt: str | None,
-    prompt_token_ids: list[int] | None,
-    image: bytes | None,
-    max_new_tokens: int,
-    sampling: dict[str, Any],
-    stop: list[str] | None,
-) -> pb.GenerateRequest:
-    request = pb.GenerateRequest(
-        prompt=prompt or "",
-        prompt_token_ids=prompt_token_ids or [],
-        image=image or b"",
-        max_new_tokens=max_new_tokens,
-        stop=stop or [],
-    )
-    for name, value in sampling.items():
-        if value is not None:
-            setattr(request, name, value)
-    return request
+from pipespec.transport.generate_request import to_proto
+from pipespec.transport.streams import CHANNEL_OPTIONS
 
 
 def to_delta(response: pb.GenerateResponse) -> Delta:
@@ -44,9 +24,10 @@ def to_delta(response: pb.GenerateResponse) -> Delta:
     return Delta("", (), "error", None, response.error.message)
 
 
-def stream(address: str, request: pb.GenerateRequest, timeout: float | None) -> Iterator[Delta]:
+def stream(address: str, args: GenerateArgs, timeout: float | None) -> Iterator[Delta]:
+    """`args.image`: encoded bytes or None."""
     with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-        call = pb_grpc.CoordinatorStub(channel).Generate(request, timeout=timeout)
+        call = pb_grpc.CoordinatorStub(channel).Generate(to_proto(args), timeout=timeout)
         try:
             for response in call:
                 yield to_delta(response)
@@ -56,9 +37,9 @@ def stream(address: str, request: pb.GenerateRequest, timeout: float | None) -> 
             call.cancel()  # leaving early drops the request on every stage
 
 
-async def astream(address: str, request: pb.GenerateRequest, timeout: float | None) -> AsyncIterator[Delta]:
+async def astream(address: str, args: GenerateArgs, timeout: float | None) -> AsyncIterator[Delta]:
     async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-        call = pb_grpc.CoordinatorStub(channel).Generate(request, timeout=timeout)
+        call = pb_grpc.CoordinatorStub(channel).Generate(to_proto(args), timeout=timeout)
         try:
             async for response in call:
                 yield to_delta(response)

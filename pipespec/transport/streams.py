@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -21,6 +22,9 @@ from pipespec import codec
 from pipespec.messages import Message
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from pipespec.runner import StageRunner
 
 log = logging.getLogger(__name__)
 
@@ -70,34 +74,45 @@ async def _pump(frames: AsyncIterator[pb.Frame], deliver: Callable[[Message], No
 class StageService(pb_grpc.StageServicer):
     """Serves one stage runner: its drafter's stream and the coordinator's stream."""
 
-    def __init__(self, runner) -> None:  # a pipespec.runner.StageRunner (kept untyped: no import cycle)
+    def __init__(self, runner: StageRunner) -> None:
         self.runner = runner
         self.drafter_attached = asyncio.Event()
         self.coordinator_attached = asyncio.Event()
 
     async def Link(self, request_iterator, context) -> AsyncIterator[pb.Frame]:
-        async for frame in self._attach("upstream", request_iterator, self.drafter_attached):
+        """The drafter's stream becomes the runner's upstream link."""
+        link = StreamLink()
+        self.runner.connect(upstream=link)
+        self.drafter_attached.set()
+        async for frame in self._serve(link, request_iterator, "upstream"):
             yield frame
 
     async def Control(self, request_iterator, context) -> AsyncIterator[pb.Frame]:
-        async for frame in self._attach("coordinator", request_iterator, self.coordinator_attached):
+        """The coordinator's stream becomes the runner's coordinator link."""
+        link = StreamLink()
+        self.runner.connect(coordinator=link)
+        self.coordinator_attached.set()
+        async for frame in self._serve(link, request_iterator, "coordinator"):
             yield frame
 
-    async def _attach(self, role: str, incoming, attached: asyncio.Event) -> AsyncIterator[pb.Frame]:
-        """Make this stream the runner's `role` link: deliver what comes in, stream out what it sends."""
-        link = StreamLink()
-        setattr(self.runner, role, link)
-        attached.set()
+    async def _serve(self, link: StreamLink, incoming, role: str) -> AsyncIterator[pb.Frame]:
+        """Deliver what comes in to the runner; stream out what it sends on `link`."""
         reader = asyncio.create_task(_pump(incoming, self.runner.deliver, f"{self.runner.name} {role}"))
         reader.add_done_callback(lambda _: link.close())
         async for frame in link.frames():
             yield frame
 
+    async def attached(self) -> None:
+        """Return once the coordinator and, if the runner has one, its drafter have connected."""
+        await self.coordinator_attached.wait()
+        if self.runner.drafter_name is not None:
+            await self.drafter_attached.wait()
+
     async def Health(self, request, context) -> pb.HealthReply:
         return pb.HealthReply(name=self.runner.name, status="serving", requests=len(self.runner.requests))
 
 
-async def serve_stage(runner, host: str = "127.0.0.1", port: int = 0) -> tuple[grpc.aio.Server, int, StageService]:
+async def serve_stage(runner: StageRunner, host: str = "127.0.0.1", port: int = 0) -> tuple[grpc.aio.Server, int, StageService]:
     """Start a gRPC server for `runner`; -> (server, bound port, service)."""
     server = grpc.aio.server(options=SERVER_OPTIONS)
     service = StageService(runner)

@@ -1,0 +1,99 @@
+"""Assembly: how a pipeline's parts are built and connected, in one place for every way it runs.
+
+`LocalPipeline` (one process: in-process links, or gRPC streams on loopback) and the Ray actors
+(pipespec.cluster: a process per stage and one for the coordinator) assemble a pipeline the same way:
+
+- `Entrance`: the config-time checks, before any weights load (every stage shares the target's
+  tokenizer; the target's image processor loads); it builds the front door and the coordinator.
+- `link_in_process`: each runner to its drafter, its verifier and the coordinator, and the
+  coordinator to every runner, all in one event loop.
+- over gRPC, each stage serves its runner (`pipespec.transport.streams.serve_stage`: the drafter's
+  and the coordinator's streams become the runner's links as they attach), then `link_to_verifier`
+  opens each drafter's stream to its verifier and `link_coordinator` the coordinator's to every stage.
+
+Runners and the coordinator take their links through their `connect` methods. No Ray here, and no
+gRPC at import: the functions that open streams import the transport when called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pipespec.config import PipelineConfig
+from pipespec.coordinator import Coordinator
+from pipespec.frontdoor import FrontDoor, TargetInfo
+from pipespec.images import load_target_processor
+from pipespec.links import Inbox, InProcessLink, Link
+from pipespec.tokenization import IncrementalDetokenizer, check_shared_tokenizer
+
+if TYPE_CHECKING:
+    from pipespec.runner import StageRunner
+    from pipespec.transport.streams import StageClient
+
+
+@dataclass(frozen=True)
+class Entrance:
+    """The coordinator's side of a pipeline: its config, the tokenizer every stage shares (None for
+    mock stages) and the target's image processor (None for a text target)."""
+
+    config: PipelineConfig
+    tokenizer: Any | None
+    processor: Any | None
+
+    @classmethod
+    def check(cls, config: PipelineConfig) -> Entrance:
+        """Load the tokenizer and processor, checking that every stage shares the tokenizer (ConfigError)."""
+        return cls(config, check_shared_tokenizer(config), load_target_processor(config))
+
+    @property
+    def tokenizer_size(self) -> int | None:
+        """The shared tokenizer's size, None without one (the `valid` of pipespec.stages.vocabulary)."""
+        return len(self.tokenizer) if self.tokenizer is not None else None
+
+    def front_door(self, target: TargetInfo) -> FrontDoor:
+        return FrontDoor(self.config, target, self.tokenizer, self.processor)
+
+    def coordinator(self) -> Coordinator:
+        """A coordinator of the config's stages, not yet connected to them; it detokenizes if there is a tokenizer."""
+        tokenizer = self.tokenizer
+        detokenizer = (lambda: IncrementalDetokenizer(tokenizer)) if tokenizer is not None else None
+        return Coordinator([s.name for s in self.config.stages], detokenizer)
+
+
+def link_in_process(
+    runners: Sequence[StageRunner], coordinator: Coordinator, link: Callable[[Inbox], Link] = InProcessLink
+) -> None:
+    """Connect `runners` (upstream to downstream) and `coordinator` in one event loop, each link made by `link`."""
+    last = len(runners) - 1
+    for i, runner in enumerate(runners):
+        runner.connect(
+            upstream=link(runners[i - 1]) if i > 0 else None,
+            downstream=link(runners[i + 1]) if i < last else None,
+            coordinator=link(coordinator),
+        )
+    coordinator.connect([link(r) for r in runners])
+
+
+async def link_to_verifier(runner: StageRunner, address: str) -> StageClient:
+    """Open `runner`'s stream to its verifier served at `address`: drafts go down it, verdicts come back.
+    -> the client, to close when the pipeline stops."""
+    from pipespec.transport.streams import StageClient
+
+    client = StageClient(address)
+    await client.wait_ready()
+    runner.connect(downstream=client.link(runner.deliver))
+    return client
+
+
+async def link_coordinator(coordinator: Coordinator, addresses: Sequence[str]) -> list[StageClient]:
+    """Open the coordinator's stream to every stage, served at `addresses` (upstream to downstream):
+    opens and closes go down, commits, statistics and failures come back. -> the clients, to close."""
+    from pipespec.transport.streams import StageClient
+
+    clients = [StageClient(a) for a in addresses]
+    for client in clients:
+        await client.wait_ready()
+    coordinator.connect([c.control(coordinator.deliver) for c in clients])
+    return clients
