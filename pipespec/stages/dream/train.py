@@ -43,13 +43,13 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from pipespec.images import encode_image_prompt, load_processor
-from pipespec.messages import ImageInputs, PrefillFeatures, RequestSpec, TargetFeatures
+from pipespec.handoff import hidden_message, prefill_message
+from pipespec.messages import ImageInputs, PrefillFeatures, RequestSpec
 from pipespec.params import SamplingParams
 from pipespec.stages.dream.checkpoint import DreamCheckpoint, init_from_target, save
 from pipespec.stages.dream.compression import kept_positions
 from pipespec.stages.dream.features import FeatureExtractor, SequenceFeatures
 from pipespec.stages.dream.model import DreamDrafter
-from pipespec.stage import FEATURE_DTYPE, prefill_for_transport
 from pipespec.stages.dream.stage import DreamStage
 from pipespec.stages.vlm import VLMStage
 
@@ -219,7 +219,7 @@ def chain_drafting(dream: DreamStage, ex: Example, feats: SequenceFeatures, gamm
     prefill = PrefillFeatures(
         feats.embeddings[: P - 1], feats.hidden[: P - 1], feats.image_mask[: P - 1], feats.attention_received
     )
-    session.add_features(TargetFeatures("eval", 0, prefill=prefill_for_transport(prefill)))
+    session.add_features(prefill_message("eval", prefill))
     context = list(ex.prompt_ids) + list(ex.answer_ids)
     known_features = P - 1
     k = 0  # answer tokens known (verified)
@@ -241,7 +241,7 @@ def chain_drafting(dream: DreamStage, ex: Example, feats: SequenceFeatures, gamm
             k += rounds[-1]
             upto = P + k - 1  # features for every known token but the last (the target's own)
             if upto > known_features:
-                session.add_features(TargetFeatures("eval", known_features, feats.hidden[known_features:upto].to(FEATURE_DTYPE)))
+                session.add_features(hidden_message("eval", known_features, feats.hidden[known_features:upto]))
                 known_features = upto
     finally:
         session.close()
