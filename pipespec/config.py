@@ -1,9 +1,10 @@
 """Pipeline configs: the YAML of design section 6, validated once, here, into frozen dataclasses.
 
 Every error names the offending key path and value (`stages[1].kind: unknown kind 'causal-lm' ...`),
-and unknown keys are errors with a did-you-mean hint. Nothing downstream re-validates. Model
-directories must exist; whether their tokenizers agree is checked by `pipespec.tokenization` before
-any weights load.
+and unknown keys are errors with a did-you-mean hint. Nothing downstream re-validates. What each
+kind adds (its own keys, whether it loads a model, where in a chain it may sit) is asked of the
+registry of stage kinds, `pipespec.stages.registry`. Model directories must exist; whether their
+tokenizers agree is checked by `pipespec.tokenization` before any weights load.
 """
 
 from __future__ import annotations
@@ -17,58 +18,24 @@ from typing import Any
 
 import yaml
 
+from pipespec.errors import ConfigError
 from pipespec.params import SamplingParams, VerifyMode
+from pipespec.stages.registry import KINDS, MockOptions, NgramOptions, kind_of
 
-KINDS = ("causal_lm", "ngram", "dream", "vlm", "mock")
-MODEL_KINDS = ("causal_lm", "dream", "vlm")  # kinds that load a directory with from_pretrained
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-class ConfigError(ValueError):
-    """A pipeline config (or a value given at its boundary) is invalid; the message names it."""
-
-
-@dataclass(frozen=True)
-class MockOptions:
-    """A deterministic toy model, for protocol tests and scaling experiments (not a real model).
-
-    Its logits at a position depend on the two previous context tokens and the position. With
-    probability `agreement` (decided per position by a hash) they equal the next stage's logits;
-    otherwise they are independent random logits. `latency_ms` is slept per forward call on the
-    compute thread, plus `per_token_ms` per fed token.
-    """
-
-    agreement: float = 0.8
-    latency_ms: float = 0.0
-    per_token_ms: float = 0.0
-    vocab_size: int = 256
-    scale: float = 3.0  # std-like scale of the random logits; larger = peakier distributions
-    eos_token_id: int | None = None
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class NgramOptions:
-    """Prompt-lookup drafter: propose what followed the longest earlier match of the context's suffix."""
-
-    min_n: int = 1
-    max_n: int = 4
-
-
-KIND_OPTIONS: dict[str, type] = {"mock": MockOptions, "ngram": NgramOptions}
 
 
 @dataclass(frozen=True)
 class StageSpec:
     name: str
-    kind: str
-    model: str | None = None  # directory that from_pretrained loads (model kinds)
+    kind: str  # a name of the registry of stage kinds (pipespec.stages.registry)
+    model: str | None = None  # directory that from_pretrained loads (kinds that load a model)
     max_lookahead: int = 8  # uncommitted tokens this stage may run ahead of its verifier
     verify_window: int | None = None  # most drafts one step verifies; None: half the drafter's lookahead
     dtype: str = "bfloat16"
     device: str = "cpu"
     resources: Mapping[str, float] = field(default_factory=lambda: {"num_cpus": 1})
-    options: MockOptions | NgramOptions | None = None
+    options: MockOptions | NgramOptions | None = None  # the kind's own keys (KINDS[kind].options)
 
 
 @dataclass(frozen=True)
@@ -111,6 +78,10 @@ class PipelineConfig:
             return 0
         spec = self.stages[i]
         return spec.verify_window if spec.verify_window is not None else max(1, self.stages[i - 1].max_lookahead // 2)
+
+    def sends_features(self, i: int) -> bool:
+        """Stage i hands its features to its drafter, which reads them (a DREAM stage; pipespec.handoff)."""
+        return i > 0 and kind_of(self.stages[i - 1]).reads_target_features
 
 
 def load_config(source: str | os.PathLike | Mapping[str, Any]) -> PipelineConfig:
@@ -178,18 +149,20 @@ def _stage(raw: Any, i: int) -> StageSpec:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: a stage must be a mapping, got {raw!r}")
     kind = raw.get("kind")
-    if kind not in KINDS:
-        close = difflib.get_close_matches(str(kind), KINDS, n=1)
+    names = tuple(KINDS)
+    if kind not in names:
+        close = difflib.get_close_matches(str(kind), names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{where}.kind: unknown kind {kind!r}{hint}; expected one of {', '.join(KINDS)}")
-    option_cls = KIND_OPTIONS.get(kind)
+        raise ConfigError(f"{where}.kind: unknown kind {kind!r}{hint}; expected one of {', '.join(names)}")
+    stage_kind = KINDS[kind]
+    option_cls = stage_kind.options
     option_keys = [f.name for f in fields(option_cls)] if option_cls else []
     common = ["name", "kind", "model", "max_lookahead", "verify_window", "dtype", "device", "resources"]
     _reject_unknown(raw, common + option_keys, f"{where} ({kind})")
 
     name = _typed(raw.get("name", f"stage{i}"), str, f"{where}.name")
     model = raw.get("model")
-    if kind in MODEL_KINDS:
+    if stage_kind.loads_model:
         if model is None:
             raise ConfigError(f"{where}.model: kind {kind!r} needs a model directory")
         model = _typed(model, str, f"{where}.model")
@@ -222,23 +195,8 @@ def _stage(raw: Any, i: int) -> StageSpec:
                 ftype = {"float": float, "int": int, "int | None": (int, type(None))}[str(f.type)]
                 values[f.name] = _typed(raw[f.name], ftype, f"{where}.{f.name}")
         options = option_cls(**values)
-        _check_options(options, where)
+        options.check(where)
     return StageSpec(name, kind, model, lookahead, window, dtype, device, dict(resources), options)
-
-
-def _check_options(options: MockOptions | NgramOptions, where: str) -> None:
-    if isinstance(options, MockOptions):
-        if not 0.0 <= options.agreement <= 1.0:
-            raise ConfigError(f"{where}.agreement: must be in [0, 1], got {options.agreement}")
-        if options.latency_ms < 0 or options.per_token_ms < 0:
-            raise ConfigError(f"{where}.latency_ms / per_token_ms: must be >= 0")
-        if options.vocab_size < 2:
-            raise ConfigError(f"{where}.vocab_size: must be >= 2, got {options.vocab_size}")
-        if options.eos_token_id is not None and not 0 <= options.eos_token_id < options.vocab_size:
-            raise ConfigError(f"{where}.eos_token_id: {options.eos_token_id} is outside the vocabulary")
-    else:
-        if not 1 <= options.min_n <= options.max_n:
-            raise ConfigError(f"{where}.min_n / max_n: need 1 <= min_n <= max_n, got {options.min_n}, {options.max_n}")
 
 
 def _check_chain(stages: tuple[StageSpec, ...]) -> None:
@@ -247,22 +205,7 @@ def _check_chain(stages: tuple[StageSpec, ...]) -> None:
         if names.count(n) > 1:
             raise ConfigError(f"stages: duplicate stage name {n!r}")
     for i, s in enumerate(stages):
-        if s.kind == "ngram" and i != 0:
-            raise ConfigError(f"stages[{i}] ({s.name}): an ngram stage has no model to verify with; it can only be first")
-        if s.kind == "dream" and i == len(stages) - 1:
-            raise ConfigError(f"stages[{i}] ({s.name}): a dream drafter cannot be the target")
-        if s.kind == "dream" and (i != len(stages) - 2 or stages[-1].kind != "vlm"):
-            raise ConfigError(
-                f"stages[{i}] ({s.name}): a dream drafter reads the target's hidden states, so it must come right "
-                f"before a vlm target (here followed by {stages[i + 1].name!r}, kind {stages[i + 1].kind})"
-            )
-        if s.kind == "mock" and any(t.kind != "mock" for t in stages[i + 1 :]):
-            raise ConfigError(
-                f"stages[{i}] ({s.name}): a mock stage emulates its agreement with the stages after it, so they must be mocks too"
-            )
-    mocks = [s for s in stages if s.kind == "mock"]
-    if len({s.options.vocab_size for s in mocks}) > 1:
-        raise ConfigError("stages: mock stages have different vocab_size values " + str([s.options.vocab_size for s in mocks]))
+        kind_of(s).place(stages, i)
 
 
 def _sampling(raw: Any) -> SamplingSpec:

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipespec.config import PipelineConfig, StageSpec
 from pipespec.generate_args import GenerateArgs
 from pipespec.images import encode_image_prompt, encode_text_prompt, load_image
 from pipespec.messages import RequestSpec
+from pipespec.stages.registry import kind_of
 from pipespec.tokenization import encode_prompt
+
+if TYPE_CHECKING:
+    from pipespec.stage import TargetStage
 
 
 @dataclass(frozen=True)
@@ -31,15 +35,15 @@ class TargetInfo:
     takes_images: bool = False
 
     @classmethod
-    def of(cls, spec: StageSpec, stage: Any) -> TargetInfo:
-        """What a built target stage tells the front door (stages without a limit or EOS omit them)."""
+    def of(cls, spec: StageSpec, stage: TargetStage) -> TargetInfo:
+        """What a built target stage tells the front door; whether it takes images, its kind says."""
         return cls(
             name=spec.name,
             kind=spec.kind,
             vocab_size=stage.vocab_size,
-            max_context=getattr(stage, "max_context", None),
-            eos_token_ids=frozenset(getattr(stage, "eos_token_ids", frozenset())),
-            takes_images=getattr(stage, "takes_images", False),
+            max_context=stage.max_context,
+            eos_token_ids=frozenset(stage.eos_token_ids),
+            takes_images=kind_of(spec).takes_images,
         )
 
 

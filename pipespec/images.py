@@ -21,6 +21,7 @@ import numpy as np
 
 from pipespec.config import ConfigError, PipelineConfig
 from pipespec.messages import ImageInputs
+from pipespec.stages.registry import kind_of
 
 _TEXT_KEYS = ("input_ids", "attention_mask")  # what the processor returns besides the image arrays
 
@@ -75,7 +76,7 @@ def load_image(image: Any) -> Any:
 
 def load_target_processor(config: PipelineConfig) -> Any | None:
     """The image target's processor (None for other targets): checked at config time, before weights load."""
-    if config.target.kind != "vlm":
+    if not kind_of(config.target).takes_images:
         return None
     return load_processor(config.target.model, f"stages[{len(config.stages) - 1}] ({config.target.name})")
 

@@ -6,7 +6,8 @@ Profiling loads the config's stages once, in this process, and measures on a few
   prefill (what a decoding step and a verification step cost);
 - per ordered pair (drafter i, verifier j > i) that can be a link of a valid chain, the per-token
   acceptance alpha, from `generate_sync(verifier, request, drafter)` (pipespec.synchronous). A pair
-  whose verifier is a DREAM stage runs the target beside it to hand it the target's features; a pair
+  whose verifier is a DREAM stage runs the target beside it to hand it the target's features
+  (`pipespec.handoff.FeaturedVerifier`); a pair
   that no valid chain contains is skipped with the config error that says why.
 
 The recommendation enumerates every chain (each subsequence of the drafters, in order, then the
@@ -37,8 +38,10 @@ import yaml
 
 from pipespec.analytical import chain_rates_with_verify_cost, forward_latency, sync_rate
 from pipespec.config import ConfigError, PipelineConfig, load_config
-from pipespec.messages import RequestSpec, TargetFeatures
-from pipespec.stage import FEATURE_DTYPE, Session, Stage, prefill_for_transport
+from pipespec.handoff import FeaturedVerifier, hand_prefill
+from pipespec.messages import RequestSpec
+from pipespec.stage import Session, Stage
+from pipespec.stages.registry import kind_of
 from pipespec.stats import PairStats
 from pipespec.synchronous import generate_sync
 
@@ -165,9 +168,10 @@ def _image(config: PipelineConfig, image: Any) -> tuple[Any, str | None]:
     from pipespec.images import load_image
 
     target = config.target
-    if image is not None and target.kind != "vlm":
+    takes_images = kind_of(target).takes_images
+    if image is not None and not takes_images:
         raise ValueError(f"target stage {target.name!r} ({target.kind}) does not take images")
-    if target.kind != "vlm":
+    if not takes_images:
         return None, None
     if image is None:
         raise ValueError(f"target stage {target.name!r} ({target.kind}) takes images: profile it with --image FILE")
@@ -187,25 +191,16 @@ def _request(pipeline: Any, prompt: str, image: Any, max_new_tokens: int) -> Req
     return spec
 
 
-def _needs_features(stage: Stage) -> bool:
-    return getattr(stage, "needs_target_features", False)  # a DREAM stage
-
-
-def _open(stage: Stage, target: Stage, spec: RequestSpec) -> Session:
-    """Open `stage` on `spec`; a DREAM stage also gets the target's prefill features."""
+def _open(stage: Stage, target: Stage, spec: RequestSpec, reads_features: bool) -> Session:
+    """Open `stage` on `spec`; a DREAM stage (`reads_features`) also gets the target's prefill features."""
     session = stage.open(spec)
-    if _needs_features(stage):
+    if reads_features:
         target_session = target.open(spec)
         try:
-            _hand_prefill(session, target_session, spec)
+            hand_prefill(session, target_session, spec.request_id)
         finally:
             target_session.close()
     return session
-
-
-def _hand_prefill(session: Any, target_session: Any, spec: RequestSpec) -> None:
-    """Give a DREAM session the target session's prefill features, as the pipeline ships them."""
-    session.add_features(TargetFeatures(spec.request_id, 0, prefill=prefill_for_transport(target_session.prefill_features)))
 
 
 def _greedy(logits: Any) -> int:
@@ -239,7 +234,7 @@ def time_forwards(session: Session, verify_tokens: int, repeats: int) -> tuple[f
 def _profile_stage(
     stages: Sequence[Stage], i: int, config: PipelineConfig, spec: RequestSpec, verify_tokens: int, repeats: int
 ) -> StageProfile:
-    session = _open(stages[i], stages[-1], spec)
+    session = _open(stages[i], stages[-1], spec, kind_of(config.stages[i]).reads_target_features)
     try:
         one_s, block_s = time_forwards(session, verify_tokens, repeats)
     finally:
@@ -266,7 +261,7 @@ def _profile_pair(
         log.info("pair %s -> %s skipped: %s", names[i], names[j], e)
         return PairProfile(names[i], names[j], None, skipped=str(e))
     drafter = _drafter(stages[i], chain, stages[-1].vocab_size, valid)
-    verifier = _FeaturedVerifier(stages[j], stages[-1]) if _needs_features(stages[j]) else stages[j]
+    verifier = FeaturedVerifier(stages[j], stages[-1]) if kind_of(chain.stages[1]).reads_target_features else stages[j]
     total = PairStats(names[i], names[j])
     for spec in requests:
         total.merge(generate_sync(verifier, spec, drafter, gamma).pair)
@@ -284,55 +279,11 @@ def _profile_pair(
 def _drafter(loaded: Stage, chain: PipelineConfig, width: int, valid: int | None) -> Stage:
     """The drafter of the chain's first link: a mock is rebuilt for this chain (its agreement is with the
     stage after it); any other stage does not depend on its chain, so the loaded one serves."""
-    if chain.stages[0].kind != "mock":
+    if not kind_of(chain.stages[0]).depends_on_chain:
         return loaded
     from pipespec.stages import build_stage
 
     return build_stage(chain.stages[0], chain.stages, width, valid)
-
-
-class _FeaturedVerifier:
-    """A DREAM stage verifying an upstream drafter outside a pipeline: the target runs beside it and,
-    before each forward, hands it the prefill features and its hidden states of every context position
-    the DREAM stage already holds, as if the target had verified up to the drafts. In a pipeline the
-    target lags a little, so this is the DREAM stage at its best-informed."""
-
-    def __init__(self, dream: Stage, target: Stage):
-        self.dream = dream
-        self.target = target
-        self.name = dream.name
-        self.vocab_size = dream.vocab_size
-
-    def open(self, request: RequestSpec) -> _FeaturedSession:
-        target = self.target.open(request)
-        dream = self.dream.open(request)
-        _hand_prefill(dream, target, request)
-        return _FeaturedSession(dream, target, request)
-
-
-class _FeaturedSession:
-    def __init__(self, dream: Session, target: Session, request: RequestSpec):
-        self.dream = dream
-        self.target = target
-        self.request_id = request.request_id
-        self.prompt_len = dream.prompt_len
-        self.last_prompt_token = dream.last_prompt_token
-        self.context = list(request.prompt_token_ids)  # the context both sessions see, up to what was fed
-        self.target_fed = target.prompt_len - 1
-
-    def forward(self, keep: int, tokens: Sequence[int]) -> Any:
-        self.target_fed = min(self.target_fed, keep)
-        if self.target_fed < keep:
-            self.target.forward(self.target_fed, self.context[self.target_fed : keep])
-            hidden = self.target.hidden.to(FEATURE_DTYPE)
-            self.dream.add_features(TargetFeatures(self.request_id, self.target_fed, hidden))
-            self.target_fed = keep
-        self.context[keep:] = tokens
-        return self.dream.forward(keep, tokens)
-
-    def close(self) -> None:
-        self.dream.close()
-        self.target.close()
 
 
 # ---- recommendation --------------------------------------------------------------------------------

@@ -34,10 +34,12 @@ import torch
 
 from pipespec.choice import Decision, decide
 from pipespec.config import PipelineConfig
+from pipespec.handoff import prefill_message, step_message
 from pipespec.links import Link
 from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, RequestSpec, TargetFeatures, Verdict
 from pipespec.patience import Patience
-from pipespec.stage import FEATURE_DTYPE, Session, Stage, prefill_for_transport, unfed_tail
+from pipespec.stage import Session, Stage, unfed_tail
+from pipespec.stages.registry import kind_of
 from pipespec.stats import PairStats, StageStats
 
 log = logging.getLogger(__name__)
@@ -113,11 +115,12 @@ class StageRunner:
         drafter_lookahead: int = 0,
         verify_window: int = 0,
         patience: Patience | None = None,
-        sends_features: bool = False,  # our drafter is a DREAM stage: send it our hidden states
+        sends_features: bool = False,  # our drafter reads our features (a DREAM stage): send them (pipespec.handoff)
+        reads_features: bool = False,  # we read our verifier's features (a DREAM stage): step only once the prefill's came
     ):
         self.stage = stage
         self.sends_features = sends_features
-        self.needs_features = getattr(stage, "needs_target_features", False)
+        self.reads_features = reads_features
         self.name = name
         self.depth = depth
         self.max_lookahead = max_lookahead
@@ -150,7 +153,8 @@ class StageRunner:
             drafter_name=specs[i - 1].name if i else None,
             drafter_lookahead=specs[i - 1].max_lookahead if i else 0,
             verify_window=config.window(i),
-            sends_features=i > 0 and specs[i - 1].kind == "dream",
+            sends_features=config.sends_features(i),
+            reads_features=kind_of(specs[i]).reads_target_features,
         )
 
     # ---- wiring -------------------------------------------------------------------------------
@@ -244,7 +248,7 @@ class StageRunner:
         limit = self._limit(req)
         if start >= limit or (start and req.tokens[-1] in req.spec.stop_token_ids):
             return None
-        if self.needs_features and not req.has_prefill_features:
+        if self.reads_features and not req.has_prefill_features:
             return None
         feed = unfed_tail(req.session.last_prompt_token, req.prompt_len, req.fed, req.tokens)
         room = min(self.verify_window, self.drafter_lookahead, limit - start - 1)
@@ -330,8 +334,7 @@ class StageRunner:
             req.fed = req.session.prompt_len - 1
             req.stats.forwards += 1
             if self.sends_features:
-                pre = prefill_for_transport(req.session.prefill_features)
-                self.upstream.send(TargetFeatures(done.request_id, 0, prefill=pre))
+                self.upstream.send(prefill_message(done.request_id, req.session.prefill_features))
                 req.session.prefill_features = None  # sent: the target itself never needs them
             return
         decision, seconds, hidden = done.future.result()
@@ -363,8 +366,8 @@ class StageRunner:
             del req.pending[: len(plan.drafts)], req.pending_probs[: len(plan.drafts)]
             req.pending_start += len(plan.drafts)
         if hidden is not None:  # before the verdict: the fed tokens and the accepted drafts are ours
-            rows = len(plan.feed) + min(decision.accepted, len(tokens))
-            self.upstream.send(TargetFeatures(req.spec.request_id, plan.keep, hidden[:rows].to(FEATURE_DTYPE)))
+            accepted = min(decision.accepted, len(tokens))  # none past a stop token
+            self.upstream.send(step_message(req.spec.request_id, plan.keep, hidden, len(plan.feed), accepted))
         if self.upstream is not None:
             if decision.accepted < len(plan.drafts) and len(tokens) == len(decision.tokens):
                 self._conflict(req, plan.start + decision.accepted)  # rejection

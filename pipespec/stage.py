@@ -11,25 +11,21 @@ after them, and returns one row of logits per fed token (row i predicts the toke
 After every call `cache_len == keep + len(tokens)` holds, and stages assert it.
 
 Stages run on the runner's compute thread, never on the event loop.
+
+Optional capabilities are protocols of their own: a `TargetStage` tells the front door its context
+limit and end-of-sequence tokens; between a target and the DREAM drafter right before it, the
+target's sessions are `FeatureSource`s and the drafter's `FeatureReader`s (pipespec.handoff). Which
+kind has which is said by the registry of stage kinds (pipespec.stages.registry).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
-from pipespec.messages import PrefillFeatures, RequestSpec
-
-
-FEATURE_DTYPE = torch.bfloat16  # target features travel to a DREAM drafter in bf16 (half the bytes, framed exactly)
-
-
-def prefill_for_transport(pre: PrefillFeatures) -> PrefillFeatures:
-    """The target's prefill features as a DREAM drafter receives them (embeddings and hidden in bf16)."""
-    return replace(pre, embeddings=pre.embeddings.to(FEATURE_DTYPE), hidden=pre.hidden.to(FEATURE_DTYPE))
+from pipespec.messages import PrefillFeatures, RequestSpec, TargetFeatures
 
 
 class Session(Protocol):
@@ -48,6 +44,28 @@ class Stage(Protocol):
     vocab_size: int
 
     def open(self, request: RequestSpec) -> Session: ...
+
+
+class TargetStage(Stage, Protocol):
+    """A stage that can be the target: what the front door reads of it (pipespec.frontdoor.TargetInfo)."""
+
+    max_context: int | None  # most context tokens (prompt + generated); None: no limit
+    eos_token_ids: frozenset[int]  # tokens that end a generation
+
+
+@runtime_checkable
+class FeatureSource(Session, Protocol):
+    """A target's session that gives a DREAM drafter its features (the vlm stage's)."""
+
+    prefill_features: PrefillFeatures | None  # the prompt's, after `open`; the runner drops them once sent
+    hidden: torch.Tensor | None  # [n, H] last-layer post-norm hidden states of the n tokens the latest forward fed
+
+
+@runtime_checkable
+class FeatureReader(Session, Protocol):
+    """A DREAM drafter's session: it reads its target's features (the prefill's first, then per verification)."""
+
+    def add_features(self, features: TargetFeatures) -> None: ...
 
 
 def unfed_tail(last_prompt_token: int, prompt_len: int, fed: int, tokens: Sequence[int]) -> tuple[int, ...]:

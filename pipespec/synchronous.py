@@ -4,7 +4,7 @@ The same stages, sessions and choice function as the pipeline, in one thread and
 drafter proposes `gamma` tokens one forward at a time, then the target verifies them in one forward,
 then the drafter waits for the verdict. With `drafter=None` it is plain decoding with the target
 alone. Like the pipeline, its output equals the target alone token for token (greedy, coupled). A
-DREAM drafter gets the target's features after each verification, as in the pipeline.
+DREAM drafter gets the target's features after each verification, as in the pipeline (pipespec.handoff).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 import torch
 
 from pipespec.choice import decide
-from pipespec.messages import RequestSpec, TargetFeatures
-from pipespec.stage import FEATURE_DTYPE, Session, Stage, prefill_for_transport, unfed_tail
+from pipespec.handoff import hand_prefill, step_message
+from pipespec.messages import RequestSpec
+from pipespec.stage import FeatureReader, Session, Stage, unfed_tail
 from pipespec.stats import PairStats
 
 
@@ -58,10 +59,10 @@ def generate_sync(target: Stage, spec: RequestSpec, drafter: Stage | None = None
     first_s = None
     t = _Cursor(target.open(spec))
     d = _Cursor(drafter.open(spec)) if drafter is not None else None
-    features = d is not None and getattr(drafter, "needs_target_features", False)  # a DREAM drafter
+    features = d is not None and isinstance(d.session, FeatureReader)  # a DREAM drafter
     if features:
-        d.session.add_features(TargetFeatures(spec.request_id, 0, prefill=prefill_for_transport(t.session.prefill_features)))
-    pair = PairStats(getattr(drafter, "name", "drafter"), getattr(target, "name", "target")) if d else None
+        hand_prefill(d.session, t.session, spec.request_id)
+    pair = PairStats(drafter.name, target.name) if d else None
     tokens: list[int] = []
     forwards = 0
     accept_lengths: list[int] = []
@@ -80,8 +81,7 @@ def generate_sync(target: Stage, spec: RequestSpec, drafter: Stage | None = None
             forwards += 1
             t.keep(start + decision.accepted)
             if features:  # the target's hidden states of its own tokens and the accepted drafts
-                hidden = t.session.hidden[: t.fed_own + decision.accepted].to(FEATURE_DTYPE)
-                d.session.add_features(TargetFeatures(spec.request_id, t.fed_from, hidden))
+                d.session.add_features(step_message(spec.request_id, t.fed_from, t.session.hidden, t.fed_own, decision.accepted))
             if d:
                 d.keep(start + decision.accepted)
                 pair.record(n, decision.accepted)

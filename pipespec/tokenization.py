@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pipespec.config import MODEL_KINDS, ConfigError, PipelineConfig
+from pipespec.config import ConfigError, PipelineConfig
+from pipespec.stages.registry import kind_of
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ def load_tokenizer(model_dir: str, where: str) -> Any:
 
 def check_shared_tokenizer(config: PipelineConfig) -> Any | None:
     """Return the target's tokenizer (None for mock pipelines); raise if any stage's differs."""
-    model_stages = [(i, s) for i, s in enumerate(config.stages) if s.kind in MODEL_KINDS]
+    model_stages = [(i, s) for i, s in enumerate(config.stages) if kind_of(s).loads_model]
     if not model_stages:
         return None
     tokenizers = {i: load_tokenizer(s.model, f"stages[{i}] ({s.name})") for i, s in model_stages}

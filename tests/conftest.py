@@ -1,4 +1,5 @@
-"""Shared fixtures: a family of small random Llama models saved to disk once per test session."""
+"""Shared fixtures, saved to disk once per test session: a family of small random Llama models, and a
+small random LLaVA family with an untrained DREAM drafter for its target."""
 
 from __future__ import annotations
 
@@ -18,6 +19,21 @@ def family(tmp_path_factory) -> dict:
     from tests.fixtures.toy_models import build_family
 
     return {name: str(path) for name, path in build_family(tmp_path_factory.mktemp("toy")).items()}
+
+
+@pytest.fixture(scope="session")
+def llava_dream_zoo(tmp_path_factory) -> dict[str, str]:
+    """A small random LLaVA family (target, mid, tiny) and an untrained DREAM drafter for its target (dream): paths."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from tests.fixtures.vlm_zoo import build_zoo_family
+    from pipespec.stages.dream.checkpoint import init_from_target, save
+
+    root = tmp_path_factory.mktemp("llava-dream-zoo")
+    paths = {k: str(v) for k, v in build_zoo_family("llava", root / "llava").items()}
+    ckpt = init_from_target(AutoModelForImageTextToText.from_pretrained(paths["target"]), keep_fraction=0.75)
+    paths["dream"] = str(save(root / "dream", ckpt, AutoTokenizer.from_pretrained(paths["target"])))
+    return paths
 
 
 def pytest_collection_modifyitems(config, items):

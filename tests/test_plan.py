@@ -11,6 +11,7 @@ import yaml
 from pipespec.analytical import chain_rates, chain_rates_with_verify_cost, sync_rate, sync_speedup
 from pipespec.cli import main
 from pipespec.config import load_config
+from pipespec.handoff import FeaturedVerifier as _FeaturedVerifier
 from pipespec.messages import PrefillFeatures, RequestSpec
 from pipespec.params import SamplingParams
 from pipespec.plan import (
@@ -20,7 +21,6 @@ from pipespec.plan import (
     PairProfile,
     Profile,
     StageProfile,
-    _FeaturedVerifier,
     profile,
     recommend,
     recommended_config,
@@ -118,28 +118,16 @@ def test_a_dream_verifier_gets_the_target_features_of_the_context_it_holds():
     assert session.target.context == [1, 2, 3, 5]
 
 
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory) -> dict[str, str]:
-    """A small random LLaVA family and an untrained DREAM drafter for its target, saved to disk."""
-    from transformers import AutoModelForImageTextToText, AutoTokenizer
-
-    from tests.fixtures.vlm_zoo import build_zoo_family
-    from pipespec.stages.dream.checkpoint import init_from_target, save
-
-    root = tmp_path_factory.mktemp("plan-zoo")
-    paths = {k: str(v) for k, v in build_zoo_family("llava", root / "llava").items()}
-    ckpt = init_from_target(AutoModelForImageTextToText.from_pretrained(paths["target"]), keep_fraction=0.75)
-    paths["dream"] = str(save(root / "dream", ckpt, AutoTokenizer.from_pretrained(paths["target"])))
-    return paths
-
-
-def test_plan_profiles_a_text_drafter_a_dream_drafter_and_a_vlm_target(zoo, tmp_path):
+def test_plan_profiles_a_text_drafter_a_dream_drafter_and_a_vlm_target(llava_dream_zoo, tmp_path):
     from PIL import Image
 
     picture = tmp_path / "picture.png"
     Image.fromarray((torch.rand(30, 40, 3) * 255).to(torch.uint8).numpy()).save(picture)
     kinds = {"tiny": "causal_lm", "dream": "dream", "target": "vlm"}
-    raw = {"name": "zoo", "stages": [{"name": n, "kind": k, "model": zoo[n], "dtype": "float32"} for n, k in kinds.items()]}
+    raw = {
+        "name": "zoo",
+        "stages": [{"name": n, "kind": k, "model": llava_dream_zoo[n], "dtype": "float32"} for n, k in kinds.items()],
+    }
     prof = profile(raw, prompts=["describe the picture"], image=str(picture), max_new_tokens=12)
     assert prof.image == str(picture) and [s.kind for s in prof.stages] == list(kinds.values())
     assert all(0 < s.forward_s < 1 and 0 < s.verify_s < 1 for s in prof.stages)

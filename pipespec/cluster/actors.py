@@ -30,8 +30,7 @@ class StageActor:
         self.config = config
         self.index = index
         spec = config.stages[index]
-        feeds_dream = index > 0 and config.stages[index - 1].kind == "dream"
-        self.stage = build_stage(spec, config.stages[index:], target_vocab_size, valid, feeds_dream)
+        self.stage = build_stage(spec, config.stages[index:], target_vocab_size, valid, config.sends_features(index))
         self.runner = None
         self.service = None
         self.clients: list = []

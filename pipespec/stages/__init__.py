@@ -1,11 +1,20 @@
-"""Stage kinds, one file each, and `load_stages`, the one place a config's `kind` picks a class."""
+"""Stage kinds, one module each, and `load_stages`: a config's stages, built through the registry of kinds.
+
+Torch-free and free of `pipespec.config` at import (the config imports `pipespec.stages.registry`,
+which loads this package first): a kind's class, and torch, load when a stage of that kind is built.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from pipespec.config import ConfigError, PipelineConfig, StageSpec
-from pipespec.stage import Stage
+from pipespec.errors import ConfigError
+from pipespec.stages.registry import BuildContext, kind_of
+
+if TYPE_CHECKING:
+    from pipespec.config import PipelineConfig, StageSpec
+    from pipespec.stage import Stage
 
 
 def build_stage(
@@ -13,42 +22,21 @@ def build_stage(
     chain: Sequence[StageSpec],
     width: int | None = None,
     valid: int | None = None,
-    feeds_dream: bool = False,
+    sends_features: bool = False,
 ) -> Stage:
     """Build the stage `spec`; `chain` is the stages from it down to the target (inclusive).
 
     `width`: the target's vocabulary (logits per row), None when building the target itself;
     `valid`: the shared tokenizer's size, None without one (see pipespec.stages.vocabulary);
-    `feeds_dream`: its drafter is a DREAM stage (a VLM then also computes its image attention).
+    `sends_features`: its drafter reads its features (`PipelineConfig.sends_features`).
     """
-    if spec.kind == "causal_lm":
-        from pipespec.stages.causal_lm import CausalLMStage
-
-        return CausalLMStage(spec.name, spec.model, spec.dtype, spec.device, width, valid)
-    if spec.kind == "vlm":
-        from pipespec.stages.vlm import VLMStage
-
-        return VLMStage(spec.name, spec.model, spec.dtype, spec.device, width, valid, image_attention=feeds_dream)
-    if spec.kind == "dream":
-        from pipespec.stages.dream.stage import DreamStage
-
-        return DreamStage.load(spec.name, spec.model, spec.dtype, spec.device, width, valid)
-    if spec.kind == "mock":
-        from pipespec.stages.mock import MockStage
-
-        return MockStage(spec.name, [s.options for s in chain])
-    if spec.kind == "ngram":
-        from pipespec.stages.ngram import NgramStage
-
-        assert width is not None
-        return NgramStage(spec.name, spec.options, width)
-    raise ConfigError(f"stage {spec.name!r}: kind {spec.kind!r} is not available in this build yet")
+    return kind_of(spec).build(spec, BuildContext(tuple(chain), width, valid, sends_features))
 
 
 def load_stages(config: PipelineConfig, valid: int | None = None) -> list[Stage]:
     """Build every stage of `config`, target first, and check their vocabularies line up."""
     specs = config.stages
-    target = build_stage(specs[-1], specs[-1:], None, valid, feeds_dream=len(specs) > 1 and specs[-2].kind == "dream")
+    target = build_stage(specs[-1], specs[-1:], None, valid, config.sends_features(len(specs) - 1))
     built = [target]
     for i in range(len(specs) - 2, -1, -1):
         built.append(build_stage(specs[i], specs[i:], target.vocab_size, valid))

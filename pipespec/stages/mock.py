@@ -20,12 +20,14 @@ import numpy as np
 import torch
 
 from pipespec import noise
-from pipespec.config import MockOptions
 from pipespec.messages import RequestSpec
 from pipespec.stage import check_keep, check_length
+from pipespec.stages.registry import MockOptions
 
 
 class MockStage:
+    max_context: int | None = None  # no limit on the context
+
     def __init__(self, name: str, chain: Sequence[MockOptions]):
         """chain[0] is this stage's options, chain[-1] the target's (levels d .. 0)."""
         self.name = name

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 import torch
 
-from pipespec.config import NgramOptions
 from pipespec.messages import RequestSpec
 from pipespec.stage import check_keep, check_length
+from pipespec.stages.registry import NgramOptions
 
 
 class NgramStage:

@@ -95,8 +95,6 @@ class _Taps:
 
 
 class VLMStage:
-    takes_images = True
-
     def __init__(
         self,
         name: str,

@@ -98,8 +98,6 @@ Projection = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class DreamStage:
-    needs_target_features = True
-
     def __init__(self, name: str, ckpt: DreamCheckpoint, width: int | None = None, valid: int | None = None):
         """`width`, `valid`: the pipeline's vocabulary (see pipespec.stages.vocabulary)."""
         self.name = name

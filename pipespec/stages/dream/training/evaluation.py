@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import torch
 
-from pipespec.messages import PrefillFeatures, RequestSpec, TargetFeatures
+from pipespec.handoff import hidden_message, prefill_message
+from pipespec.messages import PrefillFeatures, RequestSpec
 from pipespec.params import SamplingParams
-from pipespec.stage import FEATURE_DTYPE, prefill_for_transport
 from pipespec.stages.dream.checkpoint import DreamCheckpoint
 from pipespec.stages.dream.stage import DreamSession, DreamStage
 from pipespec.stages.dream.training.data import Example
@@ -74,7 +74,7 @@ def hand_features(session: DreamSession, feats: SequenceFeatures, span: tuple[in
         prefill = PrefillFeatures(
             feats.embeddings[: P - 1], feats.hidden[: P - 1], feats.image_mask[: P - 1], feats.attention_received
         )
-        session.add_features(TargetFeatures("eval", 0, prefill=prefill_for_transport(prefill)))
+        session.add_features(prefill_message("eval", prefill))
     else:
         start, end = span
-        session.add_features(TargetFeatures("eval", start, feats.hidden[start:end].to(FEATURE_DTYPE)))
+        session.add_features(hidden_message("eval", start, feats.hidden[start:end]))

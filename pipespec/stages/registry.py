@@ -1,0 +1,187 @@
+"""The registry of stage kinds: one `StageKind` per value a config's `kind` can take, and all it implies.
+
+An entry says how to build a stage of its kind (importing its class, and torch, only then), which
+YAML keys the kind adds (`options`, a frozen dataclass that checks its own values), whether it loads
+a model directory, where in a chain it may sit (`place`), and its capabilities: taking images,
+reading the target's features (a DREAM drafter) or giving them (a target a DREAM drafter sits right
+before), depending on the stages after it (a mock emulates its agreement with them). The rest of
+the runtime asks `kind_of(spec)` instead of comparing kind strings; adding a kind is its stage module
+plus one entry here.
+
+Torch-free, and free of `pipespec.config` at import: config validation goes through this module,
+and the coordinator imports the config without torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from pipespec.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pipespec.config import StageSpec
+    from pipespec.stage import Stage
+
+
+class KindOptions(Protocol):
+    """A kind's own YAML keys: a frozen dataclass whose fields (float, int or `int | None`) have defaults."""
+
+    def check(self, where: str) -> None:
+        """Raise a ConfigError naming `where` (the stage's key path) if a value is out of range."""
+        ...
+
+
+@dataclass(frozen=True)
+class MockOptions:
+    """A deterministic toy model, for protocol tests and scaling experiments (not a real model).
+
+    Its logits at a position depend on the two previous context tokens and the position. With
+    probability `agreement` (decided per position by a hash) they equal the next stage's logits;
+    otherwise they are independent random logits. `latency_ms` is slept per forward call on the
+    compute thread, plus `per_token_ms` per fed token.
+    """
+
+    agreement: float = 0.8
+    latency_ms: float = 0.0
+    per_token_ms: float = 0.0
+    vocab_size: int = 256
+    scale: float = 3.0  # std-like scale of the random logits; larger = peakier distributions
+    eos_token_id: int | None = None
+    seed: int = 0
+
+    def check(self, where: str) -> None:
+        if not 0.0 <= self.agreement <= 1.0:
+            raise ConfigError(f"{where}.agreement: must be in [0, 1], got {self.agreement}")
+        if self.latency_ms < 0 or self.per_token_ms < 0:
+            raise ConfigError(f"{where}.latency_ms / per_token_ms: must be >= 0")
+        if self.vocab_size < 2:
+            raise ConfigError(f"{where}.vocab_size: must be >= 2, got {self.vocab_size}")
+        if self.eos_token_id is not None and not 0 <= self.eos_token_id < self.vocab_size:
+            raise ConfigError(f"{where}.eos_token_id: {self.eos_token_id} is outside the vocabulary")
+
+
+@dataclass(frozen=True)
+class NgramOptions:
+    """Prompt-lookup drafter: propose what followed the longest earlier match of the context's suffix."""
+
+    min_n: int = 1
+    max_n: int = 4
+
+    def check(self, where: str) -> None:
+        if not 1 <= self.min_n <= self.max_n:
+            raise ConfigError(f"{where}.min_n / max_n: need 1 <= min_n <= max_n, got {self.min_n}, {self.max_n}")
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What building one stage needs besides its own spec."""
+
+    chain: Sequence[StageSpec]  # the specs from this stage's down to the target's (inclusive)
+    width: int | None  # the target's vocabulary (logits per row); None when building the target itself
+    valid: int | None  # the shared tokenizer's size; None without one (see pipespec.stages.vocabulary)
+    sends_features: bool  # its drafter reads its features (pipespec.handoff)
+
+
+def _anywhere(chain: Sequence[StageSpec], i: int) -> None:
+    """A kind that may sit at any place of a chain."""
+
+
+@dataclass(frozen=True)
+class StageKind:
+    name: str  # what a config's `kind` says
+    build: Callable[[StageSpec, BuildContext], Stage]  # imports the kind's class (and torch) when called
+    loads_model: bool = False  # `model` is required, a directory from_pretrained loads; other kinds take none
+    options: type[KindOptions] | None = None  # the kind's own YAML keys, beside the common ones
+    place: Callable[[Sequence[StageSpec], int], None] = _anywhere  # raises a ConfigError if stage i cannot be of this kind
+    takes_images: bool = False  # as the target, it takes an image with the prompt (pipespec.images)
+    reads_target_features: bool = False  # its sessions read its verifier's features (a DREAM drafter)
+    gives_target_features: bool = False  # its sessions give the features a DREAM drafter right before it reads
+    depends_on_chain: bool = False  # built from the options of every stage after it: one stage per chain
+
+
+# ---- building (each imports its class only here) ---------------------------------------------------
+
+
+def _causal_lm(spec: StageSpec, at: BuildContext) -> Stage:
+    from pipespec.stages.causal_lm import CausalLMStage
+
+    return CausalLMStage(spec.name, spec.model, spec.dtype, spec.device, at.width, at.valid)
+
+
+def _vlm(spec: StageSpec, at: BuildContext) -> Stage:
+    from pipespec.stages.vlm import VLMStage
+
+    # a DREAM drafter also reads the prompt's image attention (its visual token compression ranks by it)
+    return VLMStage(spec.name, spec.model, spec.dtype, spec.device, at.width, at.valid, image_attention=at.sends_features)
+
+
+def _dream(spec: StageSpec, at: BuildContext) -> Stage:
+    from pipespec.stages.dream.stage import DreamStage
+
+    return DreamStage.load(spec.name, spec.model, spec.dtype, spec.device, at.width, at.valid)
+
+
+def _mock(spec: StageSpec, at: BuildContext) -> Stage:
+    from pipespec.stages.mock import MockStage
+
+    return MockStage(spec.name, [s.options for s in at.chain])
+
+
+def _ngram(spec: StageSpec, at: BuildContext) -> Stage:
+    from pipespec.stages.ngram import NgramStage
+
+    assert at.width is not None
+    return NgramStage(spec.name, spec.options, at.width)
+
+
+# ---- places in a chain ------------------------------------------------------------------------------
+
+
+def _first_only(chain: Sequence[StageSpec], i: int) -> None:
+    if i != 0:
+        raise ConfigError(f"stages[{i}] ({chain[i].name}): an ngram stage has no model to verify with; it can only be first")
+
+
+def _right_before_a_feature_giving_target(chain: Sequence[StageSpec], i: int) -> None:
+    name = chain[i].name
+    if i == len(chain) - 1:
+        raise ConfigError(f"stages[{i}] ({name}): a dream drafter cannot be the target")
+    if i != len(chain) - 2 or not kind_of(chain[-1]).gives_target_features:
+        raise ConfigError(
+            f"stages[{i}] ({name}): a dream drafter reads the target's hidden states, so it must come right "
+            f"before a vlm target (here followed by {chain[i + 1].name!r}, kind {chain[i + 1].kind})"
+        )
+
+
+def _before_mocks_only(chain: Sequence[StageSpec], i: int) -> None:
+    if any(t.kind != "mock" for t in chain[i + 1 :]):
+        raise ConfigError(
+            f"stages[{i}] ({chain[i].name}): a mock stage emulates its agreement with the stages after it, so they must be mocks too"
+        )
+    sizes = [s.options.vocab_size for s in chain[i:]]  # every mock of the chain when i is the first
+    if len(set(sizes)) > 1:
+        raise ConfigError("stages: mock stages have different vocab_size values " + str(sizes))
+
+
+# ---- the registry -----------------------------------------------------------------------------------
+
+KINDS: Mapping[str, StageKind] = {
+    kind.name: kind
+    for kind in (  # in the order error messages list them
+        StageKind("causal_lm", _causal_lm, loads_model=True),
+        StageKind("ngram", _ngram, options=NgramOptions, place=_first_only),
+        StageKind("dream", _dream, loads_model=True, place=_right_before_a_feature_giving_target, reads_target_features=True),
+        StageKind("vlm", _vlm, loads_model=True, takes_images=True, gives_target_features=True),
+        StageKind("mock", _mock, options=MockOptions, place=_before_mocks_only, depends_on_chain=True),
+    )
+}
+
+
+def kind_of(spec: StageSpec) -> StageKind:
+    """The registry entry of `spec.kind` (load_config has checked it is one)."""
+    kind = KINDS.get(spec.kind)
+    if kind is None:
+        raise ConfigError(f"stage {spec.name!r}: kind {spec.kind!r} is not available in this build yet")
+    return kind
