@@ -5,7 +5,8 @@ only does bookkeeping on token ids; forward passes and choices run on the comput
 a time, so messages keep arriving while a model runs. Every state change happens on the event loop,
 in the handler of one message, so there are no locks.
 
-Per request a runner keeps its generated tokens (committed part + its own speculative tail) and:
+Per request a runner keeps its generated tokens (committed part + its own speculative tail) and, one
+part per role (pipespec.request_state):
 
 - as a verifier of its drafter (upstream): the link epoch and the drafts received but not yet
   verified (`pending`, covering positions len(tokens)..). A draft of an older epoch is dropped on
@@ -28,7 +29,7 @@ import logging
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -38,44 +39,12 @@ from pipespec.handoff import prefill_message, step_message
 from pipespec.links import Link
 from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, RequestSpec, TargetFeatures, Verdict
 from pipespec.patience import Patience
+from pipespec.request_state import NOTHING_TOUCHED, FeatureInbox, RequestState, VerifierSide
 from pipespec.stage import Session, Stage, unfed_tail
 from pipespec.stages.registry import kind_of
 from pipespec.stats import PairStats, StageStats
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Request:
-    spec: RequestSpec
-    stats: StageStats
-    pair: PairStats | None
-    session: Session | None = None  # None until prefill returns
-    tokens: list[int] = field(default_factory=list)  # generated tokens: committed + speculative tail
-    probs: list[torch.Tensor | None] = field(default_factory=list)  # our p' per token (rejection), None once verified
-    probs_kept_from: int = 0  # probs before this position were freed (the verifier has them)
-    fed: int = 0  # context tokens (prompt + generated) in the cache still valid for `tokens`
-    rev: int = 0  # bumped whenever a verdict changes `tokens`
-    touched: int = 1 << 60  # smallest position a verdict changed since the step in flight began
-    # verifier side (upstream link)
-    up_epoch: int = 0
-    pending: list[int] = field(default_factory=list)  # drafts at pending_start..
-    pending_probs: list[torch.Tensor | None] = field(default_factory=list)
-    pending_start: int = 0
-    # drafter side (downstream link)
-    down_epoch: int = 0
-    sent: int = 0
-    verified: int = 0
-    committed: int = 0  # target only: tokens sent to the coordinator
-    wait_until: float | None = None  # waiting for drafts (see pipespec.patience) until then
-    wait_for: int = 0  # ... or until this many are pending
-    features: list[TargetFeatures] = field(default_factory=list)  # DREAM stage: target features not yet applied
-    has_prefill_features: bool = False
-
-    @property
-    def prompt_len(self) -> int:
-        assert self.session is not None
-        return self.session.prompt_len
 
 
 @dataclass(frozen=True)
@@ -133,7 +102,7 @@ class StageRunner:
         self.upstream: Link | None = None  # to our drafter
         self.downstream: Link | None = None  # to our verifier
         self.coordinator: Link | None = None
-        self.requests: OrderedDict[str, _Request] = OrderedDict()
+        self.requests: OrderedDict[str, RequestState] = OrderedDict()
         self.early: dict[str, list[Message]] = {}  # messages that overtook their request's Open
         self.closed: OrderedDict[str, None] = OrderedDict()  # recently closed ids, to drop stragglers
         self.inbox: asyncio.Queue = asyncio.Queue()
@@ -204,9 +173,7 @@ class StageRunner:
         elif isinstance(message, Verdict):
             self._on_verdict(message)
         elif isinstance(message, TargetFeatures):
-            req = self.requests[rid]
-            req.features.append(message)
-            req.has_prefill_features |= message.prefill is not None
+            self._on_features(message)
         elif isinstance(message, Open):
             self._on_open(message)
         elif isinstance(message, Close):
@@ -232,46 +199,49 @@ class StageRunner:
     def _submit(self, rid: str, plan: _Plan | None, fn, *args) -> None:
         self.busy = True
         if plan is not None:
-            self.requests[rid].touched = 1 << 60
+            self.requests[rid].touched = NOTHING_TOUCHED
         future = self.executor.submit(fn, *args)
         future.add_done_callback(lambda f: self.loop.call_soon_threadsafe(self.deliver, _Done(rid, plan, f)))
 
-    def _limit(self, req: _Request) -> int:
+    def _limit(self, req: RequestState) -> int:
         """How many generated tokens this stage may hold now."""
         limit = req.spec.max_new_tokens
         if self.downstream is not None:
-            limit = min(limit, req.verified + self.max_lookahead)
+            limit = min(limit, req.down.verified + self.max_lookahead)
         return limit
 
-    def _plan(self, rid: str, req: _Request) -> _Plan | None:
+    def _plan(self, rid: str, req: RequestState) -> _Plan | None:
         start = len(req.tokens)
         limit = self._limit(req)
         if start >= limit or (start and req.tokens[-1] in req.spec.stop_token_ids):
             return None
-        if self.reads_features and not req.has_prefill_features:
+        if req.features is not None and not req.features.has_prefill:
             return None
         feed = unfed_tail(req.session.last_prompt_token, req.prompt_len, req.fed, req.tokens)
+        up = req.up
+        features = req.features.take if req.features is not None else tuple
+        if up is None:  # the first stage: no drafts, it generates one token
+            return _Plan(rid, req.rev, 0, req.fed, feed, start, (), None, features())
         room = min(self.verify_window, self.drafter_lookahead, limit - start - 1)
-        n = min(len(req.pending), room)
-        if self.upstream is not None and self._wait(req, n, room):
+        n = min(len(up.pending), room)
+        if self.upstream is not None and self._wait(up, n, room, req.spec.stop_token_ids):
             return None
-        probs = torch.stack(req.pending_probs[:n]) if n and req.spec.params.rejection else None
-        features, req.features = tuple(req.features), []
-        return _Plan(rid, req.rev, req.up_epoch, req.fed, feed, start, tuple(req.pending[:n]), probs, features)
+        probs = torch.stack(up.pending_probs[:n]) if n and req.spec.params.rejection else None
+        return _Plan(rid, req.rev, up.epoch, req.fed, feed, start, tuple(up.pending[:n]), probs, features())
 
-    def _wait(self, req: _Request, pending: int, room: int) -> bool:
+    def _wait(self, up: VerifierSide, pending: int, room: int, stop_token_ids: frozenset[int]) -> bool:
         """True while this request should wait for more drafts instead of stepping now."""
         now = self.loop.time()
-        if req.pending and req.pending[-1] in req.spec.stop_token_ids:
+        if up.pending and up.pending[-1] in stop_token_ids:
             room = pending  # the drafter has stopped: nothing more is coming
-        if req.wait_until is None:
+        if up.wait_until is None:
             want, seconds = self.patience.wait_for(pending, room, self.drafter_token_s)
             if seconds <= 0.0:
                 return False
-            req.wait_until, req.wait_for = now + seconds, want
-            self.loop.call_at(req.wait_until, self.deliver, _WAKE)
-        if pending >= min(req.wait_for, room) or now >= req.wait_until:
-            req.wait_until = None
+            up.wait_until, up.wait_for = now + seconds, want
+            self.loop.call_at(up.wait_until, self.deliver, _WAKE)
+        if pending >= min(up.wait_for, room) or now >= up.wait_until:
+            up.wait_until = None
             return False
         return True
 
@@ -292,12 +262,13 @@ class StageRunner:
 
     def _on_open(self, message: Open) -> None:
         spec = message.request
-        pair = PairStats(self.drafter_name, self.name) if self.drafter_name is not None else None
-        self.requests[spec.request_id] = _Request(spec, StageStats(self.name), pair)
+        up = VerifierSide(PairStats(self.drafter_name, self.name)) if self.drafter_name is not None else None
+        features = FeatureInbox() if self.reads_features else None
+        self.requests[spec.request_id] = RequestState(spec, StageStats(self.name), up, features)
         for early in self.early.pop(spec.request_id, ()):
             self._handle(early)
 
-    def _forget(self, rid: str) -> _Request | None:
+    def _forget(self, rid: str) -> RequestState | None:
         self.early.pop(rid, None)
         self.closed[rid] = None
         if len(self.closed) > 100_000:
@@ -311,7 +282,7 @@ class StageRunner:
             return
         if req.session is not None:
             self.executor.submit(req.session.close)
-        self.coordinator.send(Closed(rid, self.name, req.stats, req.pair))
+        self.coordinator.send(Closed(rid, self.name, req.stats, req.up.pair if req.up is not None else None))
 
     def _fail(self, rid: str, error: BaseException) -> None:
         log.error("stage %s: request %s failed", self.name, rid, exc_info=error)
@@ -350,7 +321,7 @@ class StageRunner:
             return
         self._apply(req, plan, decision, hidden)
 
-    def _apply(self, req: _Request, plan: _Plan, decision: Decision, hidden: torch.Tensor | None) -> None:
+    def _apply(self, req: RequestState, plan: _Plan, decision: Decision, hidden: torch.Tensor | None) -> None:
         tokens = decision.tokens
         for i, t in enumerate(tokens):  # nothing after a stop token
             if t in req.spec.stop_token_ids:
@@ -359,12 +330,11 @@ class StageRunner:
         req.tokens.extend(tokens)
         req.probs.extend(decision.probs[: len(tokens)] if decision.probs is not None else [None] * len(tokens))
         req.fed = req.prompt_len + min(plan.start + decision.accepted, len(req.tokens) - 1)
-        if req.pair is not None:
-            req.pair.record(len(plan.drafts), decision.accepted)
+        if req.up is not None:
+            req.up.pair.record(len(plan.drafts), decision.accepted)
             self.patience.observe_verification(len(plan.drafts), decision.accepted)
-        if plan.up_epoch == req.up_epoch:
-            del req.pending[: len(plan.drafts)], req.pending_probs[: len(plan.drafts)]
-            req.pending_start += len(plan.drafts)
+            if plan.up_epoch == req.up.epoch:
+                req.up.drop_pending(len(plan.drafts))
         if hidden is not None:  # before the verdict: the fed tokens and the accepted drafts are ours
             accepted = min(decision.accepted, len(tokens))  # none past a stop token
             self.upstream.send(step_message(req.spec.request_id, plan.keep, hidden, len(plan.feed), accepted))
@@ -379,13 +349,16 @@ class StageRunner:
         req = self.requests.get(draft.request_id)
         if req is None:
             return
+        up = req.up
+        if up is None:
+            raise ValueError(f"stage {self.name!r} has no drafter, yet a Draft came for request {draft.request_id!r}")
         if draft.token_s is not None:
             self.drafter_token_s = draft.token_s
-        if draft.epoch < req.up_epoch:
+        if draft.epoch < up.epoch:
             req.stats.dropped_drafts += 1
             return
-        assert draft.epoch == req.up_epoch, (draft.epoch, req.up_epoch)
-        end = req.pending_start + len(req.pending)
+        assert draft.epoch == up.epoch, (draft.epoch, up.epoch)
+        end = up.start + len(up.pending)
         assert draft.start <= end, (draft.start, end)  # drafts are contiguous within an epoch
         known = len(req.tokens)
         for i, token in enumerate(draft.tokens):
@@ -395,12 +368,12 @@ class StageRunner:
                     self._conflict(req, known - 1)
                     return
             elif position >= end:
-                req.pending.append(token)
-                req.pending_probs.append(draft.probs[i] if draft.probs is not None else None)
+                up.pending.append(token)
+                up.pending_probs.append(draft.probs[i] if draft.probs is not None else None)
             else:  # within an epoch a drafter never re-sends a position we hold as pending
-                assert req.pending[position - req.pending_start] == token, (position, token)
-        if req.pending_start < known and not req.pending:
-            req.pending_start = known
+                assert up.pending[position - up.start] == token, (position, token)
+        if up.start < known and not up.pending:
+            up.start = known
 
     def _on_verdict(self, verdict: Verdict) -> None:
         req = self.requests.get(verdict.request_id)
@@ -408,7 +381,8 @@ class StageRunner:
             return
         p, t = verdict.position, verdict.token
         length = len(req.tokens)
-        assert verdict.epoch >= req.down_epoch and p <= length, (verdict, req.down_epoch, length)
+        down = req.down
+        assert verdict.epoch >= down.epoch and p <= length, (verdict, down.epoch, length)
         rollback = p < length and req.tokens[p] != t
         changed = rollback or p == length
         if changed:
@@ -420,9 +394,9 @@ class StageRunner:
             if req.session is not None:
                 req.fed = min(req.fed, req.prompt_len + p)
             req.stats.rollbacks += rollback
-        req.sent = p + 1 if changed or verdict.epoch > req.down_epoch else max(req.sent, p + 1)
-        req.down_epoch = verdict.epoch
-        req.verified = max(req.verified, p + 1)
+        down.sent = p + 1 if changed or verdict.epoch > down.epoch else max(down.sent, p + 1)
+        down.epoch = verdict.epoch
+        down.verified = max(down.verified, p + 1)
         req.probs_kept_from = min(req.probs_kept_from, len(req.probs))
         while req.probs_kept_from <= p:  # a re-send after this verdict starts at p + 1 or later
             req.probs[req.probs_kept_from] = None
@@ -434,42 +408,45 @@ class StageRunner:
                 self._verdict(req)
         self._publish(req)
 
+    def _on_features(self, message: TargetFeatures) -> None:
+        req = self.requests[message.request_id]
+        if req.features is None:
+            raise ValueError(f"stage {self.name!r} reads no target features, yet some came for request {message.request_id!r}")
+        req.features.add(message)
+
     # ---- upstream / downstream ----------------------------------------------------------------
 
-    def _conflict(self, req: _Request, position: int) -> None:
+    def _conflict(self, req: RequestState, position: int) -> None:
         """Our token at `position` (our last) contradicts the drafter: new epoch, tell it."""
         assert position == len(req.tokens) - 1
-        req.up_epoch += 1
-        req.pending.clear()
-        req.pending_probs.clear()
-        req.pending_start = len(req.tokens)
+        req.up.epoch += 1
+        req.up.clear_from(len(req.tokens))
         self._verdict(req)
 
-    def _absorb(self, req: _Request) -> bool:
+    def _absorb(self, req: RequestState) -> bool:
         """Match pending drafts against tokens we now hold; False if one conflicted."""
-        known = len(req.tokens)
-        while req.pending and req.pending_start < known:
-            if req.pending[0] != req.tokens[req.pending_start]:
+        up, known = req.up, len(req.tokens)
+        while up.pending and up.start < known:
+            if up.pending[0] != req.tokens[up.start]:
                 self._conflict(req, known - 1)
                 return False
-            del req.pending[0], req.pending_probs[0]
-            req.pending_start += 1
-        if not req.pending:
-            req.pending_start = known
+            up.drop_pending(1)
+        if not up.pending:
+            up.start = known
         return True
 
-    def _verdict(self, req: _Request) -> None:
+    def _verdict(self, req: RequestState) -> None:
         position = len(req.tokens) - 1
-        self.upstream.send(Verdict(req.spec.request_id, req.up_epoch, position, req.tokens[position]))
+        self.upstream.send(Verdict(req.spec.request_id, req.up.epoch, position, req.tokens[position]))
 
-    def _publish(self, req: _Request) -> None:
+    def _publish(self, req: RequestState) -> None:
         """Send what downstream has not seen: a Draft to our verifier, or a Commit (target)."""
-        rid = req.spec.request_id
+        rid, down, tokens = req.spec.request_id, req.down, req.tokens
+        if len(tokens) <= down.sent:
+            return
         if self.downstream is not None:
-            if len(req.tokens) > req.sent:
-                probs = torch.stack(req.probs[req.sent :]) if req.spec.params.rejection else None
-                self.downstream.send(Draft(rid, req.down_epoch, req.sent, tuple(req.tokens[req.sent :]), probs, self.token_s))
-                req.sent = len(req.tokens)
-        elif len(req.tokens) > req.committed:
-            self.coordinator.send(Commit(rid, req.committed, tuple(req.tokens[req.committed :])))
-            req.committed = len(req.tokens)
+            probs = torch.stack(req.probs[down.sent :]) if req.spec.params.rejection else None
+            self.downstream.send(Draft(rid, down.epoch, down.sent, tuple(tokens[down.sent :]), probs, self.token_s))
+        else:
+            self.coordinator.send(Commit(rid, down.sent, tuple(tokens[down.sent :])))
+        down.sent = len(tokens)
