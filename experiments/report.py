@@ -112,7 +112,7 @@ def plan_check(plan: dict, bench: dict) -> str:
 
 
 def section_plan() -> str:
-    command = f"pipespec plan {CONFIG} --json {PLAN}"
+    command = f"pipespec plan {CONFIG} --image models/demo/example.png --json {PLAN}"
     plan, bench = _read(PLAN), _read(BENCH / "bench.json")
     if plan is None:
         return "## `pipespec plan` vs the measured best\n\n" + _missing(command)

@@ -6,7 +6,7 @@
 One device per pipeline stage. Two sweeps, each next to the analytical chain model
 (`pipespec.analytical.chain_rates`, upstream stages feeding the target) on the same axes:
 
-1. EMULATED (beyond the hardware at hand): mock stages (`stages/mock.py`, not real models) that
+1. EMULATED (beyond the hardware at hand): mock stages (`pipespec/stages/mock.py`, not real models) that
    sleep a published-like per-forward latency and agree with the next model at a chosen rate, so
    many of them run on two cores. d devices run the last d models of the chain
 

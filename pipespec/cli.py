@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--json", help="also write the figures as JSON to this file")
     d.set_defaults(run=demo)
     s = sub.add_parser("serve", help="start a pipeline on Ray (a local one by default) and serve it")
-    s.add_argument("config", help="a pipeline YAML file, or the name of a shipped example (mock3, demo)")
+    s.add_argument("config", help="a pipeline YAML file, or the name of an example shipped in pipespec/configs (e.g. mock3)")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, help="coordinator port (default: the config's server.port)")

@@ -70,6 +70,8 @@ class FeaturedVerifier:
 
 
 class FeaturedSession:
+    """A `FeaturedVerifier`'s session: the DREAM session, and the target's kept fed up to what it holds."""
+
     def __init__(self, dream: FeatureReader, target: FeatureSource, request: RequestSpec):
         self.dream = dream
         self.target = target

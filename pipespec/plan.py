@@ -155,7 +155,7 @@ def profile(
     stages = tuple(
         _profile_stage(pipeline.stages, i, config, requests[0], verify_tokens, repeats) for i in range(len(config.stages))
     )
-    valid = len(pipeline.tokenizer) if pipeline.tokenizer is not None else None
+    valid = pipeline.entrance.tokenizer_size
     pairs = tuple(
         _profile_pair(pipeline.stages, [s.name for s in config.stages], raw, i, j, requests, gamma, valid)
         for i, j in itertools.combinations(range(len(config.stages)), 2)

@@ -77,6 +77,8 @@ class FeatureInbox:
 
 @dataclass
 class RequestState:
+    """One request on one stage: its tokens and cache bookkeeping, and a part per role it plays."""
+
     spec: RequestSpec
     stats: StageStats
     up: VerifierSide | None  # None for the first stage (no drafter)

@@ -289,3 +289,8 @@ def test_bool_where_number_expected(config, message):
 
 def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
+
+
+def test_an_ngram_stage_alone_is_refused_as_a_target():
+    with pytest.raises(ConfigError, match=r"stages\[0\] \(lookup\): an ngram stage only drafts; it cannot be the target"):
+        load_config({"stages": [{"name": "lookup", "kind": "ngram"}]})

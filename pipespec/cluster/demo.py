@@ -87,6 +87,11 @@ def run_demo(
     if not (models / "target" / "config.json").is_file():
         print(f"pipespec: no demo models under {models}; train them with `python -m demo.train all`")
         return 2
+    if image is None and not (models / "example.png").is_file():
+        print(
+            f"pipespec: no example picture under {models}; give one with --image FILE or write it with `python -m demo.train picture`"
+        )
+        return 2
     if image is None:
         image = default_image(models)
     else:

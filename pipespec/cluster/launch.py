@@ -54,7 +54,7 @@ def serve(config_arg: str, ray_address: str | None, host: str, port: int | None,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config", help="a pipeline YAML file, or the name of a shipped example (mock3, demo)")
+    parser.add_argument("config", help="a pipeline YAML file, or the name of an example shipped in pipespec/configs (e.g. mock3)")
     parser.add_argument("--address", help="Ray cluster address (default: the job's cluster, else a local Ray)")
     parser.add_argument("--host", default="127.0.0.1", help="interface the gRPC servers bind")
     parser.add_argument("--port", type=int, help="coordinator port (default: the config's server.port; 0 = any)")

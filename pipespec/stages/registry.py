@@ -90,6 +90,9 @@ def _anywhere(chain: Sequence[StageSpec], i: int) -> None:
 
 @dataclass(frozen=True)
 class StageKind:
+    """Everything the runtime knows of one stage kind: how to build it, its options, where it may sit
+    in a chain and what it can do."""
+
     name: str  # what a config's `kind` says
     build: Callable[[StageSpec, BuildContext], Stage]  # imports the kind's class (and torch) when called
     loads_model: bool = False  # `model` is required, a directory from_pretrained loads; other kinds take none
@@ -142,6 +145,8 @@ def _ngram(spec: StageSpec, at: BuildContext) -> Stage:
 def _first_only(chain: Sequence[StageSpec], i: int) -> None:
     if i != 0:
         raise ConfigError(f"stages[{i}] ({chain[i].name}): an ngram stage has no model to verify with; it can only be first")
+    if len(chain) == 1:
+        raise ConfigError(f"stages[0] ({chain[0].name}): an ngram stage only drafts; it cannot be the target")
 
 
 def _right_before_a_feature_giving_target(chain: Sequence[StageSpec], i: int) -> None:
