@@ -80,7 +80,7 @@ def test_a_dream_verifier_gets_the_target_features_of_the_context_it_holds():
             return Session(request.prompt_token_ids, self)
 
     class Dream(Target):
-        name, needs_target_features = "dream", True
+        name = "dream"
 
     class Session:
         def __init__(self, prompt, stage):
