@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -33,9 +34,15 @@ class StageSpec:
     max_lookahead: int = 8  # uncommitted tokens this stage may run ahead of its verifier
     verify_window: int | None = None  # most drafts one step verifies; None: half the drafter's lookahead
     dtype: str = "bfloat16"
-    device: str = "cpu"
+    device: str = "cpu"  # cpu, cuda (the GPU Ray assigned to the stage's actor) or cuda:N
     resources: Mapping[str, float] = field(default_factory=lambda: {"num_cpus": 1})
+    device_group: str | None = None  # stages naming the same group share one device: one actor, one compute thread
     options: MockOptions | NgramOptions | None = None  # the kind's own keys (KINDS[kind].options)
+
+    @property
+    def group(self) -> str:
+        """The device this stage runs on: its device group, or a device of its own."""
+        return self.device_group if self.device_group is not None else self.name
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,13 @@ class PipelineConfig:
             return 0
         spec = self.stages[i]
         return spec.verify_window if spec.verify_window is not None else max(1, self.stages[i - 1].max_lookahead // 2)
+
+    def devices(self) -> tuple[tuple[int, ...], ...]:
+        """The stages' indices on each device, devices in the order of their first stage."""
+        groups: dict[str, list[int]] = {}
+        for i, spec in enumerate(self.stages):
+            groups.setdefault(spec.group, []).append(i)
+        return tuple(tuple(g) for g in groups.values())
 
     def sends_features(self, i: int) -> bool:
         """Stage i hands its features to its drafter, which reads them (a DREAM stage; pipespec.handoff)."""
@@ -157,7 +171,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
     stage_kind = KINDS[kind]
     option_cls = stage_kind.options
     option_keys = [f.name for f in fields(option_cls)] if option_cls else []
-    common = ["name", "kind", "model", "max_lookahead", "verify_window", "dtype", "device", "resources"]
+    common = ["name", "kind", "model", "max_lookahead", "verify_window", "dtype", "device", "resources", "device_group"]
     _reject_unknown(raw, common + option_keys, f"{where} ({kind})")
 
     name = _typed(raw.get("name", f"stage{i}"), str, f"{where}.name")
@@ -181,6 +195,11 @@ def _stage(raw: Any, i: int) -> StageSpec:
     if dtype not in DTYPES:
         raise ConfigError(f"{where}.dtype: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
     device = _typed(raw.get("device", "cpu"), str, f"{where}.device")
+    if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", device):
+        raise ConfigError(f"{where}.device: unknown device {device!r}; expected cpu, cuda or cuda:N")
+    group = raw.get("device_group")
+    if group is not None and not _typed(group, str, f"{where}.device_group"):
+        raise ConfigError(f"{where}.device_group: must be a non-empty name")
     resources = raw.get("resources", {"num_cpus": 1})
     if not isinstance(resources, Mapping) or not all(
         isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for k, v in resources.items()
@@ -196,7 +215,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
                 values[f.name] = _typed(raw[f.name], ftype, f"{where}.{f.name}")
         options = option_cls(**values)
         options.check(where)
-    return StageSpec(name, kind, model, lookahead, window, dtype, device, dict(resources), options)
+    return StageSpec(name, kind, model, lookahead, window, dtype, device, dict(resources), group, options)
 
 
 def _check_chain(stages: tuple[StageSpec, ...]) -> None:
@@ -206,6 +225,15 @@ def _check_chain(stages: tuple[StageSpec, ...]) -> None:
             raise ConfigError(f"stages: duplicate stage name {n!r}")
     for i, s in enumerate(stages):
         kind_of(s).place(stages, i)
+    first: dict[str, StageSpec] = {}
+    for s in stages:  # one device: one set of resources, one torch device
+        lead = first.setdefault(s.group, s)
+        for key in ("resources", "device"):
+            if getattr(s, key) != getattr(lead, key):
+                raise ConfigError(
+                    f"stages {lead.name!r} and {s.name!r} share device group {s.group!r} but not their {key} "
+                    f"({getattr(lead, key)!r} vs {getattr(s, key)!r}): one device has one"
+                )
 
 
 def _sampling(raw: Any) -> SamplingSpec:

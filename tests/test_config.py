@@ -294,3 +294,50 @@ def test_config_error_is_a_value_error():
 def test_an_ngram_stage_alone_is_refused_as_a_target():
     with pytest.raises(ConfigError, match=r"stages\[0\] \(lookup\): an ngram stage only drafts; it cannot be the target"):
         load_config({"stages": [{"name": "lookup", "kind": "ngram"}]})
+
+
+# --- devices ------------------------------------------------------------------------------------
+
+
+def three_mock_stages(**groups):
+    config = mock_config()
+    config["stages"].insert(0, {"name": "tiny", "kind": "mock", "agreement": 0.5, "vocab_size": 64})
+    for stage in config["stages"]:
+        if stage["name"] in groups:
+            stage["device_group"] = groups[stage["name"]]
+    return config
+
+
+def test_each_stage_has_a_device_of_its_own_by_default():
+    config = load_config(three_mock_stages())
+    assert config.devices() == ((0,), (1,), (2,))
+    assert [s.group for s in config.stages] == ["tiny", "drafter", "target"]
+
+
+def test_stages_of_one_device_group_share_a_device():
+    config = load_config(three_mock_stages(tiny="drafters", drafter="drafters"))
+    assert config.devices() == ((0, 1), (2,))
+    assert load_config(three_mock_stages(tiny="target")).devices() == ((0, 2), (1,))  # a stage's name is its device
+
+
+def test_one_device_has_one_set_of_resources():
+    config = three_mock_stages(tiny="drafters", drafter="drafters")
+    config["stages"][1]["resources"] = {"num_cpus": 2}
+    with pytest.raises(ConfigError, match=r"'tiny' and 'drafter' share device group 'drafters' but not their resources"):
+        load_config(config)
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "cuda0", ""])
+def test_unknown_device_is_named(device):
+    with pytest.raises(ConfigError, match=rf"stages\[1\]\.device: unknown device '{device}'; expected cpu, cuda or cuda:N"):
+        load_config(with_stage(1, device=device))
+
+
+def test_cuda_devices_parse():
+    assert load_config(with_stage(1, device="cuda:1")).target.device == "cuda:1"
+    assert load_config(with_stage(0, device="cuda")).stages[0].device == "cuda"
+
+
+def test_empty_device_group_is_refused():
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.device_group: must be a non-empty name"):
+        load_config(with_stage(0, device_group=""))
