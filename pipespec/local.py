@@ -27,6 +27,7 @@ from pipespec.links import Inbox, InProcessLink, Link
 from pipespec.messages import RequestSpec
 from pipespec.outputs import Delta, Generation
 from pipespec.runner import StageRunner
+from pipespec.scheduler import schedulers_for
 from pipespec.stage import Stage
 
 
@@ -87,7 +88,8 @@ class LocalPipeline:
         asyncio.run_coroutine_threadsafe(self._wire(), self.loop).result()
 
     async def _wire(self) -> None:
-        self.runners = [StageRunner.for_config(stage, self.config, i) for i, stage in enumerate(self.stages)]
+        devices = schedulers_for(self.config.devices(), [s.name for s in self.config.stages])
+        self.runners = [StageRunner.for_config(stage, self.config, i, devices[i]) for i, stage in enumerate(self.stages)]
         self.coordinator = self.entrance.coordinator()
         if self.over_grpc:
             await self._wire_grpc()
@@ -121,12 +123,28 @@ class LocalPipeline:
                 await server.stop(grace=None)
 
         asyncio.run_coroutine_threadsafe(stop(), self.loop).result()
-        for runner in self.runners:  # let in-flight forwards finish while the loop can still take their results
-            runner.executor.shutdown(wait=True, cancel_futures=True)
+        for scheduler in {r.scheduler: None for r in self.runners}:  # let in-flight forwards finish while the loop runs
+            scheduler.shutdown(wait=True)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
         self.loop.close()
         self.loop = None
+
+    # ---- tracing (pipespec.trace) ---------------------------------------------------------------
+
+    def start_trace(self) -> None:
+        """Begin recording where each stage's time goes."""
+        self._on_loop(lambda: [r.trace.start() for r in self.runners])
+
+    def stop_trace(self) -> list[dict]:
+        """Stop recording; -> each stage's summary, upstream to downstream."""
+        return self._on_loop(lambda: [r.trace.stop() for r in self.runners])
+
+    def _on_loop(self, fn: Callable[[], Any]) -> Any:
+        async def call() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result()
 
     # ---- requests -----------------------------------------------------------------------------
 

@@ -1,9 +1,10 @@
 """StageRunner: drives one stage of the asynchronous pipeline (design section 2).
 
-One runner per stage, one asyncio task per runner, one compute thread per runner. The event loop
-only does bookkeeping on token ids; forward passes and choices run on the compute thread, one step at
-a time, so messages keep arriving while a model runs. Every state change happens on the event loop,
-in the handler of one message, so there are no locks.
+One runner per stage, one asyncio task per runner. The event loop only does bookkeeping on token
+ids; forward passes and choices run on the compute thread of the runner's device
+(pipespec.scheduler: stages placed on one device share it, one forward at a time), so messages keep
+arriving while a model runs. Every state change happens on the event loop, in the handler of one
+message, so there are no locks. A runner can record where its time goes (`trace`, pipespec.trace).
 
 Per request a runner keeps its generated tokens (committed part + its own speculative tail) and, one
 part per role (pipespec.request_state):
@@ -28,8 +29,8 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -40,9 +41,11 @@ from pipespec.links import Link
 from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, RequestSpec, TargetFeatures, Verdict
 from pipespec.patience import Patience
 from pipespec.request_state import NOTHING_TOUCHED, FeatureInbox, RequestState, VerifierSide
+from pipespec.scheduler import Batch, DeviceScheduler, Done
 from pipespec.stage import Session, Stage, unfed_tail
 from pipespec.stages.registry import kind_of
 from pipespec.stats import PairStats, StageStats
+from pipespec.trace import StageTrace, Timing
 
 log = logging.getLogger(__name__)
 
@@ -57,19 +60,25 @@ class _Plan:
     start: int  # position of the first decided token (= len(tokens) at launch)
     drafts: tuple[int, ...]
     draft_probs: torch.Tensor | None  # [len(drafts), V]
-    features: tuple[TargetFeatures, ...] = ()  # applied to the session before the forward
-
-
-_WAKE = object()  # posted by a timer when a wait for drafts runs out
+    features: tuple[TargetFeatures, ...] = ()  # applied to the session before the forward (taken at launch)
 
 
 @dataclass(frozen=True)
-class _Done:
-    """A compute-thread result, posted back to the inbox."""
-
+class _Prefill:
     request_id: str
-    plan: _Plan | None  # None for a prefill
-    future: Future
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What the compute thread made of one plan: a result or the error it raised, and when (pipespec.trace)."""
+
+    result: object
+    error: BaseException | None
+    planned: float
+    timing: Timing
+
+
+_WAKE = object()  # posted by a timer when a wait for drafts runs out
 
 
 class StageRunner:
@@ -84,6 +93,7 @@ class StageRunner:
         drafter_lookahead: int = 0,
         verify_window: int = 0,
         patience: Patience | None = None,
+        scheduler: DeviceScheduler | None = None,  # the device it runs on; None: a device of its own
         sends_features: bool = False,  # our drafter reads our features (a DREAM stage): send them (pipespec.handoff)
         reads_features: bool = False,  # we read our verifier's features (a DREAM stage): step only once the prefill's came
     ):
@@ -106,13 +116,14 @@ class StageRunner:
         self.early: dict[str, list[Message]] = {}  # messages that overtook their request's Open
         self.closed: OrderedDict[str, None] = OrderedDict()  # recently closed ids, to drop stragglers
         self.inbox: asyncio.Queue = asyncio.Queue()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{name}")
-        self.busy = False
+        self.scheduler = scheduler or DeviceScheduler(name)
+        self.scheduler.join(self)
+        self.trace = StageTrace(name)
         self.loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    def for_config(cls, stage: Stage, config: PipelineConfig, i: int) -> StageRunner:
-        """The runner of stage i of `config`, its neighbours' settings included."""
+    def for_config(cls, stage: Stage, config: PipelineConfig, i: int, scheduler: DeviceScheduler | None = None) -> StageRunner:
+        """The runner of stage i of `config`, its neighbours' settings included, on `scheduler`'s device."""
         specs = config.stages
         return cls(
             stage,
@@ -124,6 +135,7 @@ class StageRunner:
             verify_window=config.window(i),
             sends_features=config.sends_features(i),
             reads_features=kind_of(specs[i]).reads_target_features,
+            scheduler=scheduler,
         )
 
     # ---- wiring -------------------------------------------------------------------------------
@@ -145,9 +157,9 @@ class StageRunner:
         self.loop = asyncio.get_running_loop()
         try:
             while True:
-                if not self.busy:
-                    self._launch()
+                self.scheduler.poke()
                 message = await self.inbox.get()
+                t0 = time.perf_counter() if self.trace.enabled else 0.0
                 try:
                     self._handle(message)
                 except Exception as error:  # a bug in one request must not take down the others
@@ -155,20 +167,23 @@ class StageRunner:
                     if rid is None:
                         raise
                     self._fail(rid, error)
+                if self.trace.enabled:
+                    self.trace.handled(time.perf_counter() - t0)
         finally:
-            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.scheduler.leave(self)
 
-    def _handle(self, message: Message | _Done) -> None:
+    def _handle(self, message: Message | Done) -> None:
         if message is _WAKE:
             return  # the run loop re-plans after every message
+        if isinstance(message, Done):
+            self._on_done(message)
+            return
         rid = getattr(message, "request_id", None)
         if isinstance(message, (Draft, Verdict, TargetFeatures)) and rid not in self.requests:
             if rid not in self.closed:  # overtook its Open on another link: replay after the Open
                 self.early.setdefault(rid, []).append(message)
             return
-        if isinstance(message, _Done):
-            self._on_done(message)
-        elif isinstance(message, Draft):
+        if isinstance(message, Draft):
             self._on_draft(message)
         elif isinstance(message, Verdict):
             self._on_verdict(message)
@@ -181,27 +196,53 @@ class StageRunner:
         else:
             raise TypeError(f"stage {self.name!r} cannot handle {type(message).__name__}")
 
-    # ---- scheduling ---------------------------------------------------------------------------
+    # ---- scheduling (pipespec.scheduler asks; the device's compute thread runs) -------------------
 
-    def _launch(self) -> None:
-        """Start the next step on the compute thread: prefills first, then round robin."""
+    @property
+    def tracing(self) -> bool:
+        return self.trace.enabled
+
+    def next_batch(self) -> Batch | None:
+        """Our next work, without side effects: a prefill first, then a step round robin."""
         for rid, req in self.requests.items():
             if req.session is None:
-                self._submit(rid, None, self.stage.open, req.spec)
-                return
-        for rid, req in list(self.requests.items()):
+                return Batch(self, (_Prefill(rid),), urgent=True)
+        for rid, req in self.requests.items():
             plan = self._plan(rid, req)
             if plan is not None:
-                self.requests.move_to_end(rid)
-                self._submit(rid, plan, self._compute, req.session, req.spec, plan)
-                return
+                return Batch(self, (plan,), urgent=bool(plan.drafts))
+        if self.trace.enabled:
+            self._trace_idle()
+        return None
 
-    def _submit(self, rid: str, plan: _Plan | None, fn, *args) -> None:
-        self.busy = True
-        if plan is not None:
-            self.requests[rid].touched = NOTHING_TOUCHED
-        future = self.executor.submit(fn, *args)
-        future.add_done_callback(lambda f: self.loop.call_soon_threadsafe(self.deliver, _Done(rid, plan, f)))
+    def launch(self, batch: Batch) -> Callable[[], list[_Outcome]]:
+        """The device takes `batch`: features are taken now; -> what the compute thread runs."""
+        planned = self.trace.planned() if self.trace.enabled else 0.0
+        work = []
+        for plan in batch.plans:
+            req = self.requests[plan.request_id]
+            self.requests.move_to_end(plan.request_id)
+            if isinstance(plan, _Plan):
+                req.touched = NOTHING_TOUCHED
+                if req.features is not None:
+                    plan = replace(plan, features=req.features.take())
+            work.append((plan, req.session, req.spec))
+        return lambda: [self._compute(plan, session, spec, planned) for plan, session, spec in work]
+
+    def wait_for_device(self) -> None:
+        if self.trace.enabled:
+            self.trace.idle("device", drafts_pending=False)
+
+    def _trace_idle(self) -> None:
+        """Why we found no work, for the trace."""
+        ups = [req.up for req in self.requests.values() if req.up is not None]
+        pending = any(up.pending for up in ups)
+        if any(up.wait_until is not None for up in ups):
+            self.trace.idle("waiting", pending)
+        elif ups:
+            self.trace.idle("starved", pending)
+        else:
+            self.trace.idle("bounded", pending)
 
     def _limit(self, req: RequestState) -> int:
         """How many generated tokens this stage may hold now."""
@@ -219,15 +260,14 @@ class StageRunner:
             return None
         feed = unfed_tail(req.session.last_prompt_token, req.prompt_len, req.fed, req.tokens)
         up = req.up
-        features = req.features.take if req.features is not None else tuple
         if up is None:  # the first stage: no drafts, it generates one token
-            return _Plan(rid, req.rev, 0, req.fed, feed, start, (), None, features())
+            return _Plan(rid, req.rev, 0, req.fed, feed, start, (), None)
         room = min(self.verify_window, self.drafter_lookahead, limit - start - 1)
         n = min(len(up.pending), room)
         if self.upstream is not None and self._wait(up, n, room, req.spec.stop_token_ids):
             return None
         probs = torch.stack(up.pending_probs[:n]) if n and req.spec.params.rejection else None
-        return _Plan(rid, req.rev, up.epoch, req.fed, feed, start, tuple(up.pending[:n]), probs, features())
+        return _Plan(rid, req.rev, up.epoch, req.fed, feed, start, tuple(up.pending[:n]), probs)
 
     def _wait(self, up: VerifierSide, pending: int, room: int, stop_token_ids: frozenset[int]) -> bool:
         """True while this request should wait for more drafts instead of stepping now."""
@@ -245,18 +285,29 @@ class StageRunner:
             return False
         return True
 
-    def _compute(self, session: Session, spec: RequestSpec, plan: _Plan) -> tuple[Decision, float, torch.Tensor | None]:
-        """Compute thread: one forward over our unfed tokens and the drafts, then decide.
+    def _compute(self, plan: _Plan | _Prefill, session: Session | None, spec: RequestSpec, planned: float) -> _Outcome:
+        """Compute thread: one plan, timed; its error is caught, to fail only its own request."""
+        started = time.perf_counter()
+        try:
+            result, timing = Timing.around(self._open if isinstance(plan, _Prefill) else self._step, plan, session, spec)
+        except Exception as error:
+            return _Outcome(None, error, planned, Timing(started, time.perf_counter(), 0.0))
+        return _Outcome(result, None, planned, timing)
 
-        -> (decision, seconds, our hidden states [F + n, H] when our drafter reads them, else None)."""
-        t0 = time.perf_counter()
+    def _open(self, plan: _Prefill, session: None, spec: RequestSpec) -> Session:
+        return self.stage.open(spec)
+
+    def _step(self, plan: _Plan, session: Session, spec: RequestSpec) -> tuple[Decision, torch.Tensor | None]:
+        """One forward over our unfed tokens and the drafts, then decide.
+
+        -> (decision, our hidden states [F + n, H] when our drafter reads them, else None)."""
         for features in plan.features:
             session.add_features(features)
         logits = session.forward(plan.keep, plan.feed + plan.drafts)  # [F + n, V]
         rows = logits[len(plan.feed) - 1 :]  # [n + 1, V]: positions start .. start + n
         decision = decide(rows, plan.drafts, plan.draft_probs, spec.params, plan.start, self.depth)
         hidden = session.hidden if self.sends_features else None
-        return decision, time.perf_counter() - t0, hidden
+        return decision, hidden
 
     # ---- events -------------------------------------------------------------------------------
 
@@ -281,35 +332,50 @@ class StageRunner:
             self.coordinator.send(Closed(rid, self.name, StageStats(self.name), None))
             return
         if req.session is not None:
-            self.executor.submit(req.session.close)
+            self.scheduler.run_later(req.session.close)
         self.coordinator.send(Closed(rid, self.name, req.stats, req.up.pair if req.up is not None else None))
 
     def _fail(self, rid: str, error: BaseException) -> None:
         log.error("stage %s: request %s failed", self.name, rid, exc_info=error)
         req = self._forget(rid)
         if req is not None and req.session is not None:
-            self.executor.submit(req.session.close)
+            self.scheduler.run_later(req.session.close)
         self.coordinator.send(Failed(rid, self.name, f"{type(error).__name__}: {error}"))
 
-    def _on_done(self, done: _Done) -> None:
-        self.busy = False
-        req = self.requests.get(done.request_id)
-        if req is None:  # closed while computing
+    def _on_done(self, done: Done) -> None:
+        self.scheduler.release(self)
+        if done.future.cancelled():
             return
-        error = done.future.exception()
-        if error is not None:
-            self._fail(done.request_id, error)
+        for plan, outcome in zip(done.batch.plans, done.future.result()):
+            if self.trace.enabled and outcome.planned:  # planned 0: launched before the trace began
+                self._trace_step(plan, outcome)
+            if plan.request_id in self.requests:  # else closed while computing
+                self._take(plan, outcome)
+
+    def _trace_step(self, plan: _Plan | _Prefill, outcome: _Outcome) -> None:
+        if isinstance(plan, _Prefill) or outcome.error is not None:
+            self.trace.step("prefill", 0, 0, outcome.planned, outcome.timing)
+        else:
+            kind = "verify" if plan.drafts else "generate"
+            self.trace.step(kind, len(plan.drafts), outcome.result[0].accepted, outcome.planned, outcome.timing)
+
+    def _take(self, plan: _Plan | _Prefill, outcome: _Outcome) -> None:
+        """Apply one plan's outcome to its request."""
+        rid = plan.request_id
+        req = self.requests[rid]
+        if outcome.error is not None:
+            self._fail(rid, outcome.error)
             return
-        if done.plan is None:  # prefill
-            req.session = done.future.result()
+        if isinstance(plan, _Prefill):
+            req.session = outcome.result
             req.fed = req.session.prompt_len - 1
             req.stats.forwards += 1
             if self.sends_features:
-                self.upstream.send(prefill_message(done.request_id, req.session.prefill_features))
+                self.upstream.send(prefill_message(rid, req.session.prefill_features))
                 req.session.prefill_features = None  # sent: the target itself never needs them
             return
-        decision, seconds, hidden = done.future.result()
-        plan = done.plan
+        decision, hidden = outcome.result
+        seconds = outcome.timing.ended - outcome.timing.started
         per_token = seconds / len(decision.tokens)
         self.token_s = per_token if self.token_s is None else 0.8 * self.token_s + 0.2 * per_token
         req.stats.forwards += 1

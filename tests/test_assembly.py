@@ -51,7 +51,7 @@ def test_link_in_process_connects_neighbours_and_coordinator(k):
         assert [link.peer for link in coordinator.stages] == runners
     finally:
         for runner in runners:
-            runner.executor.shutdown()
+            runner.scheduler.shutdown(wait=True)
 
 
 def test_a_runner_keeps_the_links_not_given():
@@ -65,7 +65,7 @@ def test_a_runner_keeps_the_links_not_given():
         assert target.coordinator is before and target.upstream is replacement and target.downstream is None
     finally:
         for runner in (drafter, target):
-            runner.executor.shutdown()
+            runner.scheduler.shutdown(wait=True)
 
 
 def test_the_coordinator_needs_a_link_per_stage():

@@ -1,0 +1,142 @@
+"""DeviceScheduler: one device's compute thread, shared by the stage runners placed on it (design 5b).
+
+A device (a set of CPU cores, or one GPU) runs one forward at a time. The runners placed on it do not
+own threads: whenever one of them may have work (after every message it handles), it pokes the
+device's scheduler; if the device is free, the scheduler asks each runner for its next batch and runs
+the most urgent on the device's compute thread:
+
+1. a prefill or a verification (a step that checks drafts) before any other step (a drafter's draft,
+   a verifier generating alone);
+2. among equals, the runner nearest the target (runners are kept in that order).
+
+The device stays busy until the runner that owns the finished batch has taken its results (on the
+event loop), so a runner never plans from state its own forward is about to change.
+
+A batch holds a list of plans, one request each. Today a runner offers one plan per batch; the
+interface lets one forward carry several requests later (batching across requests). Everything here
+runs on the event loop the runners share, except `Worker.compute`, which runs on the compute thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The work of one forward on a device: plans of one runner, one request each."""
+
+    worker: Worker
+    plans: tuple[Any, ...]
+    urgent: bool  # a prefill or a verification: runs before other steps
+
+
+@dataclass(frozen=True)
+class Done:
+    """A finished batch, posted back to its runner's inbox: one outcome per plan."""
+
+    batch: Batch
+    future: Future  # -> list of outcomes, aligned with batch.plans
+
+
+class Worker(Protocol):
+    """What a device scheduler asks of a stage runner."""
+
+    name: str
+    depth: int  # hops to the target: 0 is the target
+    tracing: bool  # the runner records where its time goes (pipespec.trace)
+
+    def next_batch(self) -> Batch | None:
+        """The runner's next work, or None (no side effects: the scheduler may not take it)."""
+        ...
+
+    def launch(self, batch: Batch) -> Callable[[], list[Any]]:
+        """The scheduler takes `batch`: update what must change on the loop; -> what the compute thread runs."""
+        ...
+
+    def wait_for_device(self) -> None:
+        """The runner had work but another runner's batch went first."""
+        ...
+
+    def deliver(self, message: Any) -> None: ...
+
+
+class DeviceScheduler:
+    """One device: one compute thread, one forward at a time, for the runners placed on it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.workers: list[Worker] = []  # nearest the target first
+        self.running: Worker | None = None  # whose batch the device is computing (or whose results are unread)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"device-{name}")
+
+    def join(self, worker: Worker) -> None:
+        self.workers.append(worker)
+        self.workers.sort(key=lambda w: w.depth)
+
+    def leave(self, worker: Worker) -> None:
+        """`worker` stops; the thread shuts down with the last one (in-flight work is not awaited)."""
+        if worker in self.workers:
+            self.workers.remove(worker)
+        if self.running is worker:
+            self.running = None
+        if not self.workers:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def poke(self) -> None:
+        """Run the most urgent batch any runner has, if the device is free."""
+        if self.running is not None:
+            for worker in self.workers:  # only a traced runner asks: so its wait is put down to the device
+                if worker.tracing and worker is not self.running and worker.next_batch() is not None:
+                    worker.wait_for_device()
+            return
+        chosen: Batch | None = None
+        waiting: list[Worker] = []
+        for worker in self.workers:
+            batch = worker.next_batch()
+            if batch is None:
+                continue
+            if chosen is None or (batch.urgent and not chosen.urgent):
+                if chosen is not None:
+                    waiting.append(chosen.worker)
+                chosen = batch
+            else:
+                waiting.append(worker)
+        if chosen is None:
+            return
+        for worker in waiting:
+            worker.wait_for_device()
+        self.running = chosen.worker
+        work = chosen.worker.launch(chosen)
+        loop = asyncio.get_running_loop()
+        future = self.executor.submit(work)
+        future.add_done_callback(lambda f: loop.call_soon_threadsafe(chosen.worker.deliver, Done(chosen, f)))
+
+    def release(self, worker: Worker) -> None:
+        """`worker` has taken its batch's results: the device is free."""
+        if self.running is worker:
+            self.running = None
+
+    def run_later(self, fn: Callable[[], Any]) -> None:
+        """Run `fn` on the compute thread after what is queued (e.g. freeing a closed request's cache)."""
+        self.executor.submit(fn)
+
+    def shutdown(self, wait: bool) -> None:
+        self.executor.shutdown(wait=wait, cancel_futures=True)
+
+
+def schedulers_for(devices: Sequence[Sequence[int]], names: Sequence[str]) -> list[DeviceScheduler]:
+    """One scheduler per device, indexed by stage: `devices` are the stage indices on each device."""
+    out: list[DeviceScheduler | None] = [None] * len(names)
+    for indices in devices:
+        scheduler = DeviceScheduler("+".join(names[i] for i in indices))
+        for i in indices:
+            out[i] = scheduler
+    return out  # type: ignore[return-value]

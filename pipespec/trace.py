@@ -1,0 +1,163 @@
+"""Where a stage's time goes: a per-step trace of one runner, off by default, cheap enough to leave on.
+
+A runner's wall time is a sequence of steps and the gaps between them. A traced runner records, per
+forward, four instants (all `time.perf_counter`, one clock per process):
+
+    planned --dispatch--> started --compute--> ended --handoff--> handled
+    (event loop           (compute thread       (compute thread    (event loop takes
+     submits the work)     begins)               returns)           the result)
+
+and the compute thread's CPU seconds over the forward (`time.thread_time`): compute wall time beyond
+them is time the thread was runnable but not running (another process or thread had the core).
+Between `handled` and the next `planned` the stage is idle, for the reason the runner gave when it
+last looked for work and found none:
+
+- `waiting`: a verifier holds back for more drafts (pipespec.patience);
+- `starved`: a verifier has no drafts and may not or need not step (nothing to verify yet);
+- `bounded`: a drafter is at its lookahead bound, or its requests are done, or it has none;
+- `device`: the device is running another stage's forward (stages sharing one device).
+
+`StageTrace.summary()` adds these up over the traced window: the seconds in each bucket, the busy
+fraction, and the busy fraction while drafts were available (the target's steady state: dispatch,
+compute and handoff of verification steps and the waits while drafts were pending). It also counts
+the event loop's seconds spent handling messages, which overlap the buckets above.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+IDLE_REASONS = ("waiting", "starved", "bounded", "device")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One forward of one stage: its kind, its tokens and its four instants (seconds)."""
+
+    kind: str  # prefill, verify (drafts checked), generate (no drafts)
+    drafts: int
+    accepted: int
+    planned: float
+    started: float
+    ended: float
+    handled: float
+    cpu_s: float  # the compute thread's CPU seconds within started..ended
+
+    @property
+    def compute_s(self) -> float:
+        return self.ended - self.started
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What the compute thread reports of one forward."""
+
+    started: float
+    ended: float
+    cpu_s: float
+
+    @staticmethod
+    def around(fn, *args):
+        """Run fn(*args) on this thread; -> (its result, its Timing)."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        result = fn(*args)
+        c1, t1 = time.thread_time(), time.perf_counter()
+        return result, Timing(t0, t1, c1 - c0)
+
+
+@dataclass
+class StageTrace:
+    """The trace of one runner; `enabled` False costs one attribute test per event."""
+
+    stage: str
+    enabled: bool = False
+    steps: list[Step] = field(default_factory=list)
+    idle_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(IDLE_REASONS, 0.0))
+    pending_idle_s: float = 0.0  # idle seconds while drafts were pending (within `waiting`)
+    loop_s: float = 0.0  # event-loop seconds handling this runner's messages
+    messages: int = 0
+    _idle_since: float | None = None
+    _idle_reason: str = "bounded"
+    _idle_pending: bool = False
+
+    def start(self) -> None:
+        """Begin a fresh window."""
+        self.enabled = True
+        self.steps, self.idle_s = [], dict.fromkeys(IDLE_REASONS, 0.0)
+        self.pending_idle_s = self.loop_s = 0.0
+        self.messages = 0
+        self._idle_since = None
+
+    def stop(self) -> dict:
+        """End the window; -> its summary."""
+        self._close_idle(time.perf_counter())
+        self.enabled = False
+        return self.summary()
+
+    def idle(self, reason: str, drafts_pending: bool) -> None:
+        """The runner looked for work and found none, for `reason` (one of IDLE_REASONS)."""
+        now = time.perf_counter()
+        self._close_idle(now)
+        self._idle_since, self._idle_reason, self._idle_pending = now, reason, drafts_pending
+
+    def planned(self) -> float:
+        """Work was submitted: the idle gap before it ends now."""
+        now = time.perf_counter()
+        self._close_idle(now)
+        return now
+
+    def step(self, kind: str, drafts: int, accepted: int, planned: float, timing: Timing) -> None:
+        self.steps.append(Step(kind, drafts, accepted, planned, timing.started, timing.ended, time.perf_counter(), timing.cpu_s))
+
+    def handled(self, seconds: float) -> None:
+        self.messages += 1
+        self.loop_s += seconds
+
+    def _close_idle(self, now: float) -> None:
+        if self._idle_since is not None:
+            gap = now - self._idle_since
+            self.idle_s[self._idle_reason] += gap
+            if self._idle_pending:
+                self.pending_idle_s += gap
+            self._idle_since = None
+
+    def summary(self) -> dict:
+        return summarise(self.stage, self.steps, self.idle_s, self.pending_idle_s, self.loop_s, self.messages)
+
+
+def summarise(
+    stage: str, steps: list[Step], idle_s: dict[str, float], pending_idle_s: float, loop_s: float, messages: int
+) -> dict:
+    """Seconds per bucket and the busy fractions of one stage's traced window (see the module docstring)."""
+    dispatch = sum(s.started - s.planned for s in steps)
+    compute = sum(s.compute_s for s in steps)
+    cpu = sum(min(s.cpu_s, s.compute_s) for s in steps)
+    handoff = sum(s.handled - s.ended for s in steps)
+    total = dispatch + compute + handoff + sum(idle_s.values())
+    verify = [s for s in steps if s.kind == "verify"]
+    verify_compute = sum(s.compute_s for s in verify)
+    verify_all = sum(s.handled - s.planned for s in verify)
+    return {
+        "stage": stage,
+        "steps": len(steps),
+        "verify_steps": len(verify),
+        "generate_steps": sum(s.kind == "generate" for s in steps),
+        "mean_drafts": sum(s.drafts for s in verify) / len(verify) if verify else 0.0,
+        "mean_accepted": sum(s.accepted for s in verify) / len(verify) if verify else 0.0,
+        "wall_s": total,
+        "compute_s": compute,
+        "compute_on_cpu_s": cpu,
+        "dispatch_s": dispatch,
+        "handoff_s": handoff,
+        **{f"idle_{reason}_s": seconds for reason, seconds in idle_s.items()},
+        "loop_s": loop_s,
+        "messages": messages,
+        "busy": compute / total if total else 0.0,
+        "busy_with_drafts": verify_compute / (verify_all + pending_idle_s) if verify_all else 0.0,
+        "ms_per_step": {
+            "compute": 1e3 * compute / len(steps) if steps else 0.0,
+            "dispatch": 1e3 * dispatch / len(steps) if steps else 0.0,
+            "handoff": 1e3 * handoff / len(steps) if steps else 0.0,
+        },
+    }
