@@ -92,14 +92,14 @@ def test_a_disconnected_client_is_dropped_everywhere_within_a_second(ray_session
     gone = time.monotonic()
     dropped_after = None
     while time.monotonic() - gone < 1.0:  # a deadline, not a sleep: poll the actors' own counts
-        counts = ray.get([a.open_requests.remote() for a in mock_pipeline.stages])
+        counts = ray.get([a.open_requests.remote() for a in mock_pipeline.devices])
         if ray.get(mock_pipeline.coordinator.live_requests.remote()) == 1 and counts == [1, 1, 1]:
             dropped_after = time.monotonic() - gone
             break
     assert dropped_after is not None, "the abandoned request was still open somewhere after a second"
     ids = list(first.token_ids) + [t for d in running for t in d.token_ids]
     assert ids == mock_target_alone.generate(**long).token_ids  # the other request was undisturbed
-    assert ray.get([a.open_requests.remote() for a in mock_pipeline.stages]) == [0, 0, 0]
+    assert ray.get([a.open_requests.remote() for a in mock_pipeline.devices]) == [0, 0, 0]
 
 
 def test_bad_request_is_an_error_naming_the_value(mock_pipeline):
@@ -124,6 +124,31 @@ def test_real_models_in_actors_equal_target_alone(ray_session, family):
                     assert Client(running.address).generate(**kw).token_ids == ref.generate(**kw).token_ids
             text = Client(running.address).generate("the red circle", max_new_tokens=8)
             assert text.text == ref.generate("the red circle", max_new_tokens=8).text
+    finally:
+        running.stop()
+
+
+def test_stages_sharing_a_device_share_an_actor_and_stay_exact(ray_session, family):
+    """tiny and mid on one device (one actor, one compute thread, linked in process), the target on another."""
+    from pipespec.cluster.pipeline import start_pipeline
+
+    def stage(name, group):
+        spec = {"name": name, "kind": "causal_lm", "model": family[name], "dtype": "float32", "resources": {"num_cpus": 0.1}}
+        return spec | {"device_group": group}
+
+    config = load_config({"name": "toy", "stages": [stage("tiny", "drafters"), stage("mid", "drafters"), stage("target", "t")]})
+    running = start_pipeline(config, port=0)
+    try:
+        assert [d["stages"] for d in running.placement()] == [["tiny", "mid"], ["target"]]
+        assert all(d["cores"] is None for d in running.placement())  # a fractional CPU share is not pinned
+        running.start_trace()
+        with LocalPipeline(load_config({"stages": [stage("target", "t")]})) as ref:
+            for temperature in (0.0, 0.9):
+                kw = dict(prompt_token_ids=[1, 40, 50, 60], max_new_tokens=24, temperature=temperature, seed=4)
+                assert Client(running.address).generate(**kw).token_ids == ref.generate(**kw).token_ids
+        traces = running.stop_trace()
+        assert [t["stage"] for t in traces] == ["tiny", "mid", "target"]
+        assert all(t["steps"] > 0 for t in traces)
     finally:
         running.stop()
 

@@ -1,17 +1,22 @@
-"""The Ray actors: one per stage (its model, its StageRunner, its gRPC server) and the coordinator.
+"""The Ray actors: one per device (the stages placed on it, their runners and gRPC servers) and the coordinator.
 
-Every actor is async: its event loop runs the runner (or the coordinator) and its gRPC server; the
-stage's forward passes run on the runner's compute thread. torch's thread count is set to the
-actor's CPU share, since Ray otherwise leaves small actors with one OpenMP thread.
+A device actor holds every stage of one device (design 5b): its models, one StageRunner per stage,
+and one DeviceScheduler, so the stages share one compute thread and run one forward at a time. Each
+runner serves its own gRPC streams (its drafter's and the coordinator's); two neighbours on the same
+device are linked in process instead. The actor's threads are pinned to its bundle's cores when it
+is given them (pipespec.cluster.cores), and torch's thread count is set to the device's CPU share,
+since Ray otherwise leaves small actors with one OpenMP thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 import ray
 
+from pipespec.cluster.cores import CoreSlice, pin_process
 from pipespec.config import PipelineConfig
 from pipespec.frontdoor import TargetInfo
 
@@ -19,50 +24,99 @@ log = logging.getLogger(__name__)
 
 
 @ray.remote
-class StageActor:
-    def __init__(self, config: PipelineConfig, index: int, target_vocab_size: int | None, valid: int | None, torch_threads: int):
-        """`target_vocab_size`: None for the target itself; `valid`: the shared tokenizer's size (pipespec.stages.vocabulary)."""
+class DeviceActor:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        indices: Sequence[int],
+        target_vocab_size: int | None,
+        valid: int | None,
+        torch_threads: int,
+        cores: CoreSlice | None,
+    ):
+        """`indices`: the stages on this device; `target_vocab_size`: the target's (None when the target
+        is one of them: it is built first); `valid`: the shared tokenizer's size (pipespec.stages.vocabulary)."""
         import torch
 
         from pipespec.stages import build_stage
 
+        self.cores = pin_process(cores) if cores is not None else None
         torch.set_num_threads(torch_threads)
         self.config = config
-        self.index = index
-        spec = config.stages[index]
-        self.stage = build_stage(spec, config.stages[index:], target_vocab_size, valid, config.sends_features(index))
-        self.runner = None
-        self.service = None
-        self.clients: list = []
+        self.indices = tuple(sorted(indices))
+        target = len(config.stages) - 1
+        self.stages = {}
+        for i in sorted(indices, key=lambda i: i != target):  # the target first: the others take its vocabulary
+            spec = config.stages[i]
+            self.stages[i] = build_stage(spec, config.stages[i:], target_vocab_size, valid, config.sends_features(i))
+            if i == target:
+                target_vocab_size = self.stages[i].vocab_size
+        self.runners: dict = {}
+        self.services: dict = {}
+
+    def describe(self) -> dict:
+        """What runs here: the stages, the cores pinned (None: not pinned) and torch's threads."""
+        import torch
+
+        return {
+            "stages": [self.config.stages[i].name for i in self.indices],
+            "cores": self.cores,
+            "threads": torch.get_num_threads(),
+        }
 
     def target_info(self) -> TargetInfo:
-        return TargetInfo.of(self.config.stages[self.index], self.stage)
+        i = len(self.config.stages) - 1
+        return TargetInfo.of(self.config.stages[i], self.stages[i])
 
-    def vocab_size(self) -> int:
-        return self.stage.vocab_size
+    def vocab_sizes(self) -> dict[int, int]:
+        return {i: stage.vocab_size for i, stage in self.stages.items()}
 
-    async def serve(self, host: str) -> str:
-        """Start the runner and its gRPC server; -> the address its drafter and the coordinator use."""
+    async def serve(self, host: str) -> dict[int, str]:
+        """Start the runners, their gRPC servers and the device's scheduler; link neighbours placed here.
+        -> per stage, the address its drafter and the coordinator use."""
+        from pipespec.links import InProcessLink
         from pipespec.runner import StageRunner
+        from pipespec.scheduler import DeviceScheduler
         from pipespec.transport.streams import serve_stage
 
-        self.runner = StageRunner.for_config(self.stage, self.config, self.index)
-        self.server, port, self.service = await serve_stage(self.runner, host, 0)
-        self.task = asyncio.get_running_loop().create_task(self.runner.run())
-        return f"{host}:{port}"
+        scheduler = DeviceScheduler("+".join(self.config.stages[i].name for i in self.indices))
+        self.runners = {i: StageRunner.for_config(self.stages[i], self.config, i, scheduler) for i in self.indices}
+        for i in self.indices:
+            if i + 1 in self.runners:
+                self.runners[i].connect(downstream=InProcessLink(self.runners[i + 1]))
+                self.runners[i + 1].connect(upstream=InProcessLink(self.runners[i]))
+        addresses = {}
+        self.servers = []
+        for i, runner in self.runners.items():
+            server, port, self.services[i] = await serve_stage(runner, host, 0)
+            self.servers.append(server)
+            addresses[i] = f"{host}:{port}"
+        loop = asyncio.get_running_loop()
+        self.tasks = [loop.create_task(runner.run()) for runner in self.runners.values()]
+        self.clients: list = []
+        return addresses
 
-    async def connect_downstream(self, address: str) -> None:
-        """Open the stream to our verifier: drafts go down it, verdicts come back."""
+    async def connect_downstream(self, index: int, address: str) -> None:
+        """Open stage `index`'s stream to its verifier on another device: drafts go down it, verdicts come back."""
         from pipespec.assembly import link_to_verifier
 
-        self.clients.append(await link_to_verifier(self.runner, address))
+        self.clients.append(await link_to_verifier(self.runners[index], address))
 
     async def attached(self) -> None:
-        """Return once the coordinator (and our drafter, if any) have connected."""
-        await self.service.attached()
+        """Return once the coordinator (and each stage's drafter on another device) have connected."""
+        for i, service in self.services.items():
+            await service.attached(drafter=i > 0 and i - 1 not in self.runners)
 
     def open_requests(self) -> int:
-        return len(self.runner.requests) if self.runner else 0
+        return sum(len(r.requests) for r in self.runners.values())
+
+    def start_trace(self) -> None:
+        for runner in self.runners.values():
+            runner.trace.start()
+
+    def stop_trace(self) -> dict[int, dict]:
+        """-> per stage, its trace summary (pipespec.trace)."""
+        return {i: runner.trace.stop() for i, runner in self.runners.items()}
 
 
 @ray.remote

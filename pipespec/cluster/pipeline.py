@@ -1,10 +1,12 @@
-"""Start a pipeline on a Ray cluster: a placement group, the stage actors, the coordinator, wired.
+"""Start a pipeline on a Ray cluster: a placement group, one actor per device, the coordinator, wired.
 
-One bundle per stage from its `resources` (`num_cpus`, `num_gpus`, or custom resources), packed on
-one node or spread across nodes. The coordinator is small and sits outside the group. Stages are
-built target first (an ngram drafter needs the target's vocabulary), then each serves gRPC, each
-drafter connects to its verifier, the coordinator connects to every stage, and only when every
-stream is attached is the pipeline's address returned.
+One bundle per device (the stages of one `device_group`, or a stage alone) from its `resources`
+(`num_cpus`, `num_gpus`, or custom resources), packed on one node or spread across nodes; a bundle
+of whole CPUs gets its own cores (pipespec.cluster.cores) unless `pin_cores` is off. The coordinator
+is small and sits outside the group. The target's device is built first (an ngram drafter needs the
+target's vocabulary), then each device serves gRPC, each drafter whose verifier is on another device
+connects to it, the coordinator connects to every stage, and only when every stream is attached is
+the pipeline's address returned.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from pipespec.assembly import Entrance
-from pipespec.cluster.actors import CoordinatorActor, StageActor
+from pipespec.cluster.actors import CoordinatorActor, DeviceActor
+from pipespec.cluster.cores import slices
 from pipespec.config import ConfigError, PipelineConfig
 from pipespec.stages import check_vocabularies
 
@@ -58,12 +61,24 @@ def _bundle(resources: dict) -> dict:
 @dataclass
 class RunningPipeline:
     address: str  # what clients connect to
-    stages: list  # StageActor handles, upstream to downstream
+    devices: list  # DeviceActor handles, in the order of PipelineConfig.devices()
     coordinator: object
     group: object
 
+    def placement(self) -> list[dict]:
+        """Per device: its stages, the cores its threads are pinned to (None: not pinned), torch's threads."""
+        return ray.get([d.describe.remote() for d in self.devices])
+
+    def start_trace(self) -> None:
+        ray.get([d.start_trace.remote() for d in self.devices])
+
+    def stop_trace(self) -> list[dict]:
+        """-> each stage's trace summary (pipespec.trace), upstream to downstream."""
+        by_stage = {i: s for summaries in ray.get([d.stop_trace.remote() for d in self.devices]) for i, s in summaries.items()}
+        return [by_stage[i] for i in sorted(by_stage)]
+
     def stop(self) -> None:
-        for actor in [self.coordinator, *self.stages]:
+        for actor in [self.coordinator, *self.devices]:
             ray.kill(actor)
         remove_placement_group(self.group)
 
@@ -74,12 +89,14 @@ def start_pipeline(
     port: int | None = None,
     strategy: str = "pack",
     placement_timeout_s: float = 60.0,
+    pin_cores: bool = True,
 ) -> RunningPipeline:
     if strategy not in STRATEGIES:
         raise ConfigError(f"placement strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
     valid = Entrance.check(config).tokenizer_size  # config-time checks, before any actor loads weights
     specs = config.stages
-    bundles = [_bundle(s.resources) or {"CPU": 0.01} for s in specs]
+    devices = config.devices()
+    bundles = [_bundle(specs[d[0]].resources) or {"CPU": 0.01} for d in devices]
     group = placement_group(bundles, strategy=STRATEGIES[strategy], name=f"pipespec-{config.name}")
     try:
         ray.get(group.ready(), timeout=placement_timeout_s)
@@ -90,26 +107,42 @@ def start_pipeline(
             f"{placement_timeout_s:.0f} s; the cluster has {ray.available_resources()} available"
         ) from None
 
-    def actor(i: int, target_vocab: int | None):
-        resources = dict(specs[i].resources)
+    nodes = ray.util.placement_group_table(group)["bundles_to_node_id"]
+    cores = slices([b.get("CPU", 0.0) for b in bundles], [nodes[k] for k in range(len(bundles))])
+
+    def actor(k: int, target_vocab: int | None):
+        resources = dict(specs[devices[k][0]].resources)
         threads = max(1, int(resources.get("num_cpus", 1)))
         options = {
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=k),
             "num_cpus": resources.pop("num_cpus", 0),
             "num_gpus": resources.pop("num_gpus", 0),
             "resources": resources or None,
             "max_concurrency": 1000,
         }
-        return StageActor.options(**options).remote(config, i, target_vocab, valid, threads)
+        return DeviceActor.options(**options).remote(
+            config, devices[k], target_vocab, valid, threads, cores[k] if pin_cores else None
+        )
 
-    target = actor(len(specs) - 1, None)
-    vocab = ray.get(target.vocab_size.remote())
-    stages = [actor(i, vocab) for i in range(len(specs) - 1)] + [target]
-    check_vocabularies(specs, ray.get([s.vocab_size.remote() for s in stages]))
-    addresses = ray.get([s.serve.remote(host) for s in stages])
-    ray.get([stages[i].connect_downstream.remote(addresses[i + 1]) for i in range(len(stages) - 1)])
+    last = next(k for k, d in enumerate(devices) if len(specs) - 1 in d)  # the target's device
+    actors: list = [None] * len(devices)
+    actors[last] = actor(last, None)
+    vocab = ray.get(actors[last].vocab_sizes.remote())[len(specs) - 1]
+    actors = [a if a is not None else actor(k, vocab) for k, a in enumerate(actors)]
+    sizes = {i: v for d in ray.get([a.vocab_sizes.remote() for a in actors]) for i, v in d.items()}
+    check_vocabularies(specs, [sizes[i] for i in range(len(specs))])
+    served = {i: a for d in ray.get([a.serve.remote(host) for a in actors]) for i, a in d.items()}
+    addresses = [served[i] for i in range(len(specs))]
+    device_of = {i: actors[k] for k, d in enumerate(devices) for i in d}
+    ray.get(
+        [
+            device_of[i].connect_downstream.remote(i, addresses[i + 1])
+            for i in range(len(specs) - 1)
+            if device_of[i] is not device_of[i + 1]
+        ]
+    )
     coordinator = CoordinatorActor.options(num_cpus=0, max_concurrency=1000).remote()
-    info = ray.get(target.target_info.remote())
+    info = ray.get(actors[last].target_info.remote())
     address = ray.get(coordinator.serve.remote(config, addresses, info, host, config.server.port if port is None else port))
-    ray.get([s.attached.remote() for s in stages], timeout=60)
-    return RunningPipeline(address, stages, coordinator, group)
+    ray.get([a.attached.remote() for a in actors], timeout=60)
+    return RunningPipeline(address, actors, coordinator, group)

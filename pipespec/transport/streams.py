@@ -102,10 +102,11 @@ class StageService(pb_grpc.StageServicer):
         async for frame in link.frames():
             yield frame
 
-    async def attached(self) -> None:
-        """Return once the coordinator and, if the runner has one, its drafter have connected."""
+    async def attached(self, drafter: bool | None = None) -> None:
+        """Return once the coordinator and, if `drafter` (default: the runner has one), its drafter have
+        connected (a drafter on the same device is linked in process, not here)."""
         await self.coordinator_attached.wait()
-        if self.runner.drafter_name is not None:
+        if self.runner.drafter_name is not None if drafter is None else drafter:
             await self.drafter_attached.wait()
 
     async def Health(self, request, context) -> pb.HealthReply:
