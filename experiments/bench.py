@@ -34,7 +34,7 @@ import platform
 import statistics
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,11 +42,13 @@ from typing import Any, Protocol
 import torch
 from tqdm import tqdm
 
+from experiments import cpu_account
 from experiments.prompt_sets import Prompt, load_prompts
 from pipespec import LocalPipeline, load_config
 from pipespec.config import PipelineConfig, sub_pipeline
 from pipespec.messages import RequestSpec
 from pipespec.stats import PairStats
+from pipespec import trace
 from pipespec.synchronous import generate_sync
 
 log = logging.getLogger(__name__)
@@ -58,11 +60,13 @@ class Settings:
     max_new_tokens: int = 96
     gamma: int = 4  # synchronous speculation's window
     backend: str = "ray"  # where the asynchronous pipelines run: "ray" or "local"
+    pin_cores: bool = True  # pin each Ray device actor to cores of its own (pipespec.cluster.cores)
+    only: tuple[str, ...] = ()  # run only the methods whose names contain one of these (the target alone always runs)
 
     def describe(self) -> str:
         return (
             f"greedy, up to {self.max_new_tokens} new tokens, median of {self.runs} runs; sync window {self.gamma}; "
-            f"async on {self.backend}"
+            f"async on {self.backend}" + ("" if self.pin_cores or self.backend == "local" else " (cores not pinned)")
         )
 
 
@@ -158,6 +162,9 @@ class Pipelined:
 
     name: str
     client: Any  # pipespec.Client or LocalPipeline: both have `stream(prompt, **kwargs)`
+    deployment: Any  # RunningPipeline or LocalPipeline: both have start_trace/stop_trace
+    processes: dict[int, str]  # pid -> what it runs (pipespec.cluster.pipeline.RunningPipeline.processes)
+    placement: str  # which stages share which device, and its cores
 
     def answer(self, request: Request) -> Answer:
         from pipespec.outputs import Generation
@@ -182,39 +189,44 @@ def chains(config: PipelineConfig) -> list[list[str]]:
     return out
 
 
+def _cpus(config: PipelineConfig) -> float:
+    return sum(config.stages[d[0]].resources.get("num_cpus", 1) for d in config.devices())
+
+
+def _chain(config: PipelineConfig) -> str:
+    return "->".join(s.name for s in config.stages)
+
+
+def _placement(devices: list[dict]) -> str:
+    return " | ".join(
+        "+".join(d["stages"]) + (f" (cores {','.join(map(str, d['cores']))})" if d["cores"] else "") for d in devices
+    )
+
+
 @contextmanager
-def async_methods(config: PipelineConfig, backend: str) -> Iterator[Iterator[Pipelined]]:
-    """Yields a generator of methods, each pipeline started when reached and stopped after."""
-
-    def on_ray() -> Iterator[Pipelined]:
-        from pipespec.cluster.pipeline import start_pipeline
-        from pipespec import Client
-
-        for names in chains(config):
-            running = start_pipeline(sub_pipeline(config, names))
-            try:
-                yield Pipelined(f"async {'->'.join(names)}", Client(running.address))
-            finally:
-                running.stop()
-
-    def in_process() -> Iterator[Pipelined]:
-        for names in chains(config):
-            with LocalPipeline(sub_pipeline(config, names)) as pipe:
-                yield Pipelined(f"async {'->'.join(names)} (local)", pipe)
-
+def async_methods(config: PipelineConfig, backend: str, pin_cores: bool = True) -> Iterator[list[Pipelined]]:
+    """Every asynchronous pipeline of `chains`, all started at once (idle ones cost next to nothing), so
+    that their runs alternate with the in-process methods'; stopped on exit."""
+    configs = [sub_pipeline(config, names) for names in chains(config)]
     if backend == "local":
-        yield in_process()
+        with ExitStack() as stack:
+            pipes = [stack.enter_context(LocalPipeline(c)) for c in configs]
+            yield [Pipelined(f"async {_chain(c)} (local)", p, p, {}, "one process") for c, p in zip(configs, pipes)]
         return
-    from pipespec.cluster.pipeline import local_ray
+    from pipespec import Client
+    from pipespec.cluster.pipeline import local_ray, start_pipeline
 
-    needed = max(sum(s.resources.get("num_cpus", 1) for s in sub_pipeline(config, names).stages) for names in chains(config))
-    cpus = os.cpu_count() or 1
-    if needed > cpus:
-        log.warning(
-            "the config's stages ask for %.2f CPUs and this machine has %d: Ray is told it has %.2f", needed, cpus, needed
-        )
-    with local_ray(max(cpus, int(needed + 0.999))):
-        yield on_ray()
+    # Ray is told the machine has room for every pipeline at once; only one runs at a time
+    with local_ray(max(os.cpu_count() or 1, sum(_cpus(c) for c in configs))), ExitStack() as stack:
+        methods = []
+        for c in configs:
+            running = start_pipeline(c, port=0, pin_cores=pin_cores)
+            stack.callback(running.stop)
+            name = f"async {'->'.join(s.name for s in c.stages)}"
+            methods.append(
+                Pipelined(name, Client(running.address), running, running.processes(), _placement(running.placement()))
+            )
+        yield methods
 
 
 # ---- running and reporting ---------------------------------------------------------------------
@@ -341,29 +353,37 @@ def run_bench(config: PipelineConfig, prompts: list[Prompt], settings: Settings,
     methods += [HFAssisted(f"hf-assisted {d.name}->{name}", target, stages[d.name]) for d in drafters if d.kind == "causal_lm"]
     results: dict[str, list[list[Answer]]] = {}
     failures: dict[str, str] = {}
-    bar = tqdm(total=settings.runs * len(requests) * (len(methods) + len(chains(config))), desc="bench")
-
-    def measure(batch: list[Method]) -> None:
-        """Warm each method up, then `runs` rounds of every prompt through each, interleaved by round."""
+    traces: dict[str, list[list[dict]]] = {}  # per async method, per run: each stage's trace summary
+    cpu: dict[str, list[dict[str, float]]] = {}  # per method, per run: CPU seconds per process group
+    with async_methods(config, settings.backend, settings.pin_cores) as pipelines:
+        chosen = [
+            m
+            for m in [*methods, *pipelines]
+            if m.name == "target" or not settings.only or any(o in m.name for o in settings.only)
+        ]
+        bar = tqdm(total=settings.runs * len(requests) * len(chosen), desc="bench")
         alive = []
-        for method in batch:
+        for method in chosen:  # warm each up once
             try:
                 method.answer(requests[0])
-                results[method.name] = []
+                results[method.name], cpu[method.name] = [], []
                 alive.append(method)
             except (RuntimeError, TypeError, ValueError, KeyError) as e:  # a baseline that cannot run these models
                 log.warning("%s failed: %s", method.name, e)
                 failures[method.name] = f"{type(e).__name__}: {e}"
                 bar.update(settings.runs * len(requests))
-        for _ in range(settings.runs):
+        for _ in range(settings.runs):  # rounds: every method answers every prompt once per round, in turn
             for method in alive:
+                traced = isinstance(method, Pipelined)
+                if traced:
+                    method.deployment.start_trace()
+                before = cpu_account.snapshot()
                 results[method.name].append([method.answer(r) for r in requests])
+                cpu[method.name].append(cpu_account.used(before, cpu_account.snapshot(), method.processes if traced else {}))
+                if traced:
+                    traces.setdefault(method.name, []).append(method.deployment.stop_trace())
                 bar.update(len(requests))
-
-    measure(methods)  # in process: interleaved
-    with async_methods(config, settings.backend) as pipelines:
-        for method in pipelines:  # one deployment at a time
-            measure([method])
+        placements = {m.name: m.placement for m in pipelines}
     bar.close()
 
     if "target" not in results:
@@ -382,12 +402,56 @@ def run_bench(config: PipelineConfig, prompts: list[Prompt], settings: Settings,
     )
     decode = pipe.front_door.tokenizer.decode if pipe.front_door.tokenizer is not None else str
     prompt_of = {p.question_id: p for p in prompts}
-    write(out, header, rows, results, failures, lambda name, runs: spec_bench_lines(name, runs, prompt_of, decode))
+    extra = where_the_time_goes(
+        traces, cpu, placements, {r.method: sum(len(a.token_ids) for a in results[r.method][0]) for r in rows}
+    )
+    write(out, header, rows, results, failures, lambda name, runs: spec_bench_lines(name, runs, prompt_of, decode), extra)
     return rows
 
 
+def where_the_time_goes(
+    traces: dict[str, list[list[dict]]],
+    cpu: dict[str, list[dict[str, float]]],
+    placements: dict[str, str],
+    tokens: dict[str, int],
+) -> str:
+    """Markdown: per async method, its placement and its stages' traces (pipespec.trace), all runs
+    together; then per method the CPU seconds per process group per run (median over runs)."""
+    parts = ["## Where the time goes (traced, all runs)"]
+    for name, runs in traces.items():
+        stages = [trace.combine([run[i] for run in runs]) for i in range(len(runs[0]))]
+        parts += ["", f"**{name}** on {placements.get(name, '?')}", "", trace.table(stages)]
+    parts += [
+        "",
+        "## CPU seconds per run, by process (median over runs)",
+        "",
+        "| method | tokens | " + " | ".join(CPU_GROUPS) + " |",
+    ]
+    parts.append("|---|---|" + "---|" * len(CPU_GROUPS))
+    for name, runs in cpu.items():
+        cells = []
+        for group in CPU_GROUPS:
+            values = [sum(v for k, v in r.items() if _cpu_group(k) == group) for r in runs]
+            cells.append(f"{statistics.median(values):.2f}" if values else "-")
+        parts.append(f"| {name} | {tokens.get(name, 0)} | " + " | ".join(cells) + " |")
+    return "\n".join(parts)
+
+
+CPU_GROUPS = ("devices", "coordinator", "this process (driver, client)", "ray (raylet, gcs, workers)", "other")
+
+
+def _cpu_group(key: str) -> str:
+    return "devices" if key.startswith("device ") else key
+
+
 def write(
-    out: Path, header: str, rows: list[Row], results: dict[str, list[list[Answer]]], failures: dict[str, str], lines
+    out: Path,
+    header: str,
+    rows: list[Row],
+    results: dict[str, list[list[Answer]]],
+    failures: dict[str, str],
+    lines,
+    extra: str = "",
 ) -> None:
     """bench.md, bench.json, bench.png and one Spec-Bench jsonl per method (`lines(method, runs)`)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -396,6 +460,8 @@ def write(
     table = markdown(rows, header)
     if failures:
         table += "\n\n" + "\n".join(f"- {name} did not run: {why}" for name, why in failures.items())
+    if extra:
+        table += "\n\n" + extra
     (out / "bench.md").write_text(table + "\n")
     summary = {"header": header, "rows": [asdict(r) for r in rows], "failures": failures}
     (out / "bench.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -413,12 +479,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, help="only the first N prompts")
     parser.add_argument("--gamma", type=int, default=4, help="synchronous speculation's window")
     parser.add_argument("--backend", choices=["ray", "local"], default="ray", help="where the asynchronous pipelines run")
+    parser.add_argument("--no-pin", action="store_true", help="leave the device actors' threads unpinned")
+    parser.add_argument("--only", nargs="+", default=(), help="run only methods whose names contain one of these")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     config = load_config(args.config)
     prompts = load_prompts(args.prompts, args.limit)
     out = args.out or Path("experiments/results/bench") / config.name
-    run_bench(config, prompts, Settings(args.runs, args.max_new_tokens, args.gamma, args.backend), out)
+    settings = Settings(args.runs, args.max_new_tokens, args.gamma, args.backend, not args.no_pin, tuple(args.only))
+    run_bench(config, prompts, settings, out)
 
 
 if __name__ == "__main__":

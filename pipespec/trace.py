@@ -130,34 +130,60 @@ def summarise(
     stage: str, steps: list[Step], idle_s: dict[str, float], pending_idle_s: float, loop_s: float, messages: int
 ) -> dict:
     """Seconds per bucket and the busy fractions of one stage's traced window (see the module docstring)."""
-    dispatch = sum(s.started - s.planned for s in steps)
-    compute = sum(s.compute_s for s in steps)
-    cpu = sum(min(s.cpu_s, s.compute_s) for s in steps)
-    handoff = sum(s.handled - s.ended for s in steps)
-    total = dispatch + compute + handoff + sum(idle_s.values())
     verify = [s for s in steps if s.kind == "verify"]
-    verify_compute = sum(s.compute_s for s in verify)
-    verify_all = sum(s.handled - s.planned for s in verify)
-    return {
-        "stage": stage,
+    seconds = {
         "steps": len(steps),
         "verify_steps": len(verify),
         "generate_steps": sum(s.kind == "generate" for s in steps),
-        "mean_drafts": sum(s.drafts for s in verify) / len(verify) if verify else 0.0,
-        "mean_accepted": sum(s.accepted for s in verify) / len(verify) if verify else 0.0,
-        "wall_s": total,
-        "compute_s": compute,
-        "compute_on_cpu_s": cpu,
-        "dispatch_s": dispatch,
-        "handoff_s": handoff,
+        "drafts": sum(s.drafts for s in verify),
+        "accepted": sum(s.accepted for s in verify),
+        "compute_s": sum(s.compute_s for s in steps),
+        "compute_on_cpu_s": sum(min(s.cpu_s, s.compute_s) for s in steps),
+        "dispatch_s": sum(s.started - s.planned for s in steps),
+        "handoff_s": sum(s.handled - s.ended for s in steps),
         **{f"idle_{reason}_s": seconds for reason, seconds in idle_s.items()},
         "loop_s": loop_s,
         "messages": messages,
-        "busy": compute / total if total else 0.0,
-        "busy_with_drafts": verify_compute / (verify_all + pending_idle_s) if verify_all else 0.0,
-        "ms_per_step": {
-            "compute": 1e3 * compute / len(steps) if steps else 0.0,
-            "dispatch": 1e3 * dispatch / len(steps) if steps else 0.0,
-            "handoff": 1e3 * handoff / len(steps) if steps else 0.0,
-        },
+        "verify_compute_s": sum(s.compute_s for s in verify),
+        "with_drafts_s": sum(s.handled - s.planned for s in verify) + pending_idle_s,
     }
+    return {"stage": stage, **seconds, **_derived(seconds)}
+
+
+def combine(summaries: list[dict]) -> dict:
+    """Several windows of one stage (e.g. one per run) as one."""
+    additive = [k for k, v in summaries[0].items() if isinstance(v, (int, float)) and k not in DERIVED]
+    seconds = {k: sum(s[k] for s in summaries) for k in additive}
+    return {"stage": summaries[0]["stage"], **seconds, **_derived(seconds)}
+
+
+DERIVED = ("wall_s", "busy", "busy_with_drafts", "mean_drafts", "mean_accepted")
+
+
+def _derived(s: dict) -> dict:
+    wall = s["dispatch_s"] + s["compute_s"] + s["handoff_s"] + sum(s[f"idle_{r}_s"] for r in IDLE_REASONS)
+    verify = s["verify_steps"]
+    return {
+        "wall_s": wall,
+        "busy": s["compute_s"] / wall if wall else 0.0,
+        "busy_with_drafts": s["verify_compute_s"] / s["with_drafts_s"] if s["with_drafts_s"] else 0.0,
+        "mean_drafts": s["drafts"] / verify if verify else 0.0,
+        "mean_accepted": s["accepted"] / verify if verify else 0.0,
+    }
+
+
+def table(summaries: list[dict]) -> str:
+    """The summaries as a markdown table: per stage, ms per step and the share of its wall time per bucket."""
+    head = "| stage | steps | verify | drafts/acc. | compute | on CPU | dispatch | handoff | waiting | starved | bounded | device | busy w/ drafts | loop ms/msg |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for s in summaries:
+        steps = s["steps"] or 1
+        share = {k: f"{100 * s[k] / (s['wall_s'] or 1.0):.0f}%" for k in s if k.endswith("_s")}
+        lines.append(
+            f"| {s['stage']} | {s['steps']} | {s['verify_steps']} | {s['mean_drafts']:.1f}/{s['mean_accepted']:.1f} "
+            f"| {share['compute_s']} ({1e3 * s['compute_s'] / steps:.1f} ms) | {100 * s['compute_on_cpu_s'] / (s['compute_s'] or 1):.0f}% "
+            f"| {share['dispatch_s']} ({1e3 * s['dispatch_s'] / steps:.2f} ms) | {share['handoff_s']} ({1e3 * s['handoff_s'] / steps:.2f} ms) "
+            f"| {share['idle_waiting_s']} | {share['idle_starved_s']} | {share['idle_bounded_s']} | {share['idle_device_s']} "
+            f"| {100 * s['busy_with_drafts']:.0f}% | {1e3 * s['loop_s'] / (s['messages'] or 1):.2f} |"
+        )
+    return "\n".join(lines)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Sequence
 
 import ray
@@ -55,13 +56,14 @@ class DeviceActor:
         self.services: dict = {}
 
     def describe(self) -> dict:
-        """What runs here: the stages, the cores pinned (None: not pinned) and torch's threads."""
+        """What runs here: the stages, the cores pinned (None: not pinned), torch's threads, the process id."""
         import torch
 
         return {
             "stages": [self.config.stages[i].name for i in self.indices],
             "cores": self.cores,
             "threads": torch.get_num_threads(),
+            "pid": os.getpid(),
         }
 
     def target_info(self) -> TargetInfo:
@@ -131,6 +133,9 @@ class CoordinatorActor:
         service = CoordinatorService(self.coordinator, entrance.front_door(target), config.name)
         self.server, bound = await serve_coordinator(service, host, port)
         return f"{host}:{bound}"
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def live_requests(self) -> int:
         return len(self.coordinator.live)

@@ -66,8 +66,13 @@ class RunningPipeline:
     group: object
 
     def placement(self) -> list[dict]:
-        """Per device: its stages, the cores its threads are pinned to (None: not pinned), torch's threads."""
+        """Per device: its stages, the cores its threads are pinned to (None: not pinned), torch's threads, its pid."""
         return ray.get([d.describe.remote() for d in self.devices])
+
+    def processes(self) -> dict[int, str]:
+        """The process id of each device actor and of the coordinator -> what it runs."""
+        named = {d["pid"]: "device " + "+".join(d["stages"]) for d in self.placement()}
+        return named | {ray.get(self.coordinator.pid.remote()): "coordinator"}
 
     def start_trace(self) -> None:
         ray.get([d.start_trace.remote() for d in self.devices])
