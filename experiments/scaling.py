@@ -19,8 +19,9 @@ One device per pipeline stage. Two sweeps, each next to the analytical chain mod
    per second are rescaled to the emulated A100 clock (wall rate x time scale), ratios unchanged.
    Per device count: the asynchronous pipeline in process (`LocalPipeline`), the best synchronous
    speculation (any drafter of the chain straight into the 70B, window 2 / 4 / 8) for reference,
-   each the median of --runs runs; the prediction uses the latencies, the drafters' verify windows
-   and the per-token acceptance alpha MEASURED in the run (and, beside it, the configured rates).
+   each the median of --runs runs; the prediction uses the seconds per forward (traced: a sleep lasts
+   a little longer than asked), the drafters' verify windows and the per-token acceptance alpha
+   MEASURED in the run (and, beside it, the configured latencies and rates).
    The gap quoted is measured / predicted - 1.
 
 2. REAL (this machine): the shipped demo models (`models/demo`) on a local Ray, one actor per
@@ -88,7 +89,7 @@ class ScalingRow:
     devices: int
     chain: str  # "8B -> 70B"
     tokens_per_s: float  # measured, median over runs (emulated: on the emulated clock)
-    predicted_tokens_per_s: float  # chain_rates with the measured alphas
+    predicted_tokens_per_s: float  # chain_rates with the measured alphas and seconds per forward
     speedup: float  # measured, over the measured d = 1 of the same sweep
     predicted_speedup: float  # over the predicted d = 1 of the same sweep
     alphas: tuple[float, ...]  # measured per-token acceptance per pair, upstream first
@@ -177,6 +178,7 @@ class ChainRun:
     alphas: tuple[float, ...]  # median per pair over runs, upstream first
     sync: SyncBest | None  # None for the target alone
     outputs: list[list[int]]  # committed token ids per prompt
+    forward_s: tuple[float, ...]  # per stage, wall seconds per forward as traced in the timed runs (pipespec.trace)
 
 
 def run_chain(models: Sequence[EmulatedModel], time_scale: float, lookahead: int, tokens: int, runs: int) -> ChainRun:
@@ -184,12 +186,14 @@ def run_chain(models: Sequence[EmulatedModel], time_scale: float, lookahead: int
     config = emulated_config(models, time_scale, lookahead)
     with LocalPipeline(config) as pipe:
         outputs = pipeline_outputs(pipe, tokens)
+        pipe.start_trace()
         timed = [time_pipeline(pipe, tokens) for _ in range(runs)]
+        forward_s = tuple(t["compute_s"] / t["steps"] for t in pipe.stop_trace())
         *drafters, target = pipe.stages
         latencies = {m.name: m.latency_ms for m in models}  # the prediction is on the emulated clock
         sync = best_sync(target, drafters, latencies, tokens, runs) if drafters else None
     alphas = tuple(statistics.median(a[i] for _, a in timed) for i in range(len(models) - 1))
-    return ChainRun(config, statistics.median(t for t, _ in timed), alphas, sync, outputs)
+    return ChainRun(config, statistics.median(t for t, _ in timed), alphas, sync, outputs, forward_s)
 
 
 def emulated_sweep(
@@ -208,7 +212,8 @@ def emulated_sweep(
         reference = reference or run.outputs
         latencies_s = [m.latency_ms / 1000.0 for m in models]  # the emulated clock: measured rates rescaled below
         windows = verify_windows(run.config)
-        predicted = predicted_tokens_per_s(latencies_s, run.alphas, windows)
+        # a sleep lasts a little longer than asked (timer slack, wake-up): the model takes the forwards as they ran
+        predicted = predicted_tokens_per_s([f / time_scale for f in run.forward_s], run.alphas, windows)
         configured = predicted_tokens_per_s(latencies_s, [m.agreement for m in models[:-1]], windows)
         tps = run.tokens_per_s * time_scale
         base = rows[0] if rows else None
@@ -341,8 +346,8 @@ def markdown(rows: Sequence[ScalingRow], settings: dict[str, Any]) -> str:
         + " (assumed); configured acceptance "
         + ", ".join(f"{m.name}->next {m.agreement:g}" for m in CHAIN[:-1])
         + " (assumed). Tokens/s on the emulated A100 clock. REAL rows: the demo models on this machine, one Ray actor per device.",
-        "Predicted: `chain_rates` with each stage's seconds per forward (emulated: the configured latencies; real: the measured "
-        "compute time per forward), the measured alphas and the verify windows; gap = measured / predicted - 1.",
+        "Predicted: `chain_rates` with each stage's measured seconds per forward (emulated: as traced, on the emulated clock, "
+        "a sleep lasting a little longer than asked; real: the measured compute time per forward), the measured alphas and the verify windows; gap = measured / predicted - 1.",
         "",
         "| sweep | devices | chain | tok/s measured | tok/s predicted | gap | predicted (configured alpha) "
         "| speedup measured | speedup predicted | alpha per pair (measured) | sync best tok/s (predicted; drafter, window) | exact |",
