@@ -12,6 +12,9 @@ pipeline's output equals the target alone by construction:
 - rejection: Leviathan et al.; each stage draws from its own noise streams, accepts a draft x with
   probability min(1, p(x) / q(x)), samples the normalised residual max(0, p - q) on rejection, and
   returns its own p for the tokens it emits so the next stage can use them as q.
+
+Logits may be on any device; the noise is drawn there (pipespec.noise gives every device the same
+numbers), and a drafter's q rows are moved there.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def _sample(probs: torch.Tensor, seed: int, position: int, stream: int) -> int:
 def decide(
     logits: torch.Tensor,  # [n + 1, V] this stage's logits at positions start..start+n
     drafts: Sequence[int],  # n drafted tokens at positions start..start+n-1
-    draft_probs: torch.Tensor | None,  # [n, V] the drafter's p' (rejection only)
+    draft_probs: torch.Tensor | None,  # [n, V] the drafter's p' (rejection only), on any device
     params: SamplingParams,
     start: int,
     depth: int,  # hops from this stage to the target (target = 0)
@@ -80,6 +83,8 @@ def decide(
 
     assert draft_probs is not None or n == 0, "rejection sampling needs the drafter's q"
     p = torch.exp(log_processed(logits, params))  # [n + 1, V]
+    if n:
+        draft_probs = draft_probs.to(p.device)  # the drafter's device, or the CPU they crossed the wire on
     s_sample, s_accept, s_residual = rejection_streams(depth)
     for i, x in enumerate(drafts):
         q = draft_probs[i]

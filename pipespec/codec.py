@@ -4,7 +4,8 @@ Messages are frozen dataclasses (pipespec.messages, pipespec.stats, pipespec.par
 msgpack map tagged with its class name. Tuples, frozensets and enums keep their types. Tensors (q
 rows, hidden states) and numpy arrays (image pixels) travel as raw bytes with dtype and shape and
 come back bit for bit, bf16 included; torch is imported only when a tensor is met, so the
-coordinator stays torch-free.
+coordinator stays torch-free. A tensor on a GPU is copied to the CPU to be framed; every tensor
+comes back on the CPU, and the stage receiving it moves it to its own device (pipespec.stages.device).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def _pack(obj: Any) -> Any:
 def _pack_tensor(t: Any) -> dict:
     import torch
 
-    t = t.detach().to("cpu").contiguous()
+    t = t.detach().cpu().contiguous()  # a CUDA tensor: copied to the host (what leaves a process is on the CPU)
     raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t  # numpy has no bf16
     return {"__tensor": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": raw.numpy().tobytes()}
 

@@ -5,6 +5,11 @@ and unknown keys are errors with a did-you-mean hint. Nothing downstream re-vali
 kind adds (its own keys, whether it loads a model, where in a chain it may sit) is asked of the
 registry of stage kinds, `pipespec.stages.registry`. Model directories must exist; whether their
 tokenizers agree is checked by `pipespec.tokenization` before any weights load.
+
+A stage on a GPU (`device: cuda` or `cuda:N`) reserves one: its `resources` default to a CPU and a
+GPU, and resources that reserve no GPU are an error. In process (`LocalPipeline`) resources are
+not used, but a config says what each stage needs wherever it runs. Whether the GPU exists is asked
+when the stage is built (pipespec.stages.device).
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ class StageSpec:
     max_lookahead: int = 8  # uncommitted tokens this stage may run ahead of its verifier
     verify_window: int | None = None  # most drafts one step verifies; None: half the drafter's lookahead
     dtype: str = "bfloat16"
-    device: str = "cpu"  # cpu, cuda (the GPU Ray assigned to the stage's actor) or cuda:N
-    resources: Mapping[str, float] = field(default_factory=lambda: {"num_cpus": 1})
+    device: str = "cpu"  # cpu, cuda (the GPU Ray assigned to the stage's actor) or cuda:N (pipespec.stages.device)
+    resources: Mapping[str, float] = field(default_factory=lambda: {"num_cpus": 1})  # its Ray actor's; on cuda, a GPU too
     device_group: str | None = None  # stages naming the same group share one device: one actor, one compute thread
     options: MockOptions | NgramOptions | None = None  # the kind's own keys (KINDS[kind].options)
 
@@ -200,11 +205,17 @@ def _stage(raw: Any, i: int) -> StageSpec:
     group = raw.get("device_group")
     if group is not None and not _typed(group, str, f"{where}.device_group"):
         raise ConfigError(f"{where}.device_group: must be a non-empty name")
-    resources = raw.get("resources", {"num_cpus": 1})
+    on_gpu = device != "cpu"
+    resources = raw.get("resources", {"num_cpus": 1, "num_gpus": 1} if on_gpu else {"num_cpus": 1})
     if not isinstance(resources, Mapping) or not all(
         isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for k, v in resources.items()
     ):
         raise ConfigError(f"{where}.resources: must map resource names to non-negative numbers, got {resources!r}")
+    if on_gpu and not resources.get("num_gpus"):
+        raise ConfigError(
+            f"{where}.resources: stage {name!r} runs on device {device!r} but its resources {dict(resources)!r} reserve "
+            f"no GPU; give num_gpus (1, or a fraction such as 0.5 for stages sharing one GPU)"
+        )
 
     options = None
     if option_cls is not None:

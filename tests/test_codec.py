@@ -1,12 +1,28 @@
-"""Every pipeline message survives the wire (msgpack frames) exactly, tensors included."""
+"""Every pipeline message survives the wire (msgpack frames) exactly, tensors included; tensors on a
+GPU are framed from the host and come back on the CPU (the CUDA test is marked `gpu`)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import pytest
 import torch
 
 from pipespec import codec
-from pipespec.messages import Close, Closed, Commit, Draft, Failed, ImageInputs, Open, RequestSpec, Verdict
+from pipespec.messages import (
+    Close,
+    Closed,
+    Commit,
+    Draft,
+    Failed,
+    ImageInputs,
+    Open,
+    PrefillFeatures,
+    RequestSpec,
+    TargetFeatures,
+    Verdict,
+)
 from pipespec.params import SamplingParams, VerifyMode
 from pipespec.stats import PairStats, StageStats
 
@@ -64,3 +80,48 @@ def test_large_frames_stay_exact():
     payload = codec.encode(Draft("r", 0, 0, tuple(range(8)), t))
     assert len(payload) > 4 * 2**20  # above gRPC's default 4 MiB limit: the transport must raise it
     assert torch.equal(codec.decode(payload).probs, t)
+
+
+def tensor_messages(device: str) -> list:
+    """Every message that carries tensors, its tensors on `device`: q rows, prefill features, step features."""
+    g = torch.Generator().manual_seed(1)
+    probs = torch.softmax(torch.randn(3, 40, generator=g, dtype=torch.float64), -1)
+    hidden = torch.randn(5, 16, generator=g).to(torch.bfloat16)
+    mask = torch.tensor([True, True, False, False, False])
+    prefill = PrefillFeatures(hidden.clone(), hidden, mask, torch.rand(5, generator=g))
+    messages = [Draft("r", 1, 2, (4, 5, 6), probs), TargetFeatures("r", 0, prefill=prefill), TargetFeatures("r", 7, hidden[:2])]
+    return [_to(m, device) for m in messages]
+
+
+def _to(message, device: str):
+    """`message` with its tensors moved to `device`."""
+    if isinstance(message, torch.Tensor):
+        return message.to(device)
+    if dataclasses.is_dataclass(message):
+        return dataclasses.replace(
+            message, **{f.name: _to(getattr(message, f.name), device) for f in dataclasses.fields(message)}
+        )
+    return message
+
+
+def assert_equal_on_cpu(back, sent) -> None:
+    """`back` equals `sent` field by field, bit for bit, its tensors on the CPU."""
+    if isinstance(sent, torch.Tensor):
+        assert back.device.type == "cpu" and back.dtype == sent.dtype and torch.equal(back, sent.cpu())
+    elif dataclasses.is_dataclass(sent):
+        assert type(back) is type(sent)
+        for f in dataclasses.fields(sent):
+            assert_equal_on_cpu(getattr(back, f.name), getattr(sent, f.name))
+    else:
+        assert back == sent
+
+
+def test_features_and_q_rows_roundtrip():
+    for message in tensor_messages("cpu"):
+        assert_equal_on_cpu(roundtrip(message), message)
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_cross_the_wire_and_arrive_on_the_cpu():
+    for message in tensor_messages("cuda"):
+        assert_equal_on_cpu(roundtrip(message), message)

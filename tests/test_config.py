@@ -338,6 +338,22 @@ def test_cuda_devices_parse():
     assert load_config(with_stage(0, device="cuda")).stages[0].device == "cuda"
 
 
+def test_a_stage_on_a_gpu_reserves_one():
+    config = load_config(with_stage(1, device="cuda"))
+    assert config.target.resources == {"num_cpus": 1, "num_gpus": 1}
+    assert config.stages[0].resources == {"num_cpus": 1}
+    shared = load_config(with_stage(1, device="cuda:0", resources={"num_cpus": 2, "num_gpus": 0.5}))
+    assert shared.target.resources == {"num_cpus": 2, "num_gpus": 0.5}
+
+
+@pytest.mark.parametrize("resources", [{"num_cpus": 2}, {"num_cpus": 1, "num_gpus": 0}])
+def test_a_stage_on_a_gpu_without_one_in_its_resources_is_named(resources):
+    with pytest.raises(
+        ConfigError, match=r"stages\[1\]\.resources: stage 'target' runs on device 'cuda' but its resources .* reserve no GPU"
+    ):
+        load_config(with_stage(1, device="cuda", resources=resources))
+
+
 def test_empty_device_group_is_refused():
     with pytest.raises(ConfigError, match=r"stages\[0\]\.device_group: must be a non-empty name"):
         load_config(with_stage(0, device_group=""))

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
-from pipespec import LocalPipeline, load_config
+from pipespec import LocalPipeline
 from pipespec.config import ConfigError
 from pipespec.stages.dream.compression import kept_positions
 from pipespec.stages.dream.model import DreamConfig, DreamDrafter
+from tests.fixtures.exactness import IMAGES, PROMPTS, image_requests, run_all, vlm_chain
 
 CONFIG = DreamConfig(hidden_size=32, num_heads=4, intermediate_size=64, vocab_size=50)
 
@@ -161,14 +161,6 @@ def test_the_intermediate_regression_does_not_depend_on_the_residual_streams_sca
 # ---- the stage in a pipeline ----------------------------------------------------------------------
 
 
-def picture(seed: int, size: tuple[int, int]) -> Image.Image:
-    return Image.fromarray((np.random.default_rng(seed).random((size[1], size[0], 3)) * 255).astype(np.uint8))
-
-
-IMAGES = [picture(0, (40, 50)), picture(1, (67, 31))]
-PROMPTS = ["what is the red circle", "describe the picture"]
-
-
 @pytest.fixture(scope="module", params=["llava", "qwen2_vl"])
 def world(request, tmp_path_factory):
     """A zoo family plus an untrained DREAM drafter for its target (gates opened), saved to disk."""
@@ -188,36 +180,16 @@ def world(request, tmp_path_factory):
     return paths
 
 
-def config(paths, names, lookahead=4):
-    kinds = {"tiny": "causal_lm", "mid": "causal_lm", "dream": "dream", "target": "vlm"}
-    stages = [{"name": n, "kind": kinds[n], "model": paths[n], "max_lookahead": lookahead, "dtype": "float32"} for n in names]
-    return load_config({"stages": stages})
-
-
-def requests():
-    out = []
-    for prompt in PROMPTS:
-        for image in IMAGES:
-            out.append(dict(prompt=prompt, image=image))
-            out.append(dict(prompt=prompt, image=image, temperature=0.8, top_p=0.9, seed=3))
-    return out
-
-
-def run_all(pipe, reqs, new_tokens=16):
-    futures = [pipe.submit(r.pop("prompt"), max_new_tokens=new_tokens, **r) for r in [dict(r) for r in reqs]]
-    return [f.result() for f in futures]
-
-
 @pytest.fixture(scope="module")
 def reference(world):
-    with LocalPipeline(config(world, ["target"])) as p:
-        return [g.token_ids for g in run_all(p, requests())]
+    with LocalPipeline(vlm_chain(world, ["target"])) as p:
+        return [g.token_ids for g in run_all(p, image_requests())]
 
 
 @pytest.mark.parametrize("names", [["dream", "target"], ["tiny", "dream", "target"]], ids=["k2", "k3"])
 def test_dream_pipeline_equals_the_target_alone(world, reference, names):
-    with LocalPipeline(config(world, names)) as p:
-        generations = run_all(p, requests())
+    with LocalPipeline(vlm_chain(world, names)) as p:
+        generations = run_all(p, image_requests())
     assert [g.token_ids for g in generations] == reference
     pairs = [pair for g in generations for pair in g.stats.pairs if pair.verifier == "target"]
     assert sum(p.num_draft_tokens for p in pairs) > 0  # the target verified the dream stage's drafts
@@ -225,13 +197,13 @@ def test_dream_pipeline_equals_the_target_alone(world, reference, names):
 
 def test_dream_pipeline_over_grpc(world, reference):
     """Features travel as bf16-exact tensors over real gRPC streams."""
-    with LocalPipeline(config(world, ["tiny", "dream", "target"]), over_grpc=True) as p:
-        assert [g.token_ids for g in run_all(p, requests()[:2])] == reference[:2]
+    with LocalPipeline(vlm_chain(world, ["tiny", "dream", "target"]), over_grpc=True) as p:
+        assert [g.token_ids for g in run_all(p, image_requests()[:2])] == reference[:2]
 
 
 def test_dream_session_keeps_memory_and_inputs_consistent(world):
     """Compression drops the same image positions from the inputs and from the memory."""
-    with LocalPipeline(config(world, ["dream", "target"])) as p:
+    with LocalPipeline(vlm_chain(world, ["dream", "target"])) as p:
         spec, _ = p.request(PROMPTS[0], image=IMAGES[0], max_new_tokens=4)
         dream, target = p.stages
     from pipespec.messages import TargetFeatures
@@ -256,7 +228,7 @@ def test_dream_session_keeps_memory_and_inputs_consistent(world):
 
 def test_a_dream_stage_must_sit_right_before_a_vlm_target(world):
     with pytest.raises(ConfigError, match="must come right before a vlm target"):
-        config(world, ["dream", "tiny", "target"])
+        vlm_chain(world, ["dream", "tiny", "target"])
 
 
 # ---- training ---------------------------------------------------------------------------------------
@@ -324,9 +296,9 @@ def test_every_fast_parameter_name_matches_a_cross_attention_parameter():
 def test_synchronous_speculation_with_a_dream_drafter_equals_the_target_alone(world, reference):
     from pipespec.synchronous import generate_sync
 
-    pipe = LocalPipeline(config(world, ["dream", "target"]))  # never started: its stages and front door
+    pipe = LocalPipeline(vlm_chain(world, ["dream", "target"]))  # never started: its stages and front door
     dream, target = pipe.stages
-    for r, expected in list(zip(requests(), reference))[:4]:
+    for r, expected in list(zip(image_requests(), reference))[:4]:
         r = dict(r)
         spec, _ = pipe.request(r.pop("prompt"), max_new_tokens=16, **r)
         result = generate_sync(target, spec, dream, gamma=3)

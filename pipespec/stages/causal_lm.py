@@ -3,7 +3,8 @@
 Loaded from a directory with `AutoModelForCausalLM.from_pretrained` (bf16 by default: on this CPU a
 4-token verification costs about what one token does). Each request owns a `DynamicCache`;
 `forward` crops it to `keep` tokens (transformers 5: `crop(-n)` removes n tokens) and asserts the
-length invariant after every call. Logits come out at the pipeline's width (pipespec.stages.vocabulary).
+length invariant after every call. Logits come out at the pipeline's width (pipespec.stages.vocabulary),
+on the stage's device (pipespec.stages.device).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from pipespec.messages import RequestSpec
 from pipespec.stage import check_keep, check_length
+from pipespec.stages.device import stage_device
 from pipespec.stages.vocabulary import LogitsFit
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -26,12 +28,12 @@ class CausalLMStage:
         name: str,
         model_dir: str,
         dtype: str = "bfloat16",
-        device: str = "cpu",
+        device: str = "cpu",  # cpu, cuda or cuda:N (pipespec.stages.device)
         width: int | None = None,  # the pipeline's logits width (the target's); None: our own
         valid: int | None = None,  # the shared tokenizer's size; None: every row is a token
     ):
         self.name = name
-        self.device = torch.device(device)
+        self.device = stage_device(name, device)  # before any weights load
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype]).to(self.device).eval()
         self.fit = LogitsFit.of(name, self.model.get_output_embeddings().out_features, width, valid)
         self.vocab_size = self.fit.width

@@ -6,7 +6,8 @@ a model directory, where in a chain it may sit (`place`), and its capabilities: 
 reading the target's features (a DREAM drafter) or giving them (a target a DREAM drafter sits right
 before), depending on the stages after it (a mock emulates its agreement with them). The rest of
 the runtime asks `kind_of(spec)` instead of comparing kind strings; adding a kind is its stage module
-plus one entry here.
+plus one entry here. A kind that runs a model computes on its spec's `device` (its stage class
+resolves it through `pipespec.stages.device`); mock and ngram stages compute on the CPU.
 
 Torch-free, and free of `pipespec.config` at import: config validation goes through this module,
 and the coordinator imports the config without torch.

@@ -31,6 +31,7 @@ from pipespec.config import ConfigError
 from pipespec.messages import ImageInputs, PrefillFeatures, RequestSpec
 from pipespec.stage import check_keep, check_length
 from pipespec.stages.causal_lm import DTYPES
+from pipespec.stages.device import stage_device
 from pipespec.stages.dream.compression import attention_received
 from pipespec.stages.vocabulary import LogitsFit
 
@@ -100,13 +101,13 @@ class VLMStage:
         name: str,
         model_dir: str,
         dtype: str = "bfloat16",
-        device: str = "cpu",
+        device: str = "cpu",  # cpu, cuda or cuda:N (pipespec.stages.device)
         width: int | None = None,  # see CausalLMStage
         valid: int | None = None,
         image_attention: bool = False,  # also compute the last layer's attention weights at prefill
     ):
         self.name = name
-        self.device = torch.device(device)
+        self.device = stage_device(name, device)  # before any weights load
         self.dtype = DTYPES[dtype]
         try:
             model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=self.dtype)

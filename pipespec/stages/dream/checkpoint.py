@@ -60,7 +60,7 @@ def save(path: str | Path, ckpt: DreamCheckpoint, tokenizer: Any | None = None, 
     return path
 
 
-def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> DreamCheckpoint:
+def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> DreamCheckpoint:
     path = Path(path)
     config_file = path / CONFIG_NAME
     if not config_file.is_file():
@@ -68,7 +68,7 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cp
     raw = json.loads(config_file.read_text())
     if raw.get("model_type") != MODEL_TYPE:
         raise ConfigError(f"{str(path)!r} is not a DREAM drafter (model_type {raw.get('model_type')!r}, expected {MODEL_TYPE!r})")
-    tensors = load_file(str(path / "model.safetensors"), device=device)
+    tensors = load_file(str(path / "model.safetensors"), device=str(device))
     embed, head = tensors.pop("embed.weight"), tensors.pop("lm_head.weight")
     drafter = DreamDrafter(DreamConfig(**raw.pop("dream")))
     drafter.load_state_dict(tensors)

@@ -21,6 +21,7 @@ import torch
 from pipespec.messages import RequestSpec, TargetFeatures
 from pipespec.stage import check_keep, check_length
 from pipespec.stages.causal_lm import DTYPES
+from pipespec.stages.device import stage_device
 from pipespec.stages.dream.checkpoint import DreamCheckpoint, load
 from pipespec.stages.dream.compression import kept_positions
 from pipespec.stages.vocabulary import LogitsFit
@@ -115,11 +116,11 @@ class DreamStage:
         name: str,
         model_dir: str,
         dtype: str = "bfloat16",
-        device: str = "cpu",
+        device: str = "cpu",  # cpu, cuda or cuda:N (pipespec.stages.device)
         width: int | None = None,
         valid: int | None = None,
     ) -> DreamStage:
-        return cls(name, load(model_dir, DTYPES[dtype], device), width, valid)
+        return cls(name, load(model_dir, DTYPES[dtype], stage_device(name, device)), width, valid)
 
     def open(self, request: RequestSpec) -> DreamSession:
         return DreamSession(self, request.prompt_token_ids)

@@ -1,0 +1,155 @@
+"""Stages on a GPU (`device: cuda`): the pipeline still equals the target alone, token for token.
+
+Every stage of a chain on one shared GPU, in one process (`LocalPipeline`): the toy Llamas (2 and 3
+stages) and a small LLaVA with a DREAM drafter (the target's features handed over on the GPU), greedy
+and coupled sampling, against the target alone on the same GPU. Then what leaves a stage from a GPU:
+q rows (rejection sampling) and features over gRPC links (through the codec), and a drafter on the
+CPU beside a target on the GPU (each stage moves what it receives to its own device).
+
+Every test here is marked `gpu`: skipped without CUDA (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from pipespec import LocalPipeline
+from pipespec.config import PipelineConfig
+from pipespec.stages.causal_lm import CausalLMStage
+from tests.fixtures.exactness import (
+    assert_same,
+    image_requests,
+    run_all,
+    sampling_cases,
+    text_chain,
+    text_pipeline,
+    vlm_chain,
+)
+
+pytestmark = pytest.mark.gpu
+
+CHAINS = {2: ["tiny", "target"], 3: ["tiny", "mid", "target"]}
+NEW_TOKENS = 16
+REJECTION = {"verify": "rejection"}
+
+
+@pytest.fixture(scope="module")
+def on_gpu(family):
+    """The toy Llamas, each loaded once on the GPU (fp32) and shared by every pipeline here."""
+    return {name: CausalLMStage(name, family[name], "float32", "cuda") for name in ("tiny", "mid", "target")}
+
+
+@pytest.fixture(scope="module")
+def prompts(family):
+    from tests.fixtures.toy_models import corpus
+
+    tok = AutoTokenizer.from_pretrained(family["target"])
+    return [tok.encode(line)[:12] for line in corpus(8, seed=7)]
+
+
+@pytest.fixture(scope="module")
+def reference(family, on_gpu):
+    with text_pipeline(family, on_gpu, ["target"], device="cuda") as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def target_model(family):
+    return AutoModelForCausalLM.from_pretrained(family["target"], dtype=torch.float32).to("cuda").eval()
+
+
+def generate_kwargs(params) -> dict:
+    return dict(
+        max_new_tokens=NEW_TOKENS, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=params.seed
+    )
+
+
+def assert_equals_target_alone(pipe, reference, prompts, target_model) -> None:
+    """Greedy and coupled sampling: every prompt equals the target alone; some drafts were accepted."""
+    accepted = 0
+    for params in sampling_cases():
+        kw = generate_kwargs(params)
+        futures = [(q, pipe.submit(prompt_token_ids=q, **kw), reference.submit(prompt_token_ids=q, **kw)) for q in prompts]
+        for q, got, want in futures:
+            got = got.result()
+            assert_same(got.token_ids, want.result().token_ids, q, params, target_model)
+            accepted += sum(pair.num_accepted_tokens for pair in got.stats.pairs)
+    assert accepted > 0, "no draft was ever accepted: acceptance went untested"
+
+
+def on_cpu(config: PipelineConfig, name: str) -> PipelineConfig:
+    """`config` with stage `name` on the CPU."""
+    stages = tuple(replace(s, device="cpu", resources={"num_cpus": 1}) if s.name == name else s for s in config.stages)
+    return replace(config, stages=stages)
+
+
+# ---- every stage on one GPU ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_text_chains_on_one_gpu_equal_the_target_alone(k, family, on_gpu, prompts, reference, target_model):
+    assert all(next(on_gpu[n].model.parameters()).device.type == "cuda" for n in CHAINS[k])
+    with text_pipeline(family, on_gpu, CHAINS[k], device="cuda") as p:
+        assert_equals_target_alone(p, reference, prompts, target_model)
+
+
+@pytest.fixture(scope="module")
+def image_reference(llava_dream_zoo):
+    with LocalPipeline(vlm_chain(llava_dream_zoo, ["target"], device="cuda")) as p:
+        return [g.token_ids for g in run_all(p, image_requests())]
+
+
+@pytest.mark.parametrize("names", [["dream", "target"], ["tiny", "dream", "target"]], ids=["k2", "k3"])
+def test_dream_chains_on_one_gpu_equal_the_target_alone(llava_dream_zoo, image_reference, names):
+    with LocalPipeline(vlm_chain(llava_dream_zoo, names, device="cuda")) as p:
+        assert [stage.device for stage in p.stages] == [torch.device("cuda", torch.cuda.current_device())] * len(names)
+        generations = run_all(p, image_requests())
+    assert [g.token_ids for g in generations] == image_reference
+    pairs = [pair for g in generations for pair in g.stats.pairs if pair.verifier == "target"]
+    assert sum(pair.num_draft_tokens for pair in pairs) > 0  # the target verified the dream stage's drafts
+
+
+# ---- what leaves a stage on the GPU -------------------------------------------------------------------
+
+
+def test_features_cross_grpc_links_from_the_gpu(llava_dream_zoo, image_reference):
+    """The target's features (bf16, on the GPU) are framed by the codec and land on the DREAM stage's GPU."""
+    with LocalPipeline(vlm_chain(llava_dream_zoo, ["tiny", "dream", "target"], device="cuda"), over_grpc=True) as p:
+        assert [g.token_ids for g in run_all(p, image_requests()[:4])] == image_reference[:4]
+
+
+@pytest.mark.parametrize("over_grpc", [False, True], ids=["in-process", "grpc"])
+def test_q_rows_leave_the_gpu(family, on_gpu, prompts, over_grpc):
+    """Rejection sampling ships each drafter's q rows (on the GPU) to its verifier; the output's
+    distribution is the target's (tests/test_rejection_chain.py), here it must just run through."""
+    with text_pipeline(family, on_gpu, CHAINS[3], device="cuda", sampling=REJECTION, over_grpc=over_grpc) as p:
+        futures = [
+            p.submit(prompt_token_ids=q, max_new_tokens=NEW_TOKENS, temperature=0.8, seed=i) for i, q in enumerate(prompts)
+        ]
+        generations = [f.result() for f in futures]
+    assert all(g.finish_reason in ("length", "stop") and g.token_ids for g in generations)
+    assert sum(pair.num_draft_tokens for g in generations for pair in g.stats.pairs) > 0
+
+
+# ---- a drafter on the CPU, its verifier on the GPU --------------------------------------------------
+
+
+def test_a_cpu_drafter_before_a_gpu_target(family, on_gpu, prompts, reference, target_model):
+    stages = [CausalLMStage("tiny", family["tiny"], "float32", "cpu"), on_gpu["target"]]
+    with LocalPipeline(on_cpu(text_chain(family, CHAINS[2], device="cuda"), "tiny"), stages=stages) as p:
+        assert_equals_target_alone(p, reference, prompts[:4], target_model)
+    rejection = on_cpu(text_chain(family, CHAINS[2], device="cuda", sampling=REJECTION), "tiny")
+    with LocalPipeline(rejection, stages=stages) as p:  # the drafter's q rows, on the CPU, reach the GPU
+        outs = [p.generate(prompt_token_ids=q, max_new_tokens=NEW_TOKENS, temperature=0.8, seed=1) for q in prompts[:4]]
+    assert all(o.token_ids for o in outs)
+
+
+def test_a_cpu_dream_drafter_reads_a_gpu_targets_features(llava_dream_zoo, image_reference):
+    config = on_cpu(vlm_chain(llava_dream_zoo, ["dream", "target"], device="cuda"), "dream")
+    with LocalPipeline(config) as p:
+        assert [stage.device.type for stage in p.stages] == ["cpu", "cuda"]
+        assert [g.token_ids for g in run_all(p, image_requests()[:4])] == image_reference[:4]
