@@ -306,7 +306,9 @@ class StageRunner:
         logits = session.forward(plan.keep, plan.feed + plan.drafts)  # [F + n, V]
         rows = logits[len(plan.feed) - 1 :]  # [n + 1, V]: positions start .. start + n
         decision = decide(rows, plan.drafts, plan.draft_probs, spec.params, plan.start, self.depth)
-        hidden = session.hidden if self.sends_features else None
+        if decision.probs is not None:  # what leaves the device is copied here, not on the event loop
+            decision = replace(decision, probs=decision.probs.cpu())
+        hidden = session.hidden.cpu() if self.sends_features else None
         return decision, hidden
 
     # ---- events -------------------------------------------------------------------------------
