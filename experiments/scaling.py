@@ -98,6 +98,7 @@ class ScalingRow:
     sync_tokens_per_s: float | None = None  # emulated, d >= 2: best synchronous speculation
     sync_predicted_tokens_per_s: float | None = None
     sync_best: str | None = None  # "1B, window 4"
+    forward_ms: tuple[float, ...] = ()  # emulated: per stage, measured ms per forward on the emulated clock (the model's)
 
     @property
     def gap(self) -> float:
@@ -213,7 +214,8 @@ def emulated_sweep(
         latencies_s = [m.latency_ms / 1000.0 for m in models]  # the emulated clock: measured rates rescaled below
         windows = verify_windows(run.config)
         # a sleep lasts a little longer than asked (timer slack, wake-up): the model takes the forwards as they ran
-        predicted = predicted_tokens_per_s([f / time_scale for f in run.forward_s], run.alphas, windows)
+        forward_s = [f / time_scale for f in run.forward_s]
+        predicted = predicted_tokens_per_s(forward_s, run.alphas, windows)
         configured = predicted_tokens_per_s(latencies_s, [m.agreement for m in models[:-1]], windows)
         tps = run.tokens_per_s * time_scale
         base = rows[0] if rows else None
@@ -232,6 +234,7 @@ def emulated_sweep(
                 sync_tokens_per_s=run.sync.tokens_per_s * time_scale if run.sync else None,
                 sync_predicted_tokens_per_s=run.sync.predicted_tokens_per_s if run.sync else None,
                 sync_best=run.sync.label if run.sync else None,
+                forward_ms=tuple(1e3 * f for f in forward_s),
             )
         )
         log.info("emulated %s: %.2f tok/s measured, %.2f predicted", rows[-1].chain, tps, predicted)

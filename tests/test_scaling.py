@@ -33,12 +33,16 @@ def test_emulated_sweep_covers_one_to_three_devices(rows):
 
 
 def test_predictions_come_from_the_chain_model(rows):
-    assert rows[0].predicted_tokens_per_s == pytest.approx(1000.0 / 123.7)
-    for r in rows[1:]:
+    for r in rows:
         models = CHAIN[-r.devices :]
         latencies = [m.latency_ms / 1000.0 for m in models]
+        # the model takes each stage's traced seconds per forward: at least the sleep asked
+        assert all(f >= lat * 1e3 for f, lat in zip(r.forward_ms, latencies, strict=True))
+        measured = [f / 1e3 for f in r.forward_ms]
         windows = [4] * (r.devices - 1)  # half the drafters' lookahead of 8
-        assert r.predicted_tokens_per_s == pytest.approx(chain_rates(latencies, r.alphas, windows)[-1])
+        assert r.predicted_tokens_per_s == pytest.approx(chain_rates(measured, r.alphas, windows)[-1])
+        if r.devices == 1:
+            continue
         configured = [m.agreement for m in models[:-1]]
         assert r.configured_tokens_per_s == pytest.approx(chain_rates(latencies, configured, windows)[-1])
         assert r.predicted_speedup == pytest.approx(r.predicted_tokens_per_s / rows[0].predicted_tokens_per_s)
