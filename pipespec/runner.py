@@ -116,6 +116,7 @@ class StageRunner:
         self.early: dict[str, list[Message]] = {}  # messages that overtook their request's Open
         self.closed: OrderedDict[str, None] = OrderedDict()  # recently closed ids, to drop stragglers
         self.inbox: asyncio.Queue = asyncio.Queue()
+        self.outbox: list[tuple[Link, Callable[..., Message] | Message, tuple]] = []  # sent after the next forward starts
         self.scheduler = scheduler or DeviceScheduler(name)
         self.scheduler.join(self)
         self.trace = StageTrace(name)
@@ -157,7 +158,8 @@ class StageRunner:
         self.loop = asyncio.get_running_loop()
         try:
             while True:
-                self.scheduler.poke()
+                self.scheduler.poke()  # the next forward starts first: sending is off the device's critical path
+                self._flush()
                 message = await self.inbox.get()
                 t0 = time.perf_counter() if self.trace.enabled else 0.0
                 try:
@@ -331,18 +333,18 @@ class StageRunner:
     def _on_close(self, rid: str) -> None:
         req = self._forget(rid)
         if req is None:  # already failed here: still acknowledge, so the coordinator can finish
-            self.coordinator.send(Closed(rid, self.name, StageStats(self.name), None))
+            self._send(self.coordinator, Closed(rid, self.name, StageStats(self.name), None))
             return
         if req.session is not None:
             self.scheduler.run_later(req.session.close)
-        self.coordinator.send(Closed(rid, self.name, req.stats, req.up.pair if req.up is not None else None))
+        self._send(self.coordinator, Closed(rid, self.name, req.stats, req.up.pair if req.up is not None else None))
 
     def _fail(self, rid: str, error: BaseException) -> None:
         log.error("stage %s: request %s failed", self.name, rid, exc_info=error)
         req = self._forget(rid)
         if req is not None and req.session is not None:
             self.scheduler.run_later(req.session.close)
-        self.coordinator.send(Failed(rid, self.name, f"{type(error).__name__}: {error}"))
+        self._send(self.coordinator, Failed(rid, self.name, f"{type(error).__name__}: {error}"))
 
     def _on_done(self, done: Done) -> None:
         self.scheduler.release(self)
@@ -373,7 +375,7 @@ class StageRunner:
             req.fed = req.session.prompt_len - 1
             req.stats.forwards += 1
             if self.sends_features:
-                self.upstream.send(prefill_message(rid, req.session.prefill_features))
+                self._send(self.upstream, prefill_message, rid, req.session.prefill_features)
                 req.session.prefill_features = None  # sent: the target itself never needs them
             return
         decision, hidden = outcome.result
@@ -405,7 +407,7 @@ class StageRunner:
                 req.up.drop_pending(len(plan.drafts))
         if hidden is not None:  # before the verdict: the fed tokens and the accepted drafts are ours
             accepted = min(decision.accepted, len(tokens))  # none past a stop token
-            self.upstream.send(step_message(req.spec.request_id, plan.keep, hidden, len(plan.feed), accepted))
+            self._send(self.upstream, step_message, req.spec.request_id, plan.keep, hidden, len(plan.feed), accepted)
         if self.upstream is not None:
             if decision.accepted < len(plan.drafts) and len(tokens) == len(decision.tokens):
                 self._conflict(req, plan.start + decision.accepted)  # rejection
@@ -484,6 +486,16 @@ class StageRunner:
 
     # ---- upstream / downstream ----------------------------------------------------------------
 
+    def _send(self, link: Link, message: Callable[..., Message] | Message, *args) -> None:
+        """Send `message` (or what `message(*args)` builds: heavy ones are built late) once the
+        device has its next forward; per link, in order."""
+        self.outbox.append((link, message, args))
+
+    def _flush(self) -> None:
+        outbox, self.outbox = self.outbox, []
+        for link, message, args in outbox:
+            link.send(message(*args) if args else message)
+
     def _conflict(self, req: RequestState, position: int) -> None:
         """Our token at `position` (our last) contradicts the drafter: new epoch, tell it."""
         assert position == len(req.tokens) - 1
@@ -505,7 +517,7 @@ class StageRunner:
 
     def _verdict(self, req: RequestState) -> None:
         position = len(req.tokens) - 1
-        self.upstream.send(Verdict(req.spec.request_id, req.up.epoch, position, req.tokens[position]))
+        self._send(self.upstream, Verdict(req.spec.request_id, req.up.epoch, position, req.tokens[position]))
 
     def _publish(self, req: RequestState) -> None:
         """Send what downstream has not seen: a Draft to our verifier, or a Commit (target)."""
@@ -514,7 +526,7 @@ class StageRunner:
             return
         if self.downstream is not None:
             probs = torch.stack(req.probs[down.sent :]) if req.spec.params.rejection else None
-            self.downstream.send(Draft(rid, down.epoch, down.sent, tuple(tokens[down.sent :]), probs, self.token_s))
+            self._send(self.downstream, Draft(rid, down.epoch, down.sent, tuple(tokens[down.sent :]), probs, self.token_s))
         else:
-            self.coordinator.send(Commit(rid, down.sent, tuple(tokens[down.sent :])))
+            self._send(self.coordinator, Commit(rid, down.sent, tuple(tokens[down.sent :])))
         down.sent = len(tokens)
