@@ -154,27 +154,14 @@ def run_demo(
         except ValueError as e:
             print(f"pipespec: {e}")
             return 2
-    cores = os.cpu_count() or 1
-    names = ["tiny", "dream", "target"]
     request = dict(prompt=prompt, image=image, max_new_tokens=max_new_tokens)
-    chosen = None
-    if plan is None:
-        config = demo_config(models, names, dtype, Devices.of_this_machine(len(names)).cpus)
-    else:
-        from pipespec.plan import auto, explain
-
-        print(
-            f"planning for {plan.count} device{'s' if plan.count != 1 else ''} of {plan.cpus:g} core{'s' if plan.cpus != 1 else ''} (profiling here) ..."
-        )
-        raw, chosen = auto(demo_raw(models, names, dtype, plan.cpus), plan, prompts=[prompt], image=image)
-        config = load_config(raw)
-        print(explain(chosen))
+    config, chosen = pipeline_config(models, dtype, plan, prompt, image)
     threads = max(1, round(device_cores(config)))
     print(f"\npipeline: {' -> '.join(s.name for s in config.stages)}  (models/demo, trained on the generated world; {dtype})")
     print("placement:", *placement_lines(config), sep="\n")
-    print(f"target alone: in this process, {threads} torch thread{'s' if threads != 1 else ''} (the pipeline's cores)")
+    print(f"target alone: in this process, {_count(threads, 'torch thread')} (the pipeline's cores)")
     print(f"prompt: {prompt!r}\n")
-    ray.init(address="local", num_cpus=cores, include_dashboard=False, logging_level=logging.WARNING)
+    ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, logging_level=logging.WARNING)
     rounds: list[tuple[Run, Run]] = []
     try:
         alone_config = demo_config(models, ["target"], dtype, threads)
@@ -191,6 +178,26 @@ def run_demo(
     finally:
         ray.shutdown()
     return report(rounds, config, threads, chosen, json_path)
+
+
+def pipeline_config(
+    models: Path, dtype: str, plan: Devices | None, prompt: str, image: Any
+) -> tuple[PipelineConfig, Plan | None]:
+    """The demo's pipeline: tiny -> dream -> target, a device each; or, with `plan`, what `pipespec plan`
+    recommends for those devices, profiled here on the demo's request (printed with its reasons)."""
+    names = ["tiny", "dream", "target"]
+    if plan is None:
+        return demo_config(models, names, dtype, Devices.of_this_machine(len(names)).cpus), None
+    from pipespec.plan import auto, explain
+
+    print(f"planning for {_count(plan.count, 'device')} of {_count(plan.cpus, 'core')} (profiling here) ...")
+    raw, chosen = auto(demo_raw(models, names, dtype, plan.cpus), plan, prompts=[prompt], image=image)
+    print(explain(chosen))
+    return load_config(raw), chosen
+
+
+def _count(n: float, thing: str) -> str:
+    return f"{n:g} {thing}{'s' if n != 1 else ''}"
 
 
 def report(
