@@ -217,11 +217,19 @@ def explain(plan: Plan) -> str:
     limit = f"on at most {_devices(plan.devices.count)}" if plan.devices else "a device per stage"
     fastest, others = plan.chains[0], [c for c in plan.chains if c != r]
     if fastest != r:
-        fewer = "fewer devices" if r.devices < fastest.devices else "fewer stages"
-        why = f"within {FEWER_STAGES:.0%} of the fastest ({_row(fastest)}) on {fewer}"
-    else:
-        why = f"the fastest of {len(plan.chains)} candidates {limit}" + (f"; next: {_row(others[0])}" if others else "")
+        return f"{chose}\nwhy: within {FEWER_STAGES:.0%} of the fastest ({_row(fastest)}) on fewer {_fewer(r, fastest)}"
+    why = f"the fastest of {len(plan.chains)} candidates {limit}"
+    if others:
+        near = others[0].tokens_per_s >= (1 - FEWER_STAGES) * r.tokens_per_s and _fewer(r, others[0])
+        why += f"; next: {_row(others[0])}" + (f", within {FEWER_STAGES:.0%} but on more {near}" if near else "")
     return f"{chose}\nwhy: {why}"
+
+
+def _fewer(chosen: Candidate, other: Candidate) -> str:
+    """What the chosen candidate needs fewer of than the other, devices or stages ('' if neither): what breaks a near tie."""
+    if chosen.devices != other.devices:
+        return "devices" if chosen.devices < other.devices else ""
+    return "stages" if len(chosen.stages) < len(other.stages) else ""
 
 
 def _row(c: Candidate) -> str:

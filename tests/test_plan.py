@@ -270,6 +270,7 @@ def test_every_chain_is_predicted_on_every_placement_that_fits():
     assert plan.recommended.stages == ("tiny", "mid", "target") and plan.recommended.devices == 2
     table = format_plan(plan)
     assert "placement" in table and "tiny+mid | target" in table and "2 devices of 1 core" in table
+    assert "why: the fastest of 9 candidates on at most 2 devices; next: " in explain(plan)
 
 
 def test_on_one_device_a_drafter_and_the_target_predict_synchronous_speculation():
