@@ -1,12 +1,14 @@
 """The analytical throughput models of ../shared/reference.md (PipeSpec, arXiv 2505.01572).
 
 alpha: acceptance rate between neighbouring stages; gamma: window (lookahead);
-c = T_draft / T_target.
+c = T_draft / T_target. The chain model (`chain_rates`, `chain_rates_with_verify_cost`) gives every stage
+a device of its own; `placed_rate` places stages on devices, those sharing one serializing their forwards.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 
 def sync_speedup(alpha: float, gamma: int, c: float) -> float:
@@ -78,6 +80,38 @@ def forward_latency(one_s: float, block_s: float, block_tokens: int, tokens: flo
     return one_s + per_token * (tokens - 1)
 
 
+@dataclass(frozen=True)
+class Step:
+    """A stage's mean forward in a chain's steady state."""
+
+    drafts: float  # n: drafts one of its verifications takes (0 for the first stage)
+    verifying: float  # rho: the share of its forwards that verify drafts
+    seconds: float  # mean seconds of a forward
+    tokens: float  # mean tokens of its own sequence that a forward yields
+
+
+def async_step(
+    alpha: float, window: int, supply: float, one_s: float, block_s: float, block_tokens: int, iterations: int = 100
+) -> Step:
+    """A verifier stepping on its own device while its drafter supplies `supply` drafts a second.
+
+    During a step of T seconds, n = min(window, supply * T) drafts arrive; with PipeSpec's rho(alpha, n)
+    the step verifies them and costs T(n + 1) (`forward_latency`), otherwise it costs T(1). n depends on
+    T, so T is the least fixed point of T = (1 - rho) * T(1) + rho * T(n + 1), iterated from T(1)."""
+    seconds = one_s
+    for _ in range(iterations):
+        n = min(float(window), supply * seconds)
+        rho = verification_probability(alpha, n) if alpha > 0 else 0.0
+        step_s = (1 - rho) * one_s + rho * forward_latency(one_s, block_s, block_tokens, n + 1)
+        converged = abs(step_s - seconds) <= 1e-12 * step_s
+        seconds = step_s
+        if converged:
+            break
+    n = min(float(window), supply * seconds)
+    rho = verification_probability(alpha, n) if alpha > 0 else 0.0
+    return Step(n, rho, seconds, (1 - rho) + rho * expected_accepted(alpha, n))
+
+
 def chain_rates_with_verify_cost(
     latencies_s: Sequence[float],
     verify_latencies_s: Sequence[float],
@@ -89,28 +123,94 @@ def chain_rates_with_verify_cost(
     """`chain_rates` where a verifying forward costs more than a one-token one.
 
     latencies_s[i]: stage i's seconds for a 1-token forward; verify_latencies_s[i]: for a
-    `verify_tokens`-token forward (see `forward_latency`). A verification step of stage i + 1 feeds its
-    n drafts plus its own last token, so with PipeSpec's rho(alpha, n) its mean step costs
-    (1 - rho) * T(1) + rho * T(n + 1). n itself depends on the step time (drafts that arrive during one
-    step), so each stage's effective latency is the least fixed point of that equation, found by
-    iterating from T(1) upstream first; `chain_rates` over the effective latencies gives the rates.
-    With flat verify costs (verify_latencies_s == latencies_s) this is exactly `chain_rates`.
+    `verify_tokens`-token forward (see `forward_latency`). Each verifier's mean step is `async_step`'s,
+    upstream first: its rate is that step's tokens over its seconds. With flat verify costs
+    (verify_latencies_s == latencies_s) this is exactly `chain_rates`.
     """
     assert len(latencies_s) == len(verify_latencies_s) == len(alphas) + 1 == len(lookaheads) + 1
-    effective = list(latencies_s)
-    for j in range(1, len(effective)):
-        supply = chain_rates(effective[:j], alphas[: j - 1], lookaheads[: j - 1])[-1]
-        alpha, gamma = alphas[j - 1], lookaheads[j - 1]
-        for _ in range(iterations):
-            n = min(float(gamma), supply * effective[j])
-            rho = verification_probability(alpha, n) if alpha > 0 else 0.0
-            verify_s = forward_latency(latencies_s[j], verify_latencies_s[j], verify_tokens, n + 1)
-            step_s = (1 - rho) * latencies_s[j] + rho * verify_s
-            converged = abs(step_s - effective[j]) <= 1e-12 * step_s
-            effective[j] = step_s
-            if converged:
-                break
-    return chain_rates(effective, alphas, lookaheads)
+    rates = [1.0 / latencies_s[0]]
+    for j in range(1, len(latencies_s)):
+        step = async_step(
+            alphas[j - 1], lookaheads[j - 1], rates[-1], latencies_s[j], verify_latencies_s[j], verify_tokens, iterations
+        )
+        rates.append(step.tokens / step.seconds)
+    return rates
+
+
+def placed_steps(
+    latencies_s: Sequence[float],
+    verify_latencies_s: Sequence[float],
+    verify_tokens: int,
+    alphas: Sequence[float],
+    windows: Sequence[int],
+    devices: Sequence[Hashable],
+) -> tuple[list[Step], list[float]]:
+    """Each stage's mean step and the rate of its own sequence (tokens a second) when stage i runs on
+    `devices[i]`, upstream first; the other arguments as in `chain_rates_with_verify_cost`.
+
+    A link whose drafter runs on another device is asynchronous (`async_step`). A link whose drafter
+    shares the verifier's device is synchronous: the device runs one forward at a time, so the verifier
+    waits while its drafter supplies a full window of w drafts (w / rate_drafter seconds of that device),
+    then verifies them all: rho = 1, a step costs T(w + 1), and the verifier's sequence grows at
+    expected_accepted(alpha, w) / (w / rate_drafter + T(w + 1)) tokens a second.
+    """
+    assert len(latencies_s) == len(verify_latencies_s) == len(alphas) + 1 == len(windows) + 1 == len(devices)
+    steps, rates = [Step(0.0, 0.0, latencies_s[0], 1.0)], [1.0 / latencies_s[0]]
+    for j in range(1, len(latencies_s)):
+        alpha, w, one_s, block_s = alphas[j - 1], windows[j - 1], latencies_s[j], verify_latencies_s[j]
+        if devices[j] == devices[j - 1]:
+            step = Step(float(w), 1.0, forward_latency(one_s, block_s, verify_tokens, w + 1), expected_accepted(alpha, w))
+            rates.append(step.tokens / (w / rates[-1] + step.seconds))
+        else:
+            step = async_step(alpha, w, rates[-1], one_s, block_s, verify_tokens)
+            rates.append(step.tokens / step.seconds)
+        steps.append(step)
+    return steps, rates
+
+
+def device_loads(steps: Sequence[Step], devices: Sequence[Hashable]) -> dict[Hashable, float]:
+    """Seconds of work each device does per committed token, for the chain's `placed_steps`.
+
+    Downstream first: the target steps 1 / tokens_t times per committed token; stage i + 1, stepping F
+    times, verifies on F * verifying of them, each taking `drafts` of stage i's tokens, and stage i
+    yields `tokens` of them a forward, so stage i steps F * verifying * drafts / tokens_i times. A
+    device's load is the sum over its stages of steps times seconds a step."""
+    loads: dict[Hashable, float] = {}
+    forwards = 1.0 / steps[-1].tokens
+    for j in range(len(steps) - 1, -1, -1):
+        loads[devices[j]] = loads.get(devices[j], 0.0) + forwards * steps[j].seconds
+        if j:
+            forwards *= steps[j].verifying * steps[j].drafts / steps[j - 1].tokens
+    return loads
+
+
+def placed_rate(
+    latencies_s: Sequence[float],
+    verify_latencies_s: Sequence[float],
+    verify_tokens: int,
+    alphas: Sequence[float],
+    windows: Sequence[int],
+    devices: Sequence[Hashable],
+) -> float:
+    """Predicted committed tokens per second of a chain whose stage i runs on `devices[i]`.
+
+    Two bounds, the smaller wins. Dependencies: the target's rate in `placed_steps` (asynchronous links
+    across devices, synchronous ones within a device). Devices: a device runs one forward at a time, so
+    the rate is at most 1 / the most loaded device's seconds per committed token (`device_loads`).
+
+    What it assumes: every stage's latencies are those of its device alone (profiled at that device's
+    threads); a verifier that shares its drafter's device takes full windows (the device's scheduler
+    lets the drafter fill the window before the verifier steps); a stage that shares a device with one
+    that is not its neighbour is supplied, in the dependency bound, as if it ran alone, so that bound is
+    optimistic there and the device bound is the one that holds. Consequences: where every device holds
+    consecutive stages the device bound never binds below the dependency one (a block of stages works
+    per committed token at most as long as the stage it feeds), so with a device per stage this is
+    `chain_rates_with_verify_cost`; a drafter and its target on one device give exactly `sync_rate`;
+    every stage on one device gives the sum of all forwards per committed token, hierarchical
+    synchronous speculation.
+    """
+    steps, rates = placed_steps(latencies_s, verify_latencies_s, verify_tokens, alphas, windows, devices)
+    return min(rates[-1], 1.0 / max(device_loads(steps, devices).values()))
 
 
 def sync_rate(alpha: float, gamma: int, draft_s: float, verify_s: float) -> float:

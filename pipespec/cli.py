@@ -1,19 +1,24 @@
 """The `pipespec` command line.
 
-    pipespec demo [--prompt TEXT] [--image FILE] [--max-new-tokens N] [--json FILE]
+    pipespec demo [--prompt TEXT] [--image FILE] [--max-new-tokens N] [--runs N] [--plan auto [--devices N]]
+                  [--json FILE]
     pipespec serve CONFIG [--address RAY_ADDRESS] [--port P] [--strategy pack|spread]
+                   [--plan auto [--devices N] [--image FILE]]
     pipespec generate --address HOST:PORT --prompt TEXT [--image FILE] [--max-new-tokens N]
                       [--temperature T] [--top-p P] [--seed S]
-    pipespec plan CONFIG [--prompt TEXT ...] [--image FILE] [--max-new-tokens N] [--json FILE]
+    pipespec plan CONFIG [--devices N] [--prompt TEXT ...] [--image FILE] [--max-new-tokens N] [--json FILE]
                   [--write-config FILE] [--threads N]
 
 `demo` runs the embedded default on a local Ray (see pipespec.cluster.demo): the shipped models (tiny -> dream
 -> VLM target, trained on the generated visual world) answer a question about a picture, streamed
-token by token; then the target alone answers the same request, and a table shows each stage pair's
-acceptance, tokens per second and the speedup measured right then, and whether the answers match.
+token by token; then pipeline and target-alone runs alternate, and a table shows each stage pair's
+acceptance, the median tokens per second of each side and their median ratio, and whether the answers match.
 
 `plan` profiles each stage's forward latency and each pair's acceptance on a few prompts, in this
-process, and recommends which stages to use and each drafter's lookahead (see pipespec.plan).
+process, and recommends which stages to use, their placement on the devices and each drafter's
+lookahead (see pipespec.plan). Devices default to this machine's cores, one core each (`--devices N`
+splits the cores into N devices). `--plan auto` on `serve` and `demo` profiles quickly, prints the
+recommendation and why, and runs it.
 """
 
 from __future__ import annotations
@@ -28,17 +33,53 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() or c in "\n\t" else "\u00b7" for c in text)
 
 
+def _fail(command: str, why: object) -> int:
+    print(f"pipespec {command}: {why}", file=sys.stderr)
+    return 2
+
+
 def demo(args: argparse.Namespace) -> int:
     from pipespec.cluster.demo import DEFAULT_PROMPT, run_demo
+    from pipespec.placement import Devices
 
+    if args.runs < 1:
+        return _fail("demo", f"--runs must be at least 1, got {args.runs}")
+    if args.devices is not None and args.plan != "auto":
+        return _fail("demo", "--devices places the stages with --plan auto; give both")
+    try:
+        devices = Devices.of_this_machine(args.devices) if args.plan == "auto" else None
+    except ValueError as e:
+        return _fail("demo", e)
     models = {"models": Path(args.models)} if args.models else {}
-    return run_demo(args.prompt or DEFAULT_PROMPT, args.image, args.max_new_tokens, args.dtype, args.json, **models)
+    return run_demo(
+        args.prompt or DEFAULT_PROMPT,
+        args.image,
+        args.max_new_tokens,
+        args.dtype,
+        args.json,
+        runs=args.runs,
+        plan=devices,
+        **models,
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
     from pipespec.cluster.launch import serve as launch
+    from pipespec.examples import config_path
 
-    return launch(args.config, args.address, args.host, args.port, args.strategy)
+    config: str | dict = args.config
+    if args.plan != "auto" and (args.devices is not None or args.image is not None):
+        return _fail("serve", "--devices and --image are for --plan auto; give it too")
+    if args.plan == "auto":
+        from pipespec.placement import Devices
+        from pipespec.plan import auto, explain
+
+        try:
+            config, chosen = auto(config_path(args.config), Devices.of_this_machine(args.devices), image=args.image)
+        except ValueError as e:  # ConfigError included
+            return _fail("serve", e)
+        print(explain(chosen), flush=True)
+    return launch(config, args.address, args.host, args.port, args.strategy)
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -73,16 +114,19 @@ def generate(args: argparse.Namespace) -> int:
 def plan(args: argparse.Namespace) -> int:
     import json
 
-    from pipespec.plan import format_plan, profile, read_config, recommend, write_config
+    from pipespec.placement import Devices
+    from pipespec.plan import format_plan, recommend, write_config
+    from pipespec.profiling import profile, read_config
 
-    logging.getLogger("pipespec.plan").setLevel(logging.INFO)  # progress on stderr: profiling real models takes a while
+    logging.getLogger("pipespec.profiling").setLevel(logging.INFO)  # progress on stderr: profiling real models takes a while
     try:
+        devices = Devices.of_this_machine(args.devices)
+        threads = devices.threads if args.threads is None else args.threads
         _, raw = read_config(args.config)
-        measured = profile(raw, args.prompt, args.image, args.max_new_tokens, torch_threads=args.threads)
+        measured = profile(raw, args.prompt, args.image, args.max_new_tokens, torch_threads=threads)
     except ValueError as e:  # ConfigError included: the message names the key, file or value
-        print(f"pipespec plan: {e}", file=sys.stderr)
-        return 2
-    result = recommend(measured, raw)
+        return _fail("plan", e)
+    result = recommend(measured, raw, devices)
     print(format_plan(result))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +153,13 @@ def main(argv: list[str] | None = None) -> int:
         "logits can differ in the last bit from one-token decoding and flip a near-tie",
     )
     d.add_argument("--models", help="the trained demo models (default: models/demo; python -m demo.train)")
+    d.add_argument("--runs", type=int, default=3, help="pipeline and target-alone runs, alternating (default 3 each)")
+    d.add_argument(
+        "--plan", choices=["auto"], help="auto: profile the models, run the chain and placement `pipespec plan` recommends"
+    )
+    d.add_argument(
+        "--devices", type=int, help="with --plan auto: split this machine's cores into N devices (default: one per core)"
+    )
     d.add_argument("--json", help="also write the figures as JSON to this file")
     d.set_defaults(run=demo)
     s = sub.add_parser("serve", help="start a pipeline on Ray (a local one by default) and serve it")
@@ -117,6 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, help="coordinator port (default: the config's server.port)")
     s.add_argument("--strategy", default="pack")
+    s.add_argument(
+        "--plan", choices=["auto"], help="auto: profile the config here, serve the chain and placement `pipespec plan` recommends"
+    )
+    s.add_argument(
+        "--devices", type=int, help="with --plan auto: split this machine's cores into N devices (default: one per core)"
+    )
+    s.add_argument("--image", help="with --plan auto: a picture to profile a VLM target on")
     s.set_defaults(run=serve)
     g = sub.add_parser("generate", help="stream a generation from a running pipeline")
     g.add_argument("--address", required=True, help="HOST:PORT printed by serve")
@@ -129,10 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     g.set_defaults(run=generate)
     p = sub.add_parser("plan", help="profile a config's stages and recommend the chain and lookaheads to use")
     p.add_argument("config")
+    p.add_argument(
+        "--devices", type=int, help="devices to place the stages on: this machine's cores split in N (default: one per core)"
+    )
     p.add_argument("--prompt", action="append", help="a prompt to profile on (repeatable; default: a few built-in ones)")
     p.add_argument("--image", help="a picture for a VLM target (required there)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt to measure acceptance")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as each stage of a pipeline here)")
+    p.add_argument("--threads", type=int, help="torch threads to profile at (default: the cores of one device)")
     p.add_argument("--json", help="also write the profile and the plan as JSON to this file")
     p.add_argument("--write-config", help="write the recommended config (YAML) to this file")
     p.set_defaults(run=plan)

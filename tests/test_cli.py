@@ -122,3 +122,8 @@ def test_demo_runs_the_shipped_models_exactly(tmp_path):
     assert [(p["drafter"], p["verifier"]) for p in figures["pairs"]] == [("tiny", "dream"), ("dream", "target")]
     assert figures["tokens_per_second"] > 0 and figures["speedup_vs_target"] > 0
     assert "identical to the target alone: yes" in run.stdout
+    assert len(figures["rounds"]) == 3 and "medians of 3 alternating runs" in run.stdout  # --runs defaults to 3
+    assert [d["stages"] for d in figures["placement"]] == [["tiny"], ["dream"], ["target"]]
+    cores = sum(d["resources"]["num_cpus"] for d in figures["placement"])
+    assert figures["target_alone_threads"] == max(1, round(cores))
+    assert "placement:\n  device 1: tiny" in run.stdout and "target alone: in this process" in run.stdout

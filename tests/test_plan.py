@@ -14,17 +14,9 @@ from pipespec.config import load_config
 from pipespec.handoff import FeaturedVerifier as _FeaturedVerifier
 from pipespec.messages import PrefillFeatures, RequestSpec
 from pipespec.params import SamplingParams
-from pipespec.plan import (
-    FEWER_STAGES,
-    LOOKAHEADS,
-    TIE,
-    PairProfile,
-    Profile,
-    StageProfile,
-    profile,
-    recommend,
-    recommended_config,
-)
+from pipespec.placement import Devices, label, on_devices, placements
+from pipespec.plan import FEWER_STAGES, LOOKAHEADS, TIE, auto, explain, format_plan, recommend, recommended_config
+from pipespec.profiling import PairProfile, Profile, StageProfile, profile
 
 VOCAB = 64
 
@@ -61,7 +53,7 @@ def test_profile_measures_acceptance_as_the_mocks_agree():
 
 
 def test_a_pair_no_valid_chain_contains_is_skipped_with_the_reason():
-    from pipespec.plan import _profile_pair
+    from pipespec.profiling import _profile_pair
 
     ngram = {"kind": "ngram"}
     raw = {"stages": [{"name": "a", **ngram}, {"name": "b", **ngram}, {"name": "t", "kind": "mock", "vocab_size": VOCAB}]}
@@ -237,6 +229,97 @@ def test_the_recommended_config_drops_unused_stages_and_sets_lookaheads():
     assert config.window(1) == plan.recommended.windows[0]
 
 
+# ---- placements -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stages, devices, count", [(1, 4, 1), (3, 1, 1), (3, 2, 4), (3, 3, 5), (4, 2, 8), (4, 4, 15)])
+def test_placements_enumerate_each_grouping_once(stages, devices, count):
+    """Set partitions of the stages into at most `devices` blocks (Stirling numbers summed; Bell numbers)."""
+    got = placements(stages, devices)
+    groupings = {frozenset(frozenset(i for i, d in enumerate(p) if d == dev) for dev in set(p)) for p in got}
+    assert len(got) == len(groupings) == count
+    assert all(max(p) < devices and p[0] == 0 for p in got)
+    if devices >= stages:
+        assert got[-1] == tuple(range(stages))  # a device per stage
+
+
+def test_a_placement_names_its_devices():
+    groups = on_devices(("tiny", "dream", "target"), (0, 1, 0))
+    assert groups == (("tiny", "target"), ("dream",))
+    assert label(groups) == "tiny+target | dream"
+
+
+def test_devices_split_this_machines_cores(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert Devices.of_this_machine() == Devices(2, 1)
+    assert Devices.of_this_machine(1) == Devices(1, 2) and Devices(1, 2).threads == 2
+    assert Devices.of_this_machine(3) == Devices(3, 0.66) and Devices(3, 0.66).threads == 1  # 3 x 0.66 <= 2
+    with pytest.raises(ValueError, match="at least one device"):
+        Devices.of_this_machine(0)
+
+
+def test_every_chain_is_predicted_on_every_placement_that_fits():
+    prof, raw = synthetic(
+        {"tiny": (1, 1), "mid": (5, 5), "target": (40, 40)},
+        {("tiny", "mid"): 0.9, ("tiny", "target"): 0.81, ("mid", "target"): 0.9},
+    )
+    plan = recommend(prof, raw, Devices(2, 1))
+    three = {label(c.placement) for c in plan.chains if len(c.stages) == 3}
+    assert three == {"tiny+mid+target", "tiny+mid | target", "tiny+target | mid", "tiny | mid+target"}
+    assert len(plan.chains) == 1 + 2 * 2 + 4 and all(c.devices <= 2 for c in plan.chains)
+    assert plan.recommended.stages == ("tiny", "mid", "target") and plan.recommended.devices == 2
+    table = format_plan(plan)
+    assert "placement" in table and "tiny+mid | target" in table and "2 devices of 1 core" in table
+    assert "why: the fastest of 9 candidates on at most 2 devices; next: " in explain(plan)
+
+
+def test_on_one_device_a_drafter_and_the_target_predict_synchronous_speculation():
+    prof, raw = synthetic({"tiny": (1, 1.5), "target": (40, 48)}, {("tiny", "target"): 0.8})
+    plan = recommend(prof, raw, Devices(1, 2))
+    shared = next(c for c in plan.chains if c.stages == ("tiny", "target"))
+    (sync,) = plan.synchronous
+    assert shared.placement == (("tiny", "target"),) and sync.placement == shared.placement
+    if shared.windows == sync.lookaheads:  # the same window: the same formula
+        assert shared.tokens_per_s == pytest.approx(sync.tokens_per_s)
+    assert shared.tokens_per_s == pytest.approx(sync.tokens_per_s, rel=0.02)  # the grids differ by a window at most
+    assert plan.recommended == shared
+
+
+def test_the_recommended_config_places_the_stages_on_devices():
+    prof, raw = synthetic({"tiny": (1, 1), "target": (40, 40)}, {("tiny", "target"): 0.8})
+    raw["stages"][0]["device_group"] = "elsewhere"  # the plan's placement replaces the config's
+    plan = recommend(prof, raw, Devices(1, 2))
+    config = load_config(recommended_config(raw, plan))
+    assert [s.device_group for s in config.stages] == ["tiny+target", "tiny+target"]
+    assert config.devices() == ((0, 1),) and all(s.resources == {"num_cpus": 2} for s in config.stages)
+    apart = load_config(recommended_config(raw, recommend(prof, raw, Devices(2, 1))))
+    if len(apart.stages) == 2 and len(apart.devices()) == 2:
+        assert all(s.device_group is None and s.resources == {"num_cpus": 1} for s in apart.stages)
+
+
+def test_on_a_near_tie_fewer_devices_win_and_the_plan_says_why():
+    """A 7 ms drafter, alpha 0.5, for a 40 ms target: on its own device it is predicted 1.7% faster than
+    sharing the target's; within 2%, one device is recommended."""
+    prof, raw = synthetic({"d": (7, 7), "target": (40, 40)}, {("d", "target"): 0.5})
+    plan = recommend(prof, raw, Devices(2, 1))
+    fastest = plan.chains[0]
+    assert fastest.placement == (("d",), ("target",)) and plan.recommended.placement == (("d", "target"),)
+    assert plan.recommended.tokens_per_s >= (1 - FEWER_STAGES) * fastest.tokens_per_s
+    lines = explain(plan).splitlines()
+    assert len(lines) == 2 and lines[0].startswith("recommended: d -> target on 1 device (d+target)")
+    assert "on fewer devices" in lines[1] and "d | target" in lines[1]
+
+
+def test_auto_profiles_quickly_and_returns_the_recommended_config():
+    raw = mock_raw(tiny={"agreement": 0.9, "latency_ms": 1}, target={"latency_ms": 10})
+    config_raw, plan = auto(raw, Devices(2, 1))
+    assert plan.profile.prompts and len(plan.profile.prompts) == 1 and plan.profile.torch_threads == 1
+    config = load_config(config_raw)
+    assert [s.name for s in config.stages] == list(plan.recommended.stages)
+    assert len(config.devices()) == plan.recommended.devices
+    assert all(s.resources == {"num_cpus": 1} for s in config.stages)
+
+
 # ---- the command line ----------------------------------------------------------------------------------
 
 
@@ -284,3 +367,47 @@ def test_cli_names_a_missing_config_and_a_missing_image(tmp_path, capsys):
     path.write_text(yaml.safe_dump({"stages": [{"name": "target", "kind": "vlm", "model": str(tmp_path / "vlm")}]}))
     assert main(["plan", str(path), "--image", str(tmp_path / "cat.png")]) == 2
     assert "cat.png" in capsys.readouterr().err
+
+
+def test_cli_plans_for_the_devices_it_is_given(tmp_path, capsys):
+    raw = mock_raw(tiny={"agreement": 0.9, "latency_ms": 1}, target={"latency_ms": 10})
+    path, out_yaml = tmp_path / "mock.yaml", tmp_path / "rec.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["plan", str(path), "--devices", "1", "--max-new-tokens", "16", "--write-config", str(out_yaml)]) == 0
+    out = capsys.readouterr().out
+    assert "1 device of" in out and "tiny+target" in out and "why:" in out
+    written = load_config(out_yaml)
+    assert len(written.devices()) == 1
+    assert main(["plan", str(path), "--devices", "0"]) == 2
+    assert "at least one device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["serve", "mock3", "--devices", "2"], "--plan auto"),
+        (["serve", "mock3", "--image", "x.png"], "--plan auto"),
+        (["serve", "absent.yaml", "--plan", "auto"], "absent.yaml"),
+        (["serve", "mock3", "--plan", "auto", "--devices", "0"], "at least one device"),
+        (["demo", "--runs", "0"], "--runs"),
+        (["demo", "--devices", "2"], "--plan auto"),
+        (["demo", "--plan", "auto", "--devices", "-1"], "at least one device"),
+    ],
+    ids=[
+        "serve-devices",
+        "serve-image",
+        "serve-missing-config",
+        "serve-no-device",
+        "demo-runs",
+        "demo-devices",
+        "demo-no-device",
+    ],
+)
+def test_cli_plan_auto_errors_are_named_before_anything_starts(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_plan_takes_auto_only():
+    with pytest.raises(SystemExit):
+        main(["serve", "mock3", "--plan", "manual"])

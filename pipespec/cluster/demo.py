@@ -1,32 +1,49 @@
 """`pipespec demo`: the embedded default, on a local Ray, on this machine.
 
 The shipped models (`models/demo`: a LLaVA-class target trained on the generated visual world, a tiny
-text drafter and a DREAM drafter, all trained by `python -m demo.train`) run as a 3-stage
-pipeline, one Ray actor per stage, linked by gRPC streams: tiny -> dream -> target. A picture from the
-world's held-out split (or `--image`) and a question (or `--prompt`) go through the `Client`; the
-answer streams token by token. Then the target alone serves the same request on the same machine,
-and a table shows each stage pair's acceptance, tokens per second and the speedup measured right
-then, and whether the two answers are identical.
+text drafter and a DREAM drafter, all trained by `python -m demo.train`) run as a pipeline of Ray
+actors linked by gRPC streams. By default all three, tiny -> dream -> target, each stage on a device of
+its own with a third of this machine's cores; with `--plan auto`, the chain, placement and lookaheads
+that `pipespec plan` recommends for this machine's cores, profiled here first on the demo's own request
+(a few seconds). A picture from the world's held-out split (or `--image`) and a question (or `--prompt`)
+go through the `Client`; the first answer streams token by token.
+
+Measured honestly: pipeline runs and target-alone runs alternate (`--runs`, 3 each by default) with
+both loaded and warm, the target alone in this process with as many torch threads as the pipeline's
+devices have cores in total; the speedup is the median of the rounds' ratios. The table shows each
+stage pair's acceptance over all runs, and whether every answer equals the target alone's.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import statistics
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipespec.cluster.pipeline import ray_env, start_pipeline
-from pipespec.config import PipelineConfig, load_config
+from pipespec.config import ConfigError, PipelineConfig, load_config
+from pipespec.outputs import Delta, Generation, GenerationError
+from pipespec.placement import Devices
+from pipespec.stats import PairStats
+
+if TYPE_CHECKING:
+    from pipespec.plan import Plan
 
 log = logging.getLogger(__name__)
 
 DEMO_MODELS = Path(__file__).resolve().parents[2] / "models" / "demo"
 DEFAULT_PROMPT = "Describe the image."
+Run = tuple[Generation, float]  # an answer and the seconds it took
 
 
-def demo_config(models: Path, names: list[str], dtype: str, cpus: float) -> PipelineConfig:
+def demo_raw(models: Path, names: list[str], dtype: str, cpus: float) -> dict[str, Any]:
+    """The demo pipeline of the stages `names` (of tiny, dream, target), each on a device of `cpus` cores, as a mapping."""
     kinds = {"tiny": "causal_lm", "dream": "dream", "target": "vlm"}
     lookahead = {"tiny": 6, "dream": 6, "target": 0}
     stages = [
@@ -36,7 +53,11 @@ def demo_config(models: Path, names: list[str], dtype: str, cpus: float) -> Pipe
         }
         for n in names
     ]  # fmt: skip
-    return load_config({"name": "demo" if len(names) > 1 else "target-alone", "stages": stages, "server": {"port": 0}})
+    return {"name": "demo" if len(names) > 1 else "target-alone", "stages": stages, "server": {"port": 0}}
+
+
+def demo_config(models: Path, names: list[str], dtype: str, cpus: float) -> PipelineConfig:
+    return load_config(demo_raw(models, names, dtype, cpus))
 
 
 def default_image(models: Path = DEMO_MODELS) -> Any:
@@ -47,30 +68,55 @@ def default_image(models: Path = DEMO_MODELS) -> Any:
         return picture.convert("RGB")
 
 
-def time_requests(config: PipelineConfig, requests: list[dict], echo: bool = False) -> list[tuple[Any, float]]:
-    """Serve `config` on the running Ray, warm it up, then stream `requests` one after another
-    (keyword dicts for `Client.stream`); -> [(Generation, seconds)]. `echo` prints the first answer."""
+@contextmanager
+def serving(config: PipelineConfig, warm_up: dict) -> Iterator[Any]:
+    """Serve `config` on the running Ray; yield a `Client` to it once `warm_up` (a request's keywords) has
+    gone through every stage; stop the pipeline on exit."""
     from pipespec import Client
-    from pipespec.outputs import Generation
 
     running = start_pipeline(config)
-    out = []
     try:
         client = Client(running.address)
-        client.generate(**{**requests[0], "max_new_tokens": 4})  # warm up every stage
-        for i, request in enumerate(requests):
-            t0 = time.perf_counter()
-            deltas = []
-            for delta in client.stream(**request):
-                deltas.append(delta)
-                if echo and i == 0:
-                    print(delta.text, end="", flush=True)
-            out.append((Generation.from_deltas(deltas), time.perf_counter() - t0))
+        client.generate(**{**warm_up, "max_new_tokens": 4})
+        yield client
     finally:
         running.stop()
+
+
+def timed(stream: Callable[..., Iterator[Delta]], request: dict, echo: bool = False) -> Run:
+    """Stream one request (`Client.stream` or `LocalPipeline.stream`) -> (its Generation, seconds); `echo` prints it."""
+    start = time.perf_counter()
+    deltas = []
+    for delta in stream(**request):
+        deltas.append(delta)
+        if echo:
+            print(delta.text, end="", flush=True)
+    seconds = time.perf_counter() - start
     if echo:
         print("\n")
-    return out
+    return Generation.from_deltas(deltas), seconds
+
+
+def time_requests(config: PipelineConfig, requests: list[dict], echo: bool = False) -> list[Run]:
+    """Serve `config` on the running Ray, warm it up, then stream `requests` one after another
+    (keyword dicts for `Client.stream`); -> [(Generation, seconds)]. `echo` prints the first answer."""
+    with serving(config, requests[0]) as client:
+        return [timed(client.stream, request, echo and i == 0) for i, request in enumerate(requests)]
+
+
+def placement_lines(config: PipelineConfig) -> list[str]:
+    """One line per device of `config`: its stages and resources."""
+    lines = []
+    for k, indices in enumerate(config.devices(), 1):
+        stages = [config.stages[i] for i in indices]
+        resources = ", ".join(f"{key} {value:g}" for key, value in stages[0].resources.items())
+        lines.append(f"  device {k}: {' + '.join(s.name for s in stages):<24}({resources})")
+    return lines
+
+
+def device_cores(config: PipelineConfig) -> float:
+    """The CPU cores of all the devices `config` places its stages on."""
+    return sum(config.stages[indices[0]].resources.get("num_cpus", 0) for indices in config.devices())
 
 
 def run_demo(
@@ -80,9 +126,15 @@ def run_demo(
     dtype: str = "float32",
     json_path: str | None = None,
     models: Path = DEMO_MODELS,
+    runs: int = 3,
+    plan: Devices | None = None,
 ) -> int:
+    """`plan`: the devices to place the stages on with `pipespec plan`'s recommendation (None: all three
+    stages, a device each)."""
     ray_env()
     import ray
+
+    from pipespec.local import LocalPipeline
 
     if not (models / "target" / "config.json").is_file():
         print(f"pipespec: no demo models under {models}; train them with `python -m demo.train all`")
@@ -102,46 +154,113 @@ def run_demo(
         except ValueError as e:
             print(f"pipespec: {e}")
             return 2
-    names = ["tiny", "dream", "target"]
-    print(f"pipeline: {' -> '.join(names)}  (models/demo, trained on the generated world; {dtype})")
+    request = dict(prompt=prompt, image=image, max_new_tokens=max_new_tokens)
+    config, chosen = pipeline_config(models, dtype, plan, prompt, image)
+    threads = max(1, round(device_cores(config)))
+    print(f"\npipeline: {' -> '.join(s.name for s in config.stages)}  (models/demo, trained on the generated world; {dtype})")
+    print("placement:", *placement_lines(config), sep="\n")
+    print(f"target alone: in this process, {_count(threads, 'torch thread')} (the pipeline's cores)")
     print(f"prompt: {prompt!r}\n")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, logging_level=logging.WARNING)
+    rounds: list[tuple[Run, Run]] = []
     try:
-        request = [dict(prompt=prompt, image=image, max_new_tokens=max_new_tokens)]
-        [(result, piped_s)] = time_requests(demo_config(models, names, dtype, 2 / 3), request, echo=True)
-        [(reference, alone_s)] = time_requests(demo_config(models, ["target"], dtype, 2), request)
+        alone_config = demo_config(models, ["target"], dtype, threads)
+        with serving(config, request) as client, LocalPipeline(alone_config, torch_threads=threads) as alone:
+            alone.generate(**{**request, "max_new_tokens": 4})
+            for i in range(runs):  # alternate, so that whatever else the machine does falls on both sides
+                rounds.append((timed(client.stream, request, echo=i == 0), timed(alone.stream, request)))
+    except ConfigError as e:  # the placement does not fit this machine
+        print(f"pipespec: {e}")
+        return 2
+    except GenerationError as e:
+        print(f"pipespec: {e}")
+        return 1
     finally:
         ray.shutdown()
-    if result.finish_reason == "error":
-        print(f"pipespec: {result.error}")
-        return 1
-    tps, tps_alone = len(result.token_ids) / piped_s, len(reference.token_ids) / alone_s
+    return report(rounds, config, threads, chosen, json_path)
+
+
+def pipeline_config(
+    models: Path, dtype: str, plan: Devices | None, prompt: str, image: Any
+) -> tuple[PipelineConfig, Plan | None]:
+    """The demo's pipeline: tiny -> dream -> target, a device each; or, with `plan`, what `pipespec plan`
+    recommends for those devices, profiled here on the demo's request (printed with its reasons)."""
+    names = ["tiny", "dream", "target"]
+    if plan is None:
+        return demo_config(models, names, dtype, Devices.of_this_machine(len(names)).cpus), None
+    from pipespec.plan import auto, explain
+
+    print(f"planning for {_count(plan.count, 'device')} of {_count(plan.cpus, 'core')} (profiling here) ...")
+    raw, chosen = auto(demo_raw(models, names, dtype, plan.cpus), plan, prompts=[prompt], image=image)
+    print(explain(chosen))
+    return load_config(raw), chosen
+
+
+def _count(n: float, thing: str) -> str:
+    return f"{n:g} {thing}{'s' if n != 1 else ''}"
+
+
+def report(
+    rounds: list[tuple[Run, Run]], config: PipelineConfig, threads: int, chosen: Plan | None, json_path: str | None
+) -> int:
+    """Print the rounds (pipeline, target alone), the pairs' acceptance and the median ratio; write the JSON
+    figures; -> 0 if every answer equals the target alone's."""
+    piped, alone = [_rate(p) for p, _ in rounds], [_rate(a) for _, a in rounds]
+    ratios = [p / a for p, a in zip(piped, alone)]
+    exact = all(p[0].token_ids == a[0].token_ids for p, a in rounds)
+    pairs = merged_pairs([p[0] for p, _ in rounds])
+    print(f"{'round':<8}{'pipeline tok/s':>16}{'target alone tok/s':>20}{'ratio':>8}")
+    for k, (p, a, r) in enumerate(zip(piped, alone, ratios), 1):
+        print(f"{k:<8}{p:>16.1f}{a:>20.1f}{r:>7.2f}x")
+    print(f"\n{'drafter -> verifier':<22}{'drafts':>8}{'drafted':>9}{'accepted':>10}{'acceptance':>12}{'mean acc. len':>15}")
+    for pair in pairs:
+        print(
+            f"{pair.drafter + ' -> ' + pair.verifier:<22}{pair.num_drafts:>8}{pair.num_draft_tokens:>9}"
+            f"{pair.num_accepted_tokens:>10}{pair.acceptance_rate:>12.2f}{pair.mean_acceptance_length:>15.2f}"
+        )
     figures = {
-        "exact": result.token_ids == reference.token_ids,
-        "speedup_vs_target": tps / tps_alone,
-        "tokens_per_second": tps,
-        "target_alone_tokens_per_second": tps_alone,
+        "exact": exact,
+        "speedup_vs_target": statistics.median(ratios),
+        "tokens_per_second": statistics.median(piped),
+        "target_alone_tokens_per_second": statistics.median(alone),
+        "target_alone_threads": threads,
+        "rounds": [{"pipeline": p, "target_alone": a, "ratio": r} for p, a, r in zip(piped, alone, ratios)],
+        "placement": [
+            {"stages": [config.stages[i].name for i in indices], "resources": dict(config.stages[indices[0]].resources)}
+            for indices in config.devices()
+        ],
+        "lookaheads": {s.name: s.max_lookahead for s in config.stages[:-1]},
+        "predicted_tokens_per_second": chosen.recommended.tokens_per_s if chosen else None,
         "pairs": [
             {
                 k: v
                 for k, v in pair.as_dict().items()
                 if k in ("drafter", "verifier", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "mean_acceptance_length")
             }
-            for pair in result.stats.pairs
+            for pair in pairs
         ],
     }
-    print(f"{'drafter -> verifier':<22}{'drafts':>8}{'drafted':>9}{'accepted':>10}{'acceptance':>12}{'mean acc. len':>15}")
-    for pair in result.stats.pairs:
-        rate = pair.num_accepted_tokens / max(pair.num_draft_tokens, 1)
-        print(
-            f"{pair.drafter + ' -> ' + pair.verifier:<22}{pair.num_drafts:>8}{pair.num_draft_tokens:>9}"
-            f"{pair.num_accepted_tokens:>10}{rate:>12.2f}{pair.mean_acceptance_length:>15.2f}"
-        )
+    predicted = f" (predicted {chosen.recommended.tokens_per_s:.1f})" if chosen else ""
     print(
-        f"\npipeline {tps:.1f} tok/s, target alone {tps_alone:.1f} tok/s: speedup {figures['speedup_vs_target']:.2f}x; "
-        f"identical to the target alone: {'yes' if figures['exact'] else 'NO'}"
+        f"\npipeline {figures['tokens_per_second']:.1f} tok/s{predicted}, target alone {figures['target_alone_tokens_per_second']:.1f} "
+        f"tok/s (medians of {len(rounds)} alternating runs): speedup {figures['speedup_vs_target']:.2f}x (the median of "
+        f"the rounds' ratios); "
+        f"identical to the target alone: {'yes' if exact else 'NO'}"
     )
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(figures, indent=2) + "\n")
-    return 0 if figures["exact"] else 1
+    return 0 if exact else 1
+
+
+def _rate(run: Run) -> float:
+    return len(run[0].token_ids) / run[1]
+
+
+def merged_pairs(generations: list[Generation]) -> list[PairStats]:
+    """Each stage pair's statistics summed over `generations`, in the order of the first."""
+    merged = [PairStats(p.drafter, p.verifier) for p in generations[0].stats.pairs]
+    for generation in generations:
+        for total, pair in zip(merged, generation.stats.pairs):
+            total.merge(pair)
+    return merged

@@ -15,18 +15,21 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 from pipespec.cluster.pipeline import ray_env, start_pipeline
 from pipespec.config import ConfigError, load_config
 from pipespec.examples import config_path
 
 
-def serve(config_arg: str, ray_address: str | None, host: str, port: int | None, strategy: str) -> int:
+def serve(config_arg: str | Mapping[str, Any], ray_address: str | None, host: str, port: int | None, strategy: str) -> int:
+    """Serve `config_arg` (a config file, a shipped example's name, or a parsed config) until stopped."""
     ray_env()
     import ray
 
     try:
-        config = load_config(config_path(config_arg))
+        config = load_config(config_path(config_arg) if isinstance(config_arg, str) else config_arg)
     except ConfigError as e:
         print(f"pipespec: {e}", file=sys.stderr)
         return 2
