@@ -6,7 +6,8 @@
 The methods, all on the same loaded models and the same requests (greedy, batch 1, one request at
 a time, as Spec-Bench measures):
 
-    target                   the target alone, in this process (the reference for speedup and exactness)
+    target                   the target alone, in this process on every core (the reference for speedup and exactness)
+    target, 1 thread         the same on one torch thread (what one stage actor of one core gets)
     sync <d>->target         synchronous speculative decoding (pipespec.synchronous), drafter d, window --gamma
     hf-assisted <d>->target  Hugging Face assisted generation (`generate(assistant_model=...)`), for each
                              drafter that is a Hugging Face model
@@ -105,8 +106,10 @@ class InProcess:
     target: Any
     drafter: Any | None
     gamma: int
+    threads: int  # torch threads (the process's are set at each answer: methods alternate)
 
     def answer(self, request: Request) -> Answer:
+        torch.set_num_threads(self.threads)
         t0 = time.perf_counter()
         r = generate_sync(self.target, request.spec, self.drafter, self.gamma)
         wall = time.perf_counter() - t0
@@ -134,8 +137,10 @@ class HFAssisted:
     name: str
     target: Any  # a stage with an HF `model` and a `fit` (pipespec.stages.vocabulary.LogitsFit)
     drafter: Any
+    threads: int
 
     def answer(self, request: Request) -> Answer:
+        torch.set_num_threads(self.threads)
         spec = request.spec
         inputs = {"input_ids": torch.tensor([spec.prompt_token_ids])}
         inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
@@ -165,10 +170,13 @@ class Pipelined:
     deployment: Any  # RunningPipeline or LocalPipeline: both have start_trace/stop_trace
     processes: dict[int, str]  # pid -> what it runs (pipespec.cluster.pipeline.RunningPipeline.processes)
     placement: str  # which stages share which device, and its cores
+    threads: int | None = None  # in this process (a LocalPipeline): torch threads, set at each answer
 
     def answer(self, request: Request) -> Answer:
         from pipespec.outputs import Generation
 
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
         t0 = time.perf_counter()
         deltas = list(self.client.stream(**request.kwargs))
         wall = time.perf_counter() - t0
@@ -211,7 +219,7 @@ def async_methods(config: PipelineConfig, backend: str, pin_cores: bool = True) 
     if backend == "local":
         with ExitStack() as stack:
             pipes = [stack.enter_context(LocalPipeline(c)) for c in configs]
-            yield [Pipelined(f"async {_chain(c)} (local)", p, p, {}, "one process") for c, p in zip(configs, pipes)]
+            yield [Pipelined(f"async {_chain(c)} (local)", p, p, {}, "one process", threads=1) for c, p in zip(configs, pipes)]
         return
     from pipespec import Client
     from pipespec.cluster.pipeline import local_ray, start_pipeline
@@ -348,9 +356,12 @@ def run_bench(config: PipelineConfig, prompts: list[Prompt], settings: Settings,
         kwargs = {"prompt": p.text, "max_new_tokens": settings.max_new_tokens, **({"image": str(p.image)} if p.image else {})}
         requests.append(Request(p, pipe.request(**kwargs)[0], kwargs))
     drafters = config.stages[:-1]
-    methods: list[Method] = [InProcess("target", target, None, 0)]
-    methods += [InProcess(f"sync {d.name}->{name}", target, stages[d.name], settings.gamma) for d in drafters]
-    methods += [HFAssisted(f"hf-assisted {d.name}->{name}", target, stages[d.name]) for d in drafters if d.kind == "causal_lm"]
+    cores = os.cpu_count() or 1
+    methods: list[Method] = [InProcess("target", target, None, 0, cores), InProcess("target, 1 thread", target, None, 0, 1)]
+    methods += [InProcess(f"sync {d.name}->{name}", target, stages[d.name], settings.gamma, cores) for d in drafters]
+    methods += [
+        HFAssisted(f"hf-assisted {d.name}->{name}", target, stages[d.name], cores) for d in drafters if d.kind == "causal_lm"
+    ]
     results: dict[str, list[list[Answer]]] = {}
     failures: dict[str, str] = {}
     traces: dict[str, list[list[dict]]] = {}  # per async method, per run: each stage's trace summary

@@ -1,10 +1,10 @@
 """StageRunner: drives one stage of the asynchronous pipeline (design section 2).
 
 One runner per stage, one asyncio task per runner. The event loop only does bookkeeping on token
-ids; forward passes and choices run on the compute thread of the runner's device
-(pipespec.scheduler: stages placed on one device share it, one forward at a time), so messages keep
-arriving while a model runs. Every state change happens on the event loop, in the handler of one
-message, so there are no locks. A runner can record where its time goes (`trace`, pipespec.trace).
+ids; each forward is planned here and run, with its choices, on the compute thread of the runner's
+device (pipespec.step; pipespec.scheduler: stages placed on one device share it, one forward at a
+time), so messages keep arriving while a model runs. Every state change happens on the event loop,
+in the handler of one message, so there are no locks. A runner can record where its time goes (`trace`, pipespec.trace).
 
 Per request a runner keeps its generated tokens (committed part + its own speculative tail) and, one
 part per role (pipespec.request_state):
@@ -30,52 +30,25 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
-from pipespec.choice import Decision, decide
+from pipespec.choice import Decision
 from pipespec.config import PipelineConfig
 from pipespec.handoff import prefill_message, step_message
 from pipespec.links import Link
-from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, RequestSpec, TargetFeatures, Verdict
+from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
 from pipespec.patience import Patience
 from pipespec.request_state import NOTHING_TOUCHED, FeatureInbox, RequestState, VerifierSide
 from pipespec.scheduler import Batch, DeviceScheduler, Done
-from pipespec.stage import Session, Stage, unfed_tail
+from pipespec.stage import Stage, unfed_tail
 from pipespec.stages.registry import kind_of
 from pipespec.stats import PairStats, StageStats
-from pipespec.trace import StageTrace, Timing
+from pipespec.step import Outcome, Prefill, StepPlan, compute
+from pipespec.trace import StageTrace
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    request_id: str
-    rev: int
-    up_epoch: int
-    keep: int  # context tokens to keep in the cache
-    feed: tuple[int, ...]  # our own tokens to feed first (at least the last unfed one)
-    start: int  # position of the first decided token (= len(tokens) at launch)
-    drafts: tuple[int, ...]
-    draft_probs: torch.Tensor | None  # [len(drafts), V]
-    features: tuple[TargetFeatures, ...] = ()  # applied to the session before the forward (taken at launch)
-
-
-@dataclass(frozen=True)
-class _Prefill:
-    request_id: str
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    """What the compute thread made of one plan: a result or the error it raised, and when (pipespec.trace)."""
-
-    result: object
-    error: BaseException | None
-    planned: float
-    timing: Timing
 
 
 _WAKE = object()  # posted by a timer when a wait for drafts runs out
@@ -208,7 +181,7 @@ class StageRunner:
         """Our next work, without side effects: a prefill first, then a step round robin."""
         for rid, req in self.requests.items():
             if req.session is None:
-                return Batch(self, (_Prefill(rid),), urgent=True)
+                return Batch(self, (Prefill(rid),), urgent=True)
         for rid, req in self.requests.items():
             plan = self._plan(rid, req)
             if plan is not None:
@@ -217,19 +190,20 @@ class StageRunner:
             self._trace_idle()
         return None
 
-    def launch(self, batch: Batch) -> Callable[[], list[_Outcome]]:
+    def launch(self, batch: Batch) -> Callable[[], list[Outcome]]:
         """The device takes `batch`: features are taken now; -> what the compute thread runs."""
         planned = self.trace.planned() if self.trace.enabled else 0.0
         work = []
         for plan in batch.plans:
             req = self.requests[plan.request_id]
             self.requests.move_to_end(plan.request_id)
-            if isinstance(plan, _Plan):
+            if isinstance(plan, StepPlan):
                 req.touched = NOTHING_TOUCHED
                 if req.features is not None:
                     plan = replace(plan, features=req.features.take())
             work.append((plan, req.session, req.spec))
-        return lambda: [self._compute(plan, session, spec, planned) for plan, session, spec in work]
+        stage, depth, sends = self.stage, self.depth, self.sends_features
+        return lambda: [compute(stage, plan, session, spec, depth, sends, planned) for plan, session, spec in work]
 
     def wait_for_device(self) -> None:
         if self.trace.enabled:
@@ -253,7 +227,7 @@ class StageRunner:
             limit = min(limit, req.down.verified + self.max_lookahead)
         return limit
 
-    def _plan(self, rid: str, req: RequestState) -> _Plan | None:
+    def _plan(self, rid: str, req: RequestState) -> StepPlan | None:
         start = len(req.tokens)
         limit = self._limit(req)
         if start >= limit or (start and req.tokens[-1] in req.spec.stop_token_ids):
@@ -263,13 +237,13 @@ class StageRunner:
         feed = unfed_tail(req.session.last_prompt_token, req.prompt_len, req.fed, req.tokens)
         up = req.up
         if up is None:  # the first stage: no drafts, it generates one token
-            return _Plan(rid, req.rev, 0, req.fed, feed, start, (), None)
+            return StepPlan(rid, req.rev, 0, req.fed, feed, start, (), None)
         room = min(self.verify_window, self.drafter_lookahead, limit - start - 1)
         n = min(len(up.pending), room)
         if self.upstream is not None and self._wait(up, n, room, req.spec.stop_token_ids):
             return None
         probs = torch.stack(up.pending_probs[:n]) if n and req.spec.params.rejection else None
-        return _Plan(rid, req.rev, up.epoch, req.fed, feed, start, tuple(up.pending[:n]), probs)
+        return StepPlan(rid, req.rev, up.epoch, req.fed, feed, start, tuple(up.pending[:n]), probs)
 
     def _wait(self, up: VerifierSide, pending: int, room: int, stop_token_ids: frozenset[int]) -> bool:
         """True while this request should wait for more drafts instead of stepping now."""
@@ -286,32 +260,6 @@ class StageRunner:
             up.wait_until = None
             return False
         return True
-
-    def _compute(self, plan: _Plan | _Prefill, session: Session | None, spec: RequestSpec, planned: float) -> _Outcome:
-        """Compute thread: one plan, timed; its error is caught, to fail only its own request."""
-        started = time.perf_counter()
-        try:
-            result, timing = Timing.around(self._open if isinstance(plan, _Prefill) else self._step, plan, session, spec)
-        except Exception as error:
-            return _Outcome(None, error, planned, Timing(started, time.perf_counter(), 0.0))
-        return _Outcome(result, None, planned, timing)
-
-    def _open(self, plan: _Prefill, session: None, spec: RequestSpec) -> Session:
-        return self.stage.open(spec)
-
-    def _step(self, plan: _Plan, session: Session, spec: RequestSpec) -> tuple[Decision, torch.Tensor | None]:
-        """One forward over our unfed tokens and the drafts, then decide.
-
-        -> (decision, our hidden states [F + n, H] when our drafter reads them, else None)."""
-        for features in plan.features:
-            session.add_features(features)
-        logits = session.forward(plan.keep, plan.feed + plan.drafts)  # [F + n, V]
-        rows = logits[len(plan.feed) - 1 :]  # [n + 1, V]: positions start .. start + n
-        decision = decide(rows, plan.drafts, plan.draft_probs, spec.params, plan.start, self.depth)
-        if decision.probs is not None:  # what leaves the device is copied here, not on the event loop
-            decision = replace(decision, probs=decision.probs.cpu())
-        hidden = session.hidden.cpu() if self.sends_features else None
-        return decision, hidden
 
     # ---- events -------------------------------------------------------------------------------
 
@@ -356,21 +304,21 @@ class StageRunner:
             if plan.request_id in self.requests:  # else closed while computing
                 self._take(plan, outcome)
 
-    def _trace_step(self, plan: _Plan | _Prefill, outcome: _Outcome) -> None:
-        if isinstance(plan, _Prefill) or outcome.error is not None:
+    def _trace_step(self, plan: StepPlan | Prefill, outcome: Outcome) -> None:
+        if isinstance(plan, Prefill) or outcome.error is not None:
             self.trace.step("prefill", 0, 0, outcome.planned, outcome.timing)
         else:
             kind = "verify" if plan.drafts else "generate"
             self.trace.step(kind, len(plan.drafts), outcome.result[0].accepted, outcome.planned, outcome.timing)
 
-    def _take(self, plan: _Plan | _Prefill, outcome: _Outcome) -> None:
+    def _take(self, plan: StepPlan | Prefill, outcome: Outcome) -> None:
         """Apply one plan's outcome to its request."""
         rid = plan.request_id
         req = self.requests[rid]
         if outcome.error is not None:
             self._fail(rid, outcome.error)
             return
-        if isinstance(plan, _Prefill):
+        if isinstance(plan, Prefill):
             req.session = outcome.result
             req.fed = req.session.prompt_len - 1
             req.stats.forwards += 1
@@ -391,7 +339,7 @@ class StageRunner:
             return
         self._apply(req, plan, decision, hidden)
 
-    def _apply(self, req: RequestState, plan: _Plan, decision: Decision, hidden: torch.Tensor | None) -> None:
+    def _apply(self, req: RequestState, plan: StepPlan, decision: Decision, hidden: torch.Tensor | None) -> None:
         tokens = decision.tokens
         for i, t in enumerate(tokens):  # nothing after a stop token
             if t in req.spec.stop_token_ids:

@@ -132,12 +132,14 @@ def summarise(
     """Seconds per bucket and the busy fractions of one stage's traced window (see the module docstring)."""
     verify = [s for s in steps if s.kind == "verify"]
     seconds = {
+        "prefills": sum(s.kind == "prefill" for s in steps),
         "steps": len(steps),
         "verify_steps": len(verify),
         "generate_steps": sum(s.kind == "generate" for s in steps),
         "drafts": sum(s.drafts for s in verify),
         "accepted": sum(s.accepted for s in verify),
         "compute_s": sum(s.compute_s for s in steps),
+        "prefill_compute_s": sum(s.compute_s for s in steps if s.kind == "prefill"),
         "compute_on_cpu_s": sum(min(s.cpu_s, s.compute_s) for s in steps),
         "dispatch_s": sum(s.started - s.planned for s in steps),
         "handoff_s": sum(s.handled - s.ended for s in steps),
@@ -174,14 +176,18 @@ def _derived(s: dict) -> dict:
 
 def table(summaries: list[dict]) -> str:
     """The summaries as a markdown table: per stage, ms per step and the share of its wall time per bucket."""
-    head = "| stage | steps | verify | drafts/acc. | compute | on CPU | dispatch | handoff | waiting | starved | bounded | device | busy w/ drafts | loop ms/msg |"
+    head = (
+        "| stage | steps | verify | drafts/acc. | compute (ms per decode step) | on CPU | dispatch | handoff | waiting | starved "
+        "| bounded | device | busy w/ drafts | loop ms/msg |"
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in summaries:
         steps = s["steps"] or 1
+        decode = (s["steps"] - s["prefills"]) or 1
         share = {k: f"{100 * s[k] / (s['wall_s'] or 1.0):.0f}%" for k in s if k.endswith("_s")}
         lines.append(
             f"| {s['stage']} | {s['steps']} | {s['verify_steps']} | {s['mean_drafts']:.1f}/{s['mean_accepted']:.1f} "
-            f"| {share['compute_s']} ({1e3 * s['compute_s'] / steps:.1f} ms) | {100 * s['compute_on_cpu_s'] / (s['compute_s'] or 1):.0f}% "
+            f"| {share['compute_s']} ({1e3 * (s['compute_s'] - s['prefill_compute_s']) / decode:.1f} ms) | {100 * s['compute_on_cpu_s'] / (s['compute_s'] or 1):.0f}% "
             f"| {share['dispatch_s']} ({1e3 * s['dispatch_s'] / steps:.2f} ms) | {share['handoff_s']} ({1e3 * s['handoff_s'] / steps:.2f} ms) "
             f"| {share['idle_waiting_s']} | {share['idle_starved_s']} | {share['idle_bounded_s']} | {share['idle_device_s']} "
             f"| {100 * s['busy_with_drafts']:.0f}% | {1e3 * s['loop_s'] / (s['messages'] or 1):.2f} |"

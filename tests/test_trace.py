@@ -22,7 +22,7 @@ def test_summary_of_hand_made_steps():
     idle = {"waiting": 0.8, "starved": 0.0, "bounded": 0.0, "device": 0.0}
     s = summarise("t", steps, idle, pending_idle_s=0.3, loop_s=0.05, messages=7)
     assert combine([s, s])["busy"] == pytest.approx(s["busy"]) and combine([s, s])["steps"] == 6
-    assert "| t | 3 | 1 | 4.0/3.0 | 70% (1000.0 ms)" in table([s])
+    assert "| t | 3 | 1 | 4.0/3.0 | 70% (1000.0 ms)" in table([s])  # per decode step: the prefill apart
     assert s["steps"] == 3 and s["verify_steps"] == 1 and s["generate_steps"] == 1
     assert s["compute_s"] == pytest.approx(3.0)
     assert s["compute_on_cpu_s"] == pytest.approx(2.4)

@@ -1,0 +1,91 @@
+"""One forward of one stage: its plan, made on the event loop, and what the compute thread makes of it.
+
+A runner plans a step from its request state (pipespec.runner): the context tokens to keep in the
+cache, its own unfed tokens, the drafts to verify (with their q rows under rejection sampling) and
+the target features to apply first (a DREAM stage). `compute` runs a plan on the device's compute
+thread (pipespec.scheduler): one forward, then the choice at every position (pipespec.choice), timed
+for the trace (pipespec.trace); an error is caught and returned, so it fails only its own request.
+Tensors that leave the stage (q rows, hidden states for a DREAM drafter) are copied to the CPU here,
+not on the event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from pipespec.choice import Decision, decide
+from pipespec.messages import RequestSpec, TargetFeatures
+from pipespec.stage import Session, Stage
+from pipespec.trace import Timing
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    request_id: str
+    rev: int
+    up_epoch: int
+    keep: int  # context tokens to keep in the cache
+    feed: tuple[int, ...]  # our own tokens to feed first (at least the last unfed one)
+    start: int  # position of the first decided token (= len(tokens) at launch)
+    drafts: tuple[int, ...]
+    draft_probs: torch.Tensor | None  # [len(drafts), V]
+    features: tuple[TargetFeatures, ...] = ()  # applied to the session before the forward (taken at launch)
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """Open a request on the stage: prefill its prompt (pipespec.stage)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the compute thread made of one plan: a result or the error it raised, and when (pipespec.trace).
+
+    result: the Session (a prefill), or (decision, our hidden states [F + n, H] when our drafter reads
+    them, else None) (a step)."""
+
+    result: object
+    error: BaseException | None
+    planned: float
+    timing: Timing
+
+
+def compute(
+    stage: Stage,
+    plan: StepPlan | Prefill,
+    session: Session | None,
+    spec: RequestSpec,
+    depth: int,
+    sends_features: bool,
+    planned: float,
+) -> Outcome:
+    """Compute thread: one plan, timed; its error is caught and returned."""
+    started = time.perf_counter()
+    try:
+        if isinstance(plan, Prefill):
+            result, timing = Timing.around(stage.open, spec)
+        else:
+            result, timing = Timing.around(_step, plan, session, spec, depth, sends_features)
+    except Exception as error:
+        return Outcome(None, error, planned, Timing(started, time.perf_counter(), 0.0))
+    return Outcome(result, None, planned, timing)
+
+
+def _step(
+    plan: StepPlan, session: Session, spec: RequestSpec, depth: int, sends_features: bool
+) -> tuple[Decision, torch.Tensor | None]:
+    """One forward over our unfed tokens and the drafts, then decide."""
+    for features in plan.features:
+        session.add_features(features)
+    logits = session.forward(plan.keep, plan.feed + plan.drafts)  # [F + n, V]
+    rows = logits[len(plan.feed) - 1 :]  # [n + 1, V]: positions start .. start + n
+    decision = decide(rows, plan.drafts, plan.draft_probs, spec.params, plan.start, depth)
+    if decision.probs is not None:
+        decision = replace(decision, probs=decision.probs.cpu())
+    hidden = session.hidden.cpu() if sends_features else None
+    return decision, hidden
