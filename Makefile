@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 setup: $(VENV)/.installed
 
 demo: setup
-	$(VENV)/bin/pipespec demo
+	$(VENV)/bin/pipespec demo --plan auto
 
 test: setup
 	$(PY) -m pytest -q
