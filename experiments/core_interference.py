@@ -27,12 +27,14 @@ from pipespec.config import sub_pipeline
 PROMPTS = "experiments/prompts/world_held_out.jsonl"
 
 
-def _neighbour(config_path: str, core: int, stop) -> None:
+def _neighbour(config_path: str, core: int, ready, stop) -> None:
     """Decode with the config's first stage (a text drafter: it runs alone) on `core` until `stop`."""
     os.sched_setaffinity(0, [core])
     first = load_config(config_path).stages[0]
     alone = load_config({"stages": [{"name": first.name, "kind": first.kind, "model": first.model, "dtype": first.dtype}]})
     with LocalPipeline(alone) as p:
+        p.generate("Describe the image.", max_new_tokens=8)
+        ready.set()
         while not stop.is_set():
             p.generate("Describe the image.", max_new_tokens=32)
 
@@ -52,17 +54,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.sched_setaffinity(0, [cores[1]])
     prompt = load_prompts(PROMPTS, 1)[0]
     kwargs = {"prompt": prompt.text, "max_new_tokens": args.tokens, **({"image": str(prompt.image)} if prompt.image else {})}
+    context = multiprocessing.get_context("spawn")  # not fork: this process already runs torch's threads
     figures: dict[str, list[tuple[float, float]]] = {"idle neighbour": [], f"busy neighbour ({drafter})": []}
     with LocalPipeline(sub_pipeline(config, [config.target.name])) as target:
         target.generate(**kwargs)
         for _ in range(args.runs):
             for label in figures:
-                stop = multiprocessing.Event()
+                stop, ready = context.Event(), context.Event()
                 neighbour = None
                 if label != "idle neighbour":
-                    neighbour = multiprocessing.Process(target=_neighbour, args=(args.config, cores[0], stop))
+                    neighbour = context.Process(target=_neighbour, args=(args.config, cores[0], ready, stop))
                     neighbour.start()
-                    target.generate(**kwargs)  # the neighbour loads and warms meanwhile
+                    ready.wait()
                 target.start_trace()
                 target.generate(**kwargs)
                 (s,) = target.stop_trace()

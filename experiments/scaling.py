@@ -189,7 +189,7 @@ def run_chain(models: Sequence[EmulatedModel], time_scale: float, lookahead: int
         outputs = pipeline_outputs(pipe, tokens)
         pipe.start_trace()
         timed = [time_pipeline(pipe, tokens) for _ in range(runs)]
-        forward_s = tuple(t["compute_s"] / t["steps"] for t in pipe.stop_trace())
+        forward_s = tuple((t["compute_s"] - t["prefill_compute_s"]) / (t["steps"] - t["prefills"]) for t in pipe.stop_trace())
         *drafters, target = pipe.stages
         latencies = {m.name: m.latency_ms for m in models}  # the prediction is on the emulated clock
         sync = best_sync(target, drafters, latencies, tokens, runs) if drafters else None

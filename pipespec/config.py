@@ -214,7 +214,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
     if on_gpu and not resources.get("num_gpus"):
         raise ConfigError(
             f"{where}.resources: stage {name!r} runs on device {device!r} but its resources {dict(resources)!r} reserve "
-            f"no GPU; give num_gpus (1, or a fraction such as 0.5 for stages sharing one GPU)"
+            f"no GPU; give num_gpus (stages sharing one GPU: one device_group, so they share one actor and one compute thread)"
         )
 
     options = None

@@ -3,8 +3,9 @@
 One runner per stage, one asyncio task per runner. The event loop only does bookkeeping on token
 ids; each forward is planned here and run, with its choices, on the compute thread of the runner's
 device (pipespec.step; pipespec.scheduler: stages placed on one device share it, one forward at a
-time), so messages keep arriving while a model runs. Every state change happens on the event loop,
-in the handler of one message, so there are no locks. A runner can record where its time goes (`trace`, pipespec.trace).
+time), so messages keep arriving while a model runs. Every state change happens on the event loop
+(in the handler of one message, or when the device's scheduler launches a step), so there are no
+locks. A runner can record where its time goes (`trace`, pipespec.trace).
 
 Per request a runner keeps its generated tokens (committed part + its own speculative tail) and, one
 part per role (pipespec.request_state):
@@ -37,7 +38,7 @@ import torch
 from pipespec.choice import Decision
 from pipespec.config import PipelineConfig
 from pipespec.handoff import prefill_message, step_message
-from pipespec.links import Link
+from pipespec.links import InProcessLink, Link
 from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
 from pipespec.patience import Patience
 from pipespec.request_state import NOTHING_TOUCHED, FeatureInbox, RequestState, VerifierSide
@@ -89,7 +90,7 @@ class StageRunner:
         self.early: dict[str, list[Message]] = {}  # messages that overtook their request's Open
         self.closed: OrderedDict[str, None] = OrderedDict()  # recently closed ids, to drop stragglers
         self.inbox: asyncio.Queue = asyncio.Queue()
-        self.outbox: list[tuple[Link, Callable[..., Message] | Message, tuple]] = []  # sent after the next forward starts
+        self.outbox: list[tuple[Link, Callable[..., Message] | Message, tuple]] = []  # sent after the next poke
         self.scheduler = scheduler or DeviceScheduler(name)
         self.scheduler.join(self)
         self.trace = StageTrace(name)
@@ -131,8 +132,12 @@ class StageRunner:
         self.loop = asyncio.get_running_loop()
         try:
             while True:
-                self.scheduler.poke()  # the next forward starts first: sending is off the device's critical path
+                t0 = time.perf_counter() if self.trace.enabled else 0.0
+                self._flush(InProcessLink)  # neighbours on this device first: the scheduler plans from their news
+                self.scheduler.poke()  # then the next forward starts: other sends are off the device's critical path
                 self._flush()
+                if self.trace.enabled:
+                    self.trace.handled(time.perf_counter() - t0)
                 message = await self.inbox.get()
                 t0 = time.perf_counter() if self.trace.enabled else 0.0
                 try:
@@ -174,16 +179,22 @@ class StageRunner:
     # ---- scheduling (pipespec.scheduler asks; the device's compute thread runs) -------------------
 
     @property
-    def tracing(self) -> bool:
-        return self.trace.enabled
+    def has_mail(self) -> bool:
+        """Messages wait in our inbox: our next batch may change once we have read them."""
+        return not self.inbox.empty()
 
     def next_batch(self) -> Batch | None:
-        """Our next work, without side effects: a prefill first, then a step round robin."""
+        """Our next work (the scheduler may not take it; a wait for drafts may start): a prefill first,
+        then a step, round robin. A request whose plan fails is failed, not the runner."""
         for rid, req in self.requests.items():
             if req.session is None:
                 return Batch(self, (Prefill(rid),), urgent=True)
-        for rid, req in self.requests.items():
-            plan = self._plan(rid, req)
+        for rid, req in list(self.requests.items()):
+            try:
+                plan = self._plan(rid, req)
+            except Exception as error:  # a bug or a peer's bad frame in one request must not take down the others
+                self._fail(rid, error)
+                continue
             if plan is not None:
                 return Batch(self, (plan,), urgent=bool(plan.drafts))
         if self.trace.enabled:
@@ -199,15 +210,17 @@ class StageRunner:
             self.requests.move_to_end(plan.request_id)
             if isinstance(plan, StepPlan):
                 req.touched = NOTHING_TOUCHED
+                if req.up is not None:
+                    req.up.wait_until = None  # the wait for drafts, if any, is over
                 if req.features is not None:
                     plan = replace(plan, features=req.features.take())
             work.append((plan, req.session, req.spec))
         stage, depth, sends = self.stage, self.depth, self.sends_features
         return lambda: [compute(stage, plan, session, spec, depth, sends, planned) for plan, session, spec in work]
 
-    def wait_for_device(self) -> None:
+    def wait_for_device(self, batch: Batch) -> None:
         if self.trace.enabled:
-            self.trace.idle("device", drafts_pending=False)
+            self.trace.idle("device", drafts_pending=batch.urgent)
 
     def _trace_idle(self) -> None:
         """Why we found no work, for the trace."""
@@ -256,10 +269,7 @@ class StageRunner:
                 return False
             up.wait_until, up.wait_for = now + seconds, want
             self.loop.call_at(up.wait_until, self.deliver, _WAKE)
-        if pending >= min(up.wait_for, room) or now >= up.wait_until:
-            up.wait_until = None
-            return False
-        return True
+        return pending < min(up.wait_for, room) and now < up.wait_until  # `launch` ends the wait
 
     # ---- events -------------------------------------------------------------------------------
 
@@ -299,14 +309,21 @@ class StageRunner:
         if done.future.cancelled():
             return
         for plan, outcome in zip(done.batch.plans, done.future.result()):
+            if plan.request_id in self.requests:
+                try:
+                    self._take(plan, outcome)
+                except Exception as error:  # a bug in one request must not take down the others
+                    self._fail(plan.request_id, error)
+            elif isinstance(plan, Prefill) and outcome.error is None:  # closed while it prefilled
+                self.scheduler.run_later(outcome.result.close)
             if self.trace.enabled and outcome.planned:  # planned 0: launched before the trace began
-                self._trace_step(plan, outcome)
-            if plan.request_id in self.requests:  # else closed while computing
-                self._take(plan, outcome)
+                self._trace_step(plan, outcome)  # handled now: the result is applied
 
     def _trace_step(self, plan: StepPlan | Prefill, outcome: Outcome) -> None:
-        if isinstance(plan, Prefill) or outcome.error is not None:
+        if isinstance(plan, Prefill):
             self.trace.step("prefill", 0, 0, outcome.planned, outcome.timing)
+        elif outcome.error is not None:
+            self.trace.step("failed", 0, 0, outcome.planned, outcome.timing)
         else:
             kind = "verify" if plan.drafts else "generate"
             self.trace.step(kind, len(plan.drafts), outcome.result[0].accepted, outcome.planned, outcome.timing)
@@ -435,14 +452,27 @@ class StageRunner:
     # ---- upstream / downstream ----------------------------------------------------------------
 
     def _send(self, link: Link, message: Callable[..., Message] | Message, *args) -> None:
-        """Send `message` (or what `message(*args)` builds: heavy ones are built late) once the
-        device has its next forward; per link, in order."""
+        """Send `message` (or what `message(*args)` builds: heavy ones are built late) after the next
+        poke of the device's scheduler; per link, in order."""
         self.outbox.append((link, message, args))
 
-    def _flush(self) -> None:
+    def _flush(self, only: type | None = None) -> None:
+        """Send what waits in the outbox (only on links of type `only`, if given: per link, order stays)."""
+        keep = []
         outbox, self.outbox = self.outbox, []
-        for link, message, args in outbox:
-            link.send(message(*args) if args else message)
+        for entry in outbox:
+            link, message, args = entry
+            if only is not None and not isinstance(link, only):
+                keep.append(entry)
+                continue
+            try:
+                link.send(message(*args) if args else message)
+            except Exception as error:  # a message that cannot be built or encoded fails its request only
+                rid = args[0] if args else message.request_id
+                log.error("stage %s: cannot send for request %s", self.name, rid, exc_info=error)
+                if rid in self.requests:
+                    self._fail(rid, error)
+        self.outbox = keep + self.outbox
 
     def _conflict(self, req: RequestState, position: int) -> None:
         """Our token at `position` (our last) contradicts the drafter: new epoch, tell it."""

@@ -14,7 +14,9 @@ event loop), so a runner never plans from state its own forward is about to chan
 
 A batch holds a list of plans, one request each. Today a runner offers one plan per batch; the
 interface lets one forward carry several requests later (batching across requests). Everything here
-runs on the event loop the runners share, except `Worker.compute`, which runs on the compute thread.
+runs on the event loop the runners share, except what `Worker.launch` returns: the compute thread
+runs it. While a runner has unread messages nothing is launched (it pokes again once it has read
+them), so a batch is never chosen from news that has arrived but not been read.
 """
 
 from __future__ import annotations
@@ -51,18 +53,18 @@ class Worker(Protocol):
 
     name: str
     depth: int  # hops to the target: 0 is the target
-    tracing: bool  # the runner records where its time goes (pipespec.trace)
+    has_mail: bool  # messages wait in its inbox: it pokes again once it has read them
 
     def next_batch(self) -> Batch | None:
-        """The runner's next work, or None (no side effects: the scheduler may not take it)."""
+        """The runner's next work, or None; the scheduler may not take it."""
         ...
 
     def launch(self, batch: Batch) -> Callable[[], list[Any]]:
         """The scheduler takes `batch`: update what must change on the loop; -> what the compute thread runs."""
         ...
 
-    def wait_for_device(self) -> None:
-        """The runner had work but another runner's batch went first."""
+    def wait_for_device(self, batch: Batch) -> None:
+        """The runner had `batch` to run but another runner's went first."""
         ...
 
     def deliver(self, message: Any) -> None: ...
@@ -92,31 +94,28 @@ class DeviceScheduler:
 
     def poke(self) -> None:
         """Run the most urgent batch any runner has, if the device is free."""
-        if self.running is not None:
-            for worker in self.workers:  # only a traced runner asks: so its wait is put down to the device
-                if worker.tracing and worker is not self.running and worker.next_batch() is not None:
-                    worker.wait_for_device()
-            return
+        if self.running is not None or any(w.has_mail for w in self.workers):
+            return  # busy, or news not yet read: whoever has it pokes again once it has read it
         chosen: Batch | None = None
-        waiting: list[Worker] = []
+        waiting: list[Batch] = []
         for worker in self.workers:
             batch = worker.next_batch()
             if batch is None:
                 continue
             if chosen is None or (batch.urgent and not chosen.urgent):
                 if chosen is not None:
-                    waiting.append(chosen.worker)
+                    waiting.append(chosen)
                 chosen = batch
             else:
-                waiting.append(worker)
+                waiting.append(batch)
         if chosen is None:
             return
-        for worker in waiting:
-            worker.wait_for_device()
-        self.running = chosen.worker
+        for batch in waiting:
+            batch.worker.wait_for_device(batch)
         work = chosen.worker.launch(chosen)
         loop = asyncio.get_running_loop()
         future = self.executor.submit(work)
+        self.running = chosen.worker
         future.add_done_callback(lambda f: loop.call_soon_threadsafe(chosen.worker.deliver, Done(chosen, f)))
 
     def release(self, worker: Worker) -> None:

@@ -12,7 +12,7 @@ not on the event loop.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -68,12 +68,22 @@ def compute(
     started = time.perf_counter()
     try:
         if isinstance(plan, Prefill):
-            result, timing = Timing.around(stage.open, spec)
+            result, timing = Timing.around(_open, stage, spec, sends_features)
         else:
             result, timing = Timing.around(_step, plan, session, spec, depth, sends_features)
     except Exception as error:
         return Outcome(None, error, planned, Timing(started, time.perf_counter(), 0.0))
     return Outcome(result, None, planned, timing)
+
+
+def _open(stage: Stage, spec: RequestSpec, sends_features: bool) -> Session:
+    """Prefill; a target whose DREAM drafter reads its features hands over the prompt's, on the CPU."""
+    session = stage.open(spec)
+    if sends_features:  # the prompt's features leave the device here
+        features = session.prefill_features
+        moved = {f.name: getattr(features, f.name).cpu() for f in fields(features) if getattr(features, f.name) is not None}
+        session.prefill_features = replace(features, **moved)
+    return session
 
 
 def _step(

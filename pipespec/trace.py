@@ -4,23 +4,25 @@ A runner's wall time is a sequence of steps and the gaps between them. A traced 
 forward, four instants (all `time.perf_counter`, one clock per process):
 
     planned --dispatch--> started --compute--> ended --handoff--> handled
-    (event loop           (compute thread       (compute thread    (event loop takes
+    (event loop           (compute thread       (compute thread    (event loop has applied
      submits the work)     begins)               returns)           the result)
 
 and the compute thread's CPU seconds over the forward (`time.thread_time`): compute wall time beyond
 them is time the thread was runnable but not running (another process or thread had the core).
-Between `handled` and the next `planned` the stage is idle, for the reason the runner gave when it
-last looked for work and found none:
+After `handled` the runner looks for its next work; until it finds some, or from when it found none,
+the stage is idle for the reason it gave:
 
 - `waiting`: a verifier holds back for more drafts (pipespec.patience);
 - `starved`: a verifier has no drafts and may not or need not step (nothing to verify yet);
 - `bounded`: a drafter is at its lookahead bound, or its requests are done, or it has none;
-- `device`: the device is running another stage's forward (stages sharing one device).
+- `device`: its work waits while the device runs another stage's forward (stages sharing one device).
 
-`StageTrace.summary()` adds these up over the traced window: the seconds in each bucket, the busy
-fraction, and the busy fraction while drafts were available (the target's steady state: dispatch,
-compute and handoff of verification steps and the waits while drafts were pending). It also counts
-the event loop's seconds spent handling messages, which overlap the buckets above.
+`StageTrace.summary()` adds these up over the traced window, whose length is measured: the seconds in
+each bucket, `other` (in none of them: between a result applied and the next look for work, and a
+forward already in flight when the window began), the busy fraction (compute / window), and the busy
+fraction while drafts were available (the target's steady state: compute over the dispatch, compute
+and handoff of verification steps plus the waits while drafts were pending). It also counts the event
+loop's seconds spent on this runner (its messages, planning, sending), which overlap the buckets.
 """
 
 from __future__ import annotations
@@ -80,9 +82,12 @@ class StageTrace:
     _idle_since: float | None = None
     _idle_reason: str = "bounded"
     _idle_pending: bool = False
+    _began: float = 0.0
+    _window_s: float | None = None
 
     def start(self) -> None:
         """Begin a fresh window."""
+        self._began, self._window_s = time.perf_counter(), None
         self.enabled = True
         self.steps, self.idle_s = [], dict.fromkeys(IDLE_REASONS, 0.0)
         self.pending_idle_s = self.loop_s = 0.0
@@ -91,7 +96,9 @@ class StageTrace:
 
     def stop(self) -> dict:
         """End the window; -> its summary."""
-        self._close_idle(time.perf_counter())
+        now = time.perf_counter()
+        self._close_idle(now)
+        self._window_s = now - self._began
         self.enabled = False
         return self.summary()
 
@@ -123,13 +130,20 @@ class StageTrace:
             self._idle_since = None
 
     def summary(self) -> dict:
-        return summarise(self.stage, self.steps, self.idle_s, self.pending_idle_s, self.loop_s, self.messages)
+        return summarise(self.stage, self.steps, self.idle_s, self.pending_idle_s, self.loop_s, self.messages, self._window_s)
 
 
 def summarise(
-    stage: str, steps: list[Step], idle_s: dict[str, float], pending_idle_s: float, loop_s: float, messages: int
+    stage: str,
+    steps: list[Step],
+    idle_s: dict[str, float],
+    pending_idle_s: float,
+    loop_s: float,
+    messages: int,
+    window_s: float | None = None,
 ) -> dict:
-    """Seconds per bucket and the busy fractions of one stage's traced window (see the module docstring)."""
+    """Seconds per bucket and the busy fractions of one stage's traced window (see the module docstring);
+    `window_s`: the window's measured length (None: the sum of the buckets)."""
     verify = [s for s in steps if s.kind == "verify"]
     seconds = {
         "prefills": sum(s.kind == "prefill" for s in steps),
@@ -148,6 +162,7 @@ def summarise(
         "messages": messages,
         "verify_compute_s": sum(s.compute_s for s in verify),
         "with_drafts_s": sum(s.handled - s.planned for s in verify) + pending_idle_s,
+        "window_s": window_s or 0.0,
     }
     return {"stage": stage, **seconds, **_derived(seconds)}
 
@@ -159,14 +174,16 @@ def combine(summaries: list[dict]) -> dict:
     return {"stage": summaries[0]["stage"], **seconds, **_derived(seconds)}
 
 
-DERIVED = ("wall_s", "busy", "busy_with_drafts", "mean_drafts", "mean_accepted")
+DERIVED = ("wall_s", "other_s", "busy", "busy_with_drafts", "mean_drafts", "mean_accepted")
 
 
 def _derived(s: dict) -> dict:
-    wall = s["dispatch_s"] + s["compute_s"] + s["handoff_s"] + sum(s[f"idle_{r}_s"] for r in IDLE_REASONS)
+    buckets = s["dispatch_s"] + s["compute_s"] + s["handoff_s"] + sum(s[f"idle_{r}_s"] for r in IDLE_REASONS)
+    wall = s["window_s"] or buckets
     verify = s["verify_steps"]
     return {
         "wall_s": wall,
+        "other_s": max(wall - buckets, 0.0),  # in no bucket: applying results and sending, between steps
         "busy": s["compute_s"] / wall if wall else 0.0,
         "busy_with_drafts": s["verify_compute_s"] / s["with_drafts_s"] if s["with_drafts_s"] else 0.0,
         "mean_drafts": s["drafts"] / verify if verify else 0.0,
@@ -178,7 +195,7 @@ def table(summaries: list[dict]) -> str:
     """The summaries as a markdown table: per stage, ms per step and the share of its wall time per bucket."""
     head = (
         "| stage | steps | verify | drafts/acc. | compute (ms per decode step) | on CPU | dispatch | handoff | waiting | starved "
-        "| bounded | device | busy w/ drafts | loop ms/msg |"
+        "| bounded | device | other | busy w/ drafts | loop ms/msg |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in summaries:
@@ -190,6 +207,7 @@ def table(summaries: list[dict]) -> str:
             f"| {share['compute_s']} ({1e3 * (s['compute_s'] - s['prefill_compute_s']) / decode:.1f} ms) | {100 * s['compute_on_cpu_s'] / (s['compute_s'] or 1):.0f}% "
             f"| {share['dispatch_s']} ({1e3 * s['dispatch_s'] / steps:.2f} ms) | {share['handoff_s']} ({1e3 * s['handoff_s'] / steps:.2f} ms) "
             f"| {share['idle_waiting_s']} | {share['idle_starved_s']} | {share['idle_bounded_s']} | {share['idle_device_s']} "
+            f"| {share['other_s']} "
             f"| {100 * s['busy_with_drafts']:.0f}% | {1e3 * s['loop_s'] / (s['messages'] or 1):.2f} |"
         )
     return "\n".join(lines)

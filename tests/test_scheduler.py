@@ -28,7 +28,7 @@ class FakeRunner:
     ran: list[str] = field(default_factory=list)  # shared log of launched batches
     done: list[Done] = field(default_factory=list)
     waited: int = 0
-    tracing: bool = False
+    has_mail: bool = False
 
     def offer(self, urgent: bool) -> None:
         self.work.append(Batch(self, (f"{self.name}-{len(self.work)}",), urgent))
@@ -41,22 +41,25 @@ class FakeRunner:
         self.ran.append(batch.plans[0])
         return lambda: list(batch.plans)
 
-    def wait_for_device(self) -> None:
+    def wait_for_device(self, batch: Batch) -> None:
+        assert batch.worker is self
         self.waited += 1
 
     def deliver(self, message) -> None:
         self.done.append(message)
+        self.arrived.set()
 
 
 async def drain(scheduler: DeviceScheduler, runners: list[FakeRunner]) -> list[str]:
     """Run every offered batch to completion, releasing the device as a runner would."""
+    for r in runners:
+        r.arrived = asyncio.Event()
     while any(r.work for r in runners):
         scheduler.poke()
         owner = scheduler.running
         assert owner is not None
-        while not owner.done:
-            await asyncio.sleep(0)
-            await asyncio.sleep(0.001)
+        await owner.arrived.wait()
+        owner.arrived.clear()
         done = owner.done.pop()
         assert done.future.result() == list(done.batch.plans)
         scheduler.poke()  # still busy: results not yet taken
@@ -81,6 +84,27 @@ def test_urgent_first_then_nearest_the_target():
         scheduler.shutdown(wait=True)
     assert order == ["mid-0", "target-0", "drafter-0", "drafter-1"]
     assert drafter.waited >= 1 and target.waited >= 1  # they had work while another went first
+
+
+def test_nothing_launches_while_a_runner_has_unread_news():
+    a, b = FakeRunner("a", 1), FakeRunner("b", 0)
+    scheduler = DeviceScheduler("ab")
+    scheduler.join(a)
+    scheduler.join(b)
+    a.offer(urgent=False)
+    b.has_mail = True
+
+    async def poke():
+        scheduler.poke()
+
+    try:
+        asyncio.run(poke())
+        assert scheduler.running is None and a.ran == []
+        b.has_mail = False
+        asyncio.run(poke())
+        assert scheduler.running is a
+    finally:
+        scheduler.shutdown(wait=True)
 
 
 def test_a_runner_that_leaves_frees_the_device_and_the_last_stops_the_thread():
@@ -150,8 +174,8 @@ def test_shared_devices_keep_output_exact_and_one_forward_at_a_time(groups, targ
         steps = {r.name: list(r.trace.steps) for r in p.runners}
     for got, want in results:
         assert got.token_ids == want.token_ids
-    for group in set(groups):
-        intervals = sorted((s.started, s.ended) for name, g in zip(steps, groups) if g == group for s in steps[name])
-        assert len(intervals) > 10
-        for (_, end), (start, _) in zip(intervals, intervals[1:]):
-            assert start >= end, f"two forwards overlapped on device {group!r}"
+    for group in set(groups):  # on a device, a step is planned only once the one before it was taken
+        timeline = sorted((s.planned, s.handled) for name, g in zip(steps, groups) if g == group for s in steps[name])
+        assert len(timeline) > 10
+        for (_, handled), (planned, _) in zip(timeline, timeline[1:]):
+            assert planned >= handled, f"a step on device {group!r} was planned before the one in flight was taken"

@@ -7,6 +7,8 @@ target of a pipeline whose drafter is much faster spends most of its time comput
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from pipespec import LocalPipeline, load_config
@@ -55,14 +57,18 @@ def config(latencies):
 def test_a_traced_pipeline_accounts_for_its_time():
     with LocalPipeline(config([0.5, 8.0])) as p:
         p.generate(prompt_token_ids=[1, 2, 3], max_new_tokens=8)  # warm
+        t0 = time.perf_counter()
         p.start_trace()
         got = p.generate(prompt_token_ids=[1, 2, 3], max_new_tokens=60)
         drafter, target = p.stop_trace()
+        window = time.perf_counter() - t0
         assert not p.runners[0].trace.enabled
     assert target["steps"] == got.stats.stages[-1].forwards
     for s in (drafter, target):
         buckets = s["dispatch_s"] + s["compute_s"] + s["handoff_s"] + sum(v for k, v in s.items() if k.startswith("idle_"))
-        assert buckets == pytest.approx(s["wall_s"])
+        assert s["wall_s"] <= window  # measured within the window this test measured around it
+        assert buckets + s["other_s"] == pytest.approx(s["wall_s"])
+        assert s["other_s"] < 0.2 * s["wall_s"]  # the buckets account for nearly all of it
         assert s["messages"] > 0 and s["loop_s"] > 0
     assert target["verify_steps"] > 0 and target["mean_accepted"] > 1
     assert target["busy"] > 0.5  # an 8 ms target behind a 0.5 ms drafter that agrees 90%: mostly computing
