@@ -81,6 +81,8 @@ def recommend(
             indices = [*drafters, n - 1]
             ways = placements(len(indices), devices.count) if devices else [tuple(range(len(indices)))]
             chains += [c for c in (_best_chain(prof, raw, indices, p, devices, lookaheads, alone) for p in ways) if c]
+    if not chains:
+        raise ConfigError(f"pipespec plan: no chain of {[s.name for s in prof.stages]} can be placed on {devices}")
     chains.sort(key=lambda c: -c.tokens_per_s)
     fastest = chains[0].tokens_per_s
     recommended = min(
@@ -153,7 +155,9 @@ def placed_stages(
     """The raw stages `names` of the config `raw`, in that order, placed on `groups`: stages sharing a
     device get the `device_group` named after them (`tiny+dream`), and with `devices`, every stage the
     resources of one device (its own, num_cpus set to the device's cores). The config's own groups go."""
-    by_name = {s.name: raw["stages"][k] for k, s in enumerate(load_config(raw).stages)}
+    specs = load_config(raw).stages
+    by_name = {s.name: raw["stages"][k] for k, s in enumerate(specs)}
+    resources = {s.name: s.resources for s in specs}  # with their defaults (a cuda stage's GPU)
     group_of = {name: "+".join(group) for group in groups if len(group) > 1 for name in group}
     out = []
     for name in names:
@@ -162,7 +166,7 @@ def placed_stages(
         if name in group_of:
             stage["device_group"] = group_of[name]
         if devices is not None:
-            stage["resources"] = {**stage.get("resources", {}), "num_cpus": devices.cpus}
+            stage["resources"] = {**resources[name], "num_cpus": devices.cpus}
         out.append(stage)
     return out
 
