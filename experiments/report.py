@@ -4,8 +4,8 @@
 
 Runs, on this machine, in order (each writes under experiments/results/):
 
-    python -m experiments.bench pipespec/configs/demo.yaml --prompts experiments/prompts/world_held_out.jsonl
-    pipespec plan pipespec/configs/demo.yaml --image models/demo/example.png --json experiments/results/plan/demo.json
+    python -m experiments.bench pipespec/configs/demo_two_cores.yaml --prompts experiments/prompts/world_held_out.jsonl
+    pipespec plan pipespec/configs/demo_two_cores.yaml --image models/demo/example.png --json experiments/results/plan/demo.json
     python -m experiments.scaling
 
 then renders the page from their JSON and from the figures that training commands leave behind (the
@@ -27,9 +27,9 @@ from experiments.bench import hardware
 
 RESULTS = Path("experiments/results")
 PAGE = Path("experiments/RESULTS.md")
-CONFIG = "pipespec/configs/demo.yaml"
+CONFIG = "pipespec/configs/demo_two_cores.yaml"  # the demo models placed on two cores (drafters share one)
 PROMPTS = "experiments/prompts/world_held_out.jsonl"
-BENCH = RESULTS / "bench" / "demo"
+BENCH = RESULTS / "bench" / "demo-two-cores"
 PLAN = RESULTS / "plan" / "demo.json"
 SCALING = RESULTS / "scaling"
 
