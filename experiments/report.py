@@ -105,8 +105,8 @@ def plan_check(plan: dict, bench: dict) -> str:
         share = measured.get(recommended, 0.0) / measured[best]
         verdict = (
             f"The recommendation, {' -> '.join(recommended)}, is not the measured best ({' -> '.join(best)}); it reaches "
-            f"{share:.0%} of the best's measured tokens per second. The plan predicts each stage on its own device; "
-            "the benchmark runs them on this machine's shared cores."
+            f"{share:.0%} of the best's measured tokens per second. The plan profiles each stage alone, in one process, "
+            "at its own lookaheads; the benchmark runs the config's (its lookaheads, its placement) through Ray actors."
         )
     return "\n".join(lines) + "\n\n" + verdict
 
