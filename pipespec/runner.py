@@ -194,6 +194,7 @@ class StageRunner:
                 plan = self._plan(rid, req)
             except Exception as error:  # a bug or a peer's bad frame in one request must not take down the others
                 self._fail(rid, error)
+                self.deliver(_WAKE)  # another runner's poke may have asked: our own loop sends the failure
                 continue
             if plan is not None:
                 return Batch(self, (plan,), urgent=bool(plan.drafts))

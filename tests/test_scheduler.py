@@ -179,3 +179,26 @@ def test_shared_devices_keep_output_exact_and_one_forward_at_a_time(groups, targ
         assert len(timeline) > 10
         for (_, handled), (planned, _) in zip(timeline, timeline[1:]):
             assert planned >= handled, f"a step on device {group!r} was planned before the one in flight was taken"
+
+
+def test_a_plan_that_fails_fails_its_request_not_the_device(target_alone):
+    """A runner whose planning raises for one request (a bug, or a peer's bad frame) fails that
+    request; the other runner on its device and the other requests go on exactly."""
+    from pipespec import GenerationError
+
+    with LocalPipeline(mock_config(["d", "d"])) as p:
+        target = p.runners[-1]
+        plan = target._plan
+
+        def broken(rid, req):
+            if req.spec.max_new_tokens == 7:
+                raise ValueError("broken plan")
+            return plan(rid, req)
+
+        target._plan = broken
+        bad = p.submit(prompt_token_ids=[1, 2, 3], max_new_tokens=7)
+        good = [p.submit(**r) for r in requests(4)]
+        with pytest.raises(GenerationError, match="broken plan"):
+            bad.result(timeout=30)
+        for fut, r in zip(good, requests(4)):
+            assert fut.result(timeout=30).token_ids == target_alone.submit(**r).result(timeout=30).token_ids
