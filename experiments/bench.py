@@ -197,10 +197,6 @@ def chains(config: PipelineConfig) -> list[list[str]]:
     return out
 
 
-def _cpus(config: PipelineConfig) -> float:
-    return sum(config.stages[d[0]].resources.get("num_cpus", 1) for d in config.devices())
-
-
 def _chain(config: PipelineConfig) -> str:
     return "->".join(s.name for s in config.stages)
 
@@ -225,7 +221,7 @@ def async_methods(config: PipelineConfig, backend: str, pin_cores: bool = True) 
     from pipespec.cluster.pipeline import local_ray, start_pipeline
 
     # Ray is told the machine has room for every pipeline at once; only one runs at a time
-    with local_ray(max(os.cpu_count() or 1, sum(_cpus(c) for c in configs))), ExitStack() as stack:
+    with local_ray(max(os.cpu_count() or 1, sum(c.cpus() for c in configs))), ExitStack() as stack:
         methods = []
         for c in configs:
             running = start_pipeline(c, port=0, pin_cores=pin_cores)

@@ -98,6 +98,10 @@ class PipelineConfig:
             groups.setdefault(spec.group, []).append(i)
         return tuple(tuple(g) for g in groups.values())
 
+    def cpus(self) -> float:
+        """The CPUs all its devices reserve (each device: its first stage's `num_cpus`)."""
+        return sum(self.stages[d[0]].resources.get("num_cpus", 0) for d in self.devices())
+
     def sends_features(self, i: int) -> bool:
         """Stage i hands its features to its drafter, which reads them (a DREAM stage; pipespec.handoff)."""
         return i > 0 and kind_of(self.stages[i - 1]).reads_target_features

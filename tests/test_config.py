@@ -357,3 +357,8 @@ def test_a_stage_on_a_gpu_without_one_in_its_resources_is_named(resources):
 def test_empty_device_group_is_refused():
     with pytest.raises(ConfigError, match=r"stages\[0\]\.device_group: must be a non-empty name"):
         load_config(with_stage(0, device_group=""))
+
+
+def test_cpus_counts_each_device_once():
+    config = three_mock_stages(tiny="drafters", drafter="drafters")
+    assert load_config(config).cpus() == 2  # drafters share one core, the target has one

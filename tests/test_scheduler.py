@@ -29,6 +29,7 @@ class FakeRunner:
     done: list[Done] = field(default_factory=list)
     waited: int = 0
     has_mail: bool = False
+    arrived: asyncio.Event | None = None  # set by deliver; made by drain, inside its event loop
 
     def offer(self, urgent: bool) -> None:
         self.work.append(Batch(self, (f"{self.name}-{len(self.work)}",), urgent))

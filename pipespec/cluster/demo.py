@@ -114,11 +114,6 @@ def placement_lines(config: PipelineConfig) -> list[str]:
     return lines
 
 
-def device_cores(config: PipelineConfig) -> float:
-    """The CPU cores of all the devices `config` places its stages on."""
-    return sum(config.stages[indices[0]].resources.get("num_cpus", 0) for indices in config.devices())
-
-
 def run_demo(
     prompt: str = DEFAULT_PROMPT,
     image: Any = None,
@@ -156,7 +151,7 @@ def run_demo(
             return 2
     request = dict(prompt=prompt, image=image, max_new_tokens=max_new_tokens)
     config, chosen = pipeline_config(models, dtype, plan, prompt, image)
-    threads = max(1, round(device_cores(config)))
+    threads = max(1, round(config.cpus()))
     print(f"\npipeline: {' -> '.join(s.name for s in config.stages)}  (models/demo, trained on the generated world; {dtype})")
     print("placement:", *placement_lines(config), sep="\n")
     print(f"target alone: in this process, {_count(threads, 'torch thread')} (the pipeline's cores)")
