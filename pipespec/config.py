@@ -73,11 +73,36 @@ class ServerSpec:
 
 
 @dataclass(frozen=True)
+class LimitsSpec:
+    """Every input has a limit (design 5c); a refusal is an error naming the limit and the value."""
+
+    image_bytes: int = 16 * 2**20  # an encoded image
+    image_pixels: int = 25_000_000  # width x height, read from the image's header before it is decoded
+    prompt_tokens: int = 32_768  # a prompt's tokens (image tokens included)
+    max_new_tokens: int = 8192  # what one request may ask for (the target's context may allow less)
+    stop_strings: int = 16  # stop strings per request
+    stop_chars: int = 256  # characters per stop string
+    requests_per_client: int = 64  # requests in flight per client connection
+    frame_bytes: int = 256 * 2**20  # the largest pipeline frame (an Open with its image, a prefill's features)
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """How the runtime notices a lost stage and how long it waits for it to come back (design 5c)."""
+
+    detect_s: float = 2.0  # a silent link (no keepalive answer) is declared lost after about this long
+    restore_s: float = 20.0  # a request waits this long for a lost stage to be restored, then fails naming it
+    max_restarts: int = 3  # Ray restarts of each stage actor and of the coordinator
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     name: str
     stages: tuple[StageSpec, ...]  # upstream to downstream; the last is the target
     sampling: SamplingSpec = SamplingSpec()
     server: ServerSpec = ServerSpec()
+    limits: LimitsSpec = LimitsSpec()
+    faults: FaultSpec = FaultSpec()
 
     @property
     def target(self) -> StageSpec:
@@ -121,7 +146,7 @@ def load_config(source: str | os.PathLike | Mapping[str, Any]) -> PipelineConfig
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from e
     if not isinstance(raw, Mapping):
         raise ConfigError(f"a pipeline config must be a mapping, got {type(raw).__name__}")
-    _reject_unknown(raw, ("name", "stages", "sampling", "server"), "config")
+    _reject_unknown(raw, ("name", "stages", "sampling", "server", "limits", "faults"), "config")
 
     stages_raw = raw.get("stages")
     if not isinstance(stages_raw, list) or not stages_raw:
@@ -133,6 +158,8 @@ def load_config(source: str | os.PathLike | Mapping[str, Any]) -> PipelineConfig
         stages=stages,
         sampling=_sampling(raw.get("sampling") or {}),
         server=_server(raw.get("server") or {}),
+        limits=_positive(raw.get("limits") or {}, LimitsSpec, "limits"),
+        faults=_positive(raw.get("faults") or {}, FaultSpec, "faults"),
     )
 
 
@@ -282,3 +309,18 @@ def _server(raw: Any) -> ServerSpec:
     if not 0 <= port <= 65535:
         raise ConfigError(f"server.port: {port} is not a TCP port")
     return ServerSpec(_typed(raw.get("host", "127.0.0.1"), str, "server.host"), port)
+
+
+def _positive(raw: Any, cls: type, where: str) -> Any:
+    """A section of positive numbers (`cls`'s fields, typed as their defaults); unset keys keep the defaults."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config.{where}: must be a mapping, got {raw!r}")
+    _reject_unknown(raw, [f.name for f in fields(cls)], where)
+    values = {}
+    for f in fields(cls):
+        if f.name in raw:
+            value = _typed(raw[f.name], type(f.default), f"{where}.{f.name}")
+            if not value > 0:
+                raise ConfigError(f"{where}.{f.name}: must be positive, got {value!r}")
+            values[f.name] = value
+    return cls(**values)

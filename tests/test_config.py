@@ -6,6 +6,8 @@ import dataclasses
 import pytest
 
 from pipespec.config import (
+    FaultSpec,
+    LimitsSpec,
     ConfigError,
     MockOptions,
     NgramOptions,
@@ -362,3 +364,25 @@ def test_empty_device_group_is_refused():
 def test_cpus_counts_each_device_once():
     config = three_mock_stages(tiny="drafters", drafter="drafters")
     assert load_config(config).cpus() == 2  # drafters share one core, the target has one
+
+
+def test_limits_and_faults_sections_parse_with_safe_defaults():
+    config = load_config(mock_config(limits={"image_bytes": 1024, "requests_per_client": 2}, faults={"restore_s": 5}))
+    assert config.limits == LimitsSpec(image_bytes=1024, requests_per_client=2)
+    assert config.faults == FaultSpec(restore_s=5.0)
+    assert load_config(mock_config()).limits == LimitsSpec()
+
+
+@pytest.mark.parametrize(
+    "section, why",
+    [
+        ({"limits": {"image_bytes": 0}}, r"limits\.image_bytes: must be positive, got 0"),
+        ({"limits": {"image_bytes": 1.5}}, r"limits\.image_bytes: expected int, got 1\.5"),
+        ({"limits": {"imge_bytes": 1}}, r"imge_bytes"),
+        ({"faults": {"restore_s": -1.0}}, r"faults\.restore_s: must be positive, got -1\.0"),
+        ({"faults": 3}, r"config\.faults: must be a mapping"),
+    ],
+)
+def test_limits_and_faults_refuse_bad_values(section, why):
+    with pytest.raises(ConfigError, match=why):
+        load_config(mock_config(**section))
