@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
 
 from pipespec import messages, params, stats
+
+if TYPE_CHECKING:
+    from pipespec.config import LimitsSpec
 
 _CLASSES: dict[str, type] = {
     cls.__name__: cls
@@ -95,5 +98,11 @@ def encode(message: Any) -> bytes:
     return msgpack.packb(_pack(message), use_bin_type=True)
 
 
-def decode(payload: bytes) -> Any:
+class FrameError(ValueError):
+    """A frame that is not a well-formed pipeline message, or is larger than its kind's limit."""
+
+
+def decode(payload: bytes, limits: LimitsSpec | None = None) -> Any:
+    """The message in `payload`; with `limits` (a frame from a peer), a frame that is malformed, mistyped
+    or over its kind's size limit raises FrameError."""
     return _unpack(msgpack.unpackb(payload, raw=False, strict_map_key=False))

@@ -99,6 +99,9 @@ class Coordinator:
         else:
             raise TypeError(f"coordinator cannot handle {type(message).__name__}")
 
+    def lost(self, link: Link) -> None:
+        """The link to a stage is gone (the stage died, or the stream broke)."""
+
     def _on_commit(self, live: _Live, commit: Commit) -> None:
         if live.finish_reason is not None:
             return  # the target ran past a stop before hearing of it

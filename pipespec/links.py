@@ -19,7 +19,13 @@ from pipespec.messages import Message
 
 
 class Inbox(Protocol):
+    """A pipeline endpoint: a stage runner or the coordinator."""
+
     def deliver(self, message: Message) -> None: ...
+
+    def lost(self, link: Link) -> None:
+        """`link` (one this endpoint was given) is gone: its peer died or the stream broke."""
+        ...
 
 
 class Link(Protocol):

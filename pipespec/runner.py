@@ -118,6 +118,9 @@ class StageRunner:
     def deliver(self, message: Message) -> None:
         self.inbox.put_nowait(message)
 
+    def lost(self, link: Link) -> None:
+        """`link` is gone (its peer died, or the stream broke)."""
+
     def connect(self, *, upstream: Link | None = None, downstream: Link | None = None, coordinator: Link | None = None) -> None:
         """Give this runner the links given (the others stay): to its drafter (upstream), to its
         verifier (downstream), to the coordinator. Over gRPC each arrives when its stream attaches."""
