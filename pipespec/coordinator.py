@@ -102,6 +102,10 @@ class Coordinator:
     def lost(self, link: Link) -> None:
         """The link to a stage is gone (the stage died, or the stream broke)."""
 
+    def trouble(self) -> str | None:
+        """None while the pipeline can serve; else why not (which stages are lost), for health checks."""
+        return None
+
     def _on_commit(self, live: _Live, commit: Commit) -> None:
         if live.finish_reason is not None:
             return  # the target ran past a stop before hearing of it

@@ -121,6 +121,10 @@ class StageRunner:
     def lost(self, link: Link) -> None:
         """`link` is gone (its peer died, or the stream broke)."""
 
+    def trouble(self) -> str | None:
+        """None while this stage can serve; else why not (a link it needs is lost), for health checks."""
+        return None
+
     def connect(self, *, upstream: Link | None = None, downstream: Link | None = None, coordinator: Link | None = None) -> None:
         """Give this runner the links given (the others stay): to its drafter (upstream), to its
         verifier (downstream), to the coordinator. Over gRPC each arrives when its stream attaches."""
