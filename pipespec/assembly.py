@@ -59,7 +59,7 @@ class Entrance:
         """A coordinator of the config's stages, not yet connected to them; it detokenizes if there is a tokenizer."""
         tokenizer = self.tokenizer
         detokenizer = (lambda: IncrementalDetokenizer(tokenizer)) if tokenizer is not None else None
-        return Coordinator([s.name for s in self.config.stages], detokenizer)
+        return Coordinator([s.name for s in self.config.stages], detokenizer, self.config.faults.restore_s)
 
 
 def link_in_process(

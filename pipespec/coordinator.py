@@ -5,6 +5,14 @@ and on finish sends Close to every stage; each stage answers Closed with its sta
 last delta of a request carries them all. A commit that does not continue the ledger exactly, or a
 stage reporting a failure, ends that request (and only that request) with an error.
 
+Faults (design 5c). When the link to a stage is lost (`lost`), no request waits for that stage's
+Closed. A lost drafter costs speed only: its verifier goes on alone. A lost target stalls its
+requests: each fails, naming the stage, unless the target is restored within `restore_s`; new
+requests are refused meanwhile. When a stage is restored (`restored`), every running request
+rejoins: it is re-opened on every stage from its committed prefix under a fresh wire id (an
+incarnation), so no message of the old one can be mistaken for the new one and every link starts
+at epoch 0; what was speculative is re-derived, and no committed token can change.
+
 No torch here: the coordinator sees token ids and text only.
 """
 
@@ -37,16 +45,24 @@ class _Live:
     finished: float | None = None
     finish_reason: str | None = None
     error: str | None = None
+    wire: str = ""  # the request's id on the stages: its own, then a fresh one per rejoin
+    rejoins: int = 0
+    opened_on: set[int] = field(default_factory=set)  # stages that hold this incarnation and will answer Closed
     closed_by: dict[str, Closed] = field(default_factory=dict)
 
 
 class Coordinator:
-    def __init__(self, stage_names: Sequence[str], detokenizer_factory: Callable[[], Detokenizer] | None):
+    def __init__(
+        self, stage_names: Sequence[str], detokenizer_factory: Callable[[], Detokenizer] | None, restore_s: float = 20.0
+    ):
         self.stage_names = list(stage_names)
-        self.stages: list[Link] = []  # upstream to downstream (`connect`)
+        self.stages: list[Link | None] = []  # upstream to downstream (`connect`); None: lost
         self.detokenizer_factory = detokenizer_factory
+        self.restore_s = restore_s  # how long a request waits for a lost target
         self.ledger = Ledger()
-        self.live: dict[str, _Live] = {}
+        self.live: dict[str, _Live] = {}  # by the client's request id
+        self.wires: dict[str, _Live] = {}  # by the id the stages know it by
+        self.lost_at: dict[int, float] = {}  # stage index -> when its link was lost
 
     def connect(self, stages: Sequence[Link]) -> None:
         """Give the coordinator its links to every stage, upstream to downstream."""
@@ -58,13 +74,15 @@ class Coordinator:
 
     async def generate(self, spec: RequestSpec, stop: Sequence[str] = ()) -> AsyncIterator[Delta]:
         """Open `spec` on every stage and yield its deltas; closing the iterator early aborts it."""
+        target = len(self.stage_names) - 1
+        if target in self.lost_at:
+            yield Delta("", (), "error", None, f"{self._lost_text(target)}; the pipeline is restoring it")
+            return
         detok = self.detokenizer_factory() if self.detokenizer_factory else None
         live = _Live(spec, StopRules(spec.max_new_tokens, spec.stop_token_ids, stop, detok), asyncio.Queue(), time.perf_counter())
         self.live[spec.request_id] = live
         self.ledger.open(spec.request_id)
-        text_spec = dataclasses.replace(spec, image=None)  # pixels go to the target only
-        for i, link in enumerate(self.stages):
-            link.send(Open(spec if i == len(self.stages) - 1 else text_spec))
+        self._open(live, spec.request_id)
         done = False
         try:
             while not done:
@@ -75,6 +93,18 @@ class Coordinator:
             if not done:
                 self.abort(spec.request_id)
 
+    def _open(self, live: _Live, wire: str) -> None:
+        """Open `live` on every stage reachable now as `wire`, from its committed prefix."""
+        live.wire = wire
+        self.wires[wire] = live
+        live.closed_by.clear()
+        spec = dataclasses.replace(live.spec, request_id=wire, committed=tuple(self.ledger.tokens(live.spec.request_id)))
+        text_spec = dataclasses.replace(spec, image=None)  # pixels go to the target only
+        last = len(self.stages) - 1
+        live.opened_on = {i for i, link in enumerate(self.stages) if link is not None}
+        for i in live.opened_on:
+            self.stages[i].send(Open(spec if i == last else text_spec))
+
     def abort(self, request_id: str) -> None:
         live = self.live.get(request_id)
         if live is not None and live.finish_reason is None:
@@ -83,15 +113,14 @@ class Coordinator:
     # ---- stage side ---------------------------------------------------------------------------
 
     def deliver(self, message: Message) -> None:
-        live = self.live.get(message.request_id)
+        live = self.wires.get(message.request_id)
         if live is None:
-            return
+            return  # finished, or an incarnation left behind by a rejoin
         if isinstance(message, Commit):
             self._on_commit(live, message)
         elif isinstance(message, Closed):
             live.closed_by[message.stage] = message
-            if len(live.closed_by) == len(self.stage_names):
-                self._complete(live)
+            self._complete_if_closed(live)
         elif isinstance(message, Failed):
             if live.finish_reason is None:
                 live.error = f"stage {message.stage!r}: {message.error}"
@@ -101,15 +130,54 @@ class Coordinator:
 
     def lost(self, link: Link) -> None:
         """The link to a stage is gone (the stage died, or the stream broke)."""
+        i = next((i for i, known in enumerate(self.stages) if known is link), None)
+        if i is None:
+            return  # a link already replaced
+        self.stages[i] = None
+        since = time.monotonic()
+        self.lost_at[i] = since
+        log.warning("coordinator: lost %s; %d requests running", self._lost_text(i), len(self.live))
+        for live in list(self.live.values()):
+            live.opened_on.discard(i)
+            self._complete_if_closed(live)
+        if i == len(self.stage_names) - 1:  # the target: its requests wait for it, for a while
+            asyncio.get_running_loop().call_later(self.restore_s, self._give_up, i, since)
+
+    def restored(self, i: int, link: Link) -> None:
+        """Stage i is back behind `link`: every running request rejoins from its committed prefix."""
+        self.stages[i] = link
+        self.lost_at.pop(i, None)
+        log.warning("coordinator: stage %r restored; %d requests rejoin", self.stage_names[i], len(self.live))
+        for live in self.live.values():
+            if live.finish_reason is None:
+                old = live.wire
+                del self.wires[old]
+                for j in live.opened_on:
+                    self.stages[j].send(Close(old))
+                live.rejoins += 1
+                self._open(live, f"{live.spec.request_id}/{live.rejoins}")
 
     def trouble(self) -> str | None:
         """None while the pipeline can serve; else why not (which stages are lost), for health checks."""
-        return None
+        return "; ".join(self._lost_text(i) for i in sorted(self.lost_at)) or None
+
+    def _lost_text(self, i: int) -> str:
+        return f"stage {self.stage_names[i]!r} was lost {time.monotonic() - self.lost_at[i]:.1f} s ago"
+
+    def _give_up(self, i: int, since: float) -> None:
+        """The target lost at `since` is still not restored: its requests fail, naming it."""
+        if self.lost_at.get(i) != since:
+            return
+        why = f"stage {self.stage_names[i]!r} was lost and not restored within {self.restore_s:g} s"
+        for live in list(self.live.values()):
+            if live.finish_reason is None:
+                live.error = why
+                self._finish(live, "error")
 
     def _on_commit(self, live: _Live, commit: Commit) -> None:
         if live.finish_reason is not None:
             return  # the target ran past a stop before hearing of it
-        rid = commit.request_id
+        rid = live.spec.request_id
         try:
             self.ledger.append(rid, commit.start, commit.tokens)
         except LedgerError as e:
@@ -134,16 +202,20 @@ class Coordinator:
     def _finish(self, live: _Live, reason: str) -> None:
         live.finish_reason = reason
         live.finished = time.perf_counter()
-        for link in self.stages:
-            link.send(Close(live.spec.request_id))
+        for i in live.opened_on:
+            self.stages[i].send(Close(live.wire))
+        self._complete_if_closed(live)
 
-    def _complete(self, live: _Live) -> None:
+    def _complete_if_closed(self, live: _Live) -> None:
+        """Complete a finished request once every stage that holds it has closed it."""
+        if live.finish_reason is None or any(self.stage_names[i] not in live.closed_by for i in live.opened_on):
+            return
         rid = live.spec.request_id
-        del self.live[rid]
+        del self.live[rid], self.wires[live.wire]
         self.ledger.close(rid)
         first = live.first_commit if live.first_commit is not None else live.finished
         order = {name: i for i, name in enumerate(self.stage_names)}
-        closed = sorted(live.closed_by.values(), key=lambda c: order[c.stage])
+        closed = sorted(live.closed_by.values(), key=lambda c: order[c.stage])  # a lost stage sent none
         stats = RequestStats(
             prompt_tokens=len(live.spec.prompt_token_ids),
             generated_tokens=live.rules.count,  # committed tokens streamed, up to a stop

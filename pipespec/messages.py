@@ -49,6 +49,7 @@ class RequestSpec:
     stop_token_ids: frozenset[int] = frozenset()
     image: ImageInputs | None = None  # the target's processed image; only the target receives it
     text_prompt_token_ids: tuple[int, ...] | None = None  # image prompts: the prompt without the image
+    committed: tuple[int, ...] = ()  # a rejoin: tokens already committed; the stage holds them as generated
 
     @property
     def text_prompt(self) -> tuple[int, ...]:

@@ -31,7 +31,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -53,6 +53,13 @@ log = logging.getLogger(__name__)
 
 
 _WAKE = object()  # posted by a timer when a wait for drafts runs out
+
+
+@dataclass(frozen=True)
+class _Lost:
+    """Posted when a link is gone, so that it is handled after the messages that came before it."""
+
+    link: Link
 
 
 class StageRunner:
@@ -86,6 +93,7 @@ class StageRunner:
         self.upstream: Link | None = None  # to our drafter
         self.downstream: Link | None = None  # to our verifier
         self.coordinator: Link | None = None
+        self.lost_roles: set[str] = set()  # links lost and not replaced: drafter, verifier, coordinator
         self.requests: OrderedDict[str, RequestState] = OrderedDict()
         self.early: dict[str, list[Message]] = {}  # messages that overtook their request's Open
         self.closed: OrderedDict[str, None] = OrderedDict()  # recently closed ids, to drop stragglers
@@ -119,21 +127,25 @@ class StageRunner:
         self.inbox.put_nowait(message)
 
     def lost(self, link: Link) -> None:
-        """`link` is gone (its peer died, or the stream broke)."""
+        """`link` is gone (its peer died, or the stream broke): handled in order with the messages before it."""
+        self.deliver(_Lost(link))
 
     def trouble(self) -> str | None:
         """None while this stage can serve; else why not (a link it needs is lost), for health checks."""
-        return None
+        return f"stage {self.name!r} lost its {' and '.join(sorted(self.lost_roles))}" if self.lost_roles else None
 
     def connect(self, *, upstream: Link | None = None, downstream: Link | None = None, coordinator: Link | None = None) -> None:
         """Give this runner the links given (the others stay): to its drafter (upstream), to its
         verifier (downstream), to the coordinator. Over gRPC each arrives when its stream attaches."""
         if upstream is not None:
             self.upstream = upstream
+            self.lost_roles.discard("drafter")
         if downstream is not None:
             self.downstream = downstream
+            self.lost_roles.discard("verifier")
         if coordinator is not None:
             self.coordinator = coordinator
+            self.lost_roles.discard("coordinator")
 
     async def run(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -164,6 +176,9 @@ class StageRunner:
             return  # the run loop re-plans after every message
         if isinstance(message, Done):
             self._on_done(message)
+            return
+        if isinstance(message, _Lost):
+            self._on_lost(message.link)
             return
         rid = getattr(message, "request_id", None)
         if isinstance(message, (Draft, Verdict, TargetFeatures)) and rid not in self.requests:
@@ -243,10 +258,11 @@ class StageRunner:
 
     def _limit(self, req: RequestState) -> int:
         """How many generated tokens this stage may hold now."""
-        limit = req.spec.max_new_tokens
-        if self.downstream is not None:
-            limit = min(limit, req.down.verified + self.max_lookahead)
-        return limit
+        if self.depth == 0:
+            return req.spec.max_new_tokens
+        if self.downstream is None:  # our verifier is lost: nothing to draft for
+            return len(req.tokens)
+        return min(req.spec.max_new_tokens, req.down.verified + self.max_lookahead)
 
     def _plan(self, rid: str, req: RequestState) -> StepPlan | None:
         start = len(req.tokens)
@@ -285,7 +301,15 @@ class StageRunner:
         spec = message.request
         up = VerifierSide(PairStats(self.drafter_name, self.name)) if self.drafter_name is not None else None
         features = FeatureInbox() if self.reads_features else None
-        self.requests[spec.request_id] = RequestState(spec, StageStats(self.name), up, features)
+        req = RequestState(spec, StageStats(self.name), up, features)
+        self.requests[spec.request_id] = req
+        if spec.committed:  # a rejoin: the committed tokens are ours already; the first step feeds them
+            n = len(spec.committed)
+            req.tokens.extend(spec.committed)
+            req.probs.extend([None] * n)
+            req.probs_kept_from = req.down.sent = req.down.verified = n
+            if up is not None:
+                up.start = n
         for early in self.early.pop(spec.request_id, ()):
             self._handle(early)
 
@@ -304,6 +328,29 @@ class StageRunner:
         if req.session is not None:
             self.scheduler.run_later(req.session.close)
         self._send(self.coordinator, Closed(rid, self.name, req.stats, req.up.pair if req.up is not None else None))
+
+    def _on_lost(self, link: Link) -> None:
+        """Degrade, don't die (design 5c). Without our drafter we verify alone: no drafts, no waiting.
+        Without our verifier we hold our requests (nothing to draft for) until the coordinator
+        re-opens them on a restored verifier, or closes them. Without the coordinator our requests
+        are orphans: closed here."""
+        if link is self.upstream:
+            self.upstream, role = None, "drafter"
+            for req in self.requests.values():
+                req.up.clear_from(len(req.tokens))
+                req.up.wait_until = None
+        elif link is self.downstream:
+            self.downstream, role = None, "verifier"
+        elif link is self.coordinator:
+            self.coordinator, role = None, "coordinator"
+            for rid in list(self.requests):
+                req = self._forget(rid)
+                if req.session is not None:
+                    self.scheduler.run_later(req.session.close)
+        else:
+            return  # a link already replaced
+        self.lost_roles.add(role)
+        log.warning("stage %s: lost its %s link; %d requests open here", self.name, role, len(self.requests))
 
     def _fail(self, rid: str, error: BaseException) -> None:
         log.error("stage %s: request %s failed", self.name, rid, exc_info=error)
@@ -459,10 +506,11 @@ class StageRunner:
 
     # ---- upstream / downstream ----------------------------------------------------------------
 
-    def _send(self, link: Link, message: Callable[..., Message] | Message, *args) -> None:
+    def _send(self, link: Link | None, message: Callable[..., Message] | Message, *args) -> None:
         """Send `message` (or what `message(*args)` builds: heavy ones are built late) after the next
-        poke of the device's scheduler; per link, in order."""
-        self.outbox.append((link, message, args))
+        poke of the device's scheduler; per link, in order. To a lost link (None), nothing."""
+        if link is not None:
+            self.outbox.append((link, message, args))
 
     def _flush(self, only: type | None = None) -> None:
         """Send what waits in the outbox (only on links of type `only`, if given: per link, order stays)."""
@@ -508,9 +556,9 @@ class StageRunner:
     def _publish(self, req: RequestState) -> None:
         """Send what downstream has not seen: a Draft to our verifier, or a Commit (target)."""
         rid, down, tokens = req.spec.request_id, req.down, req.tokens
-        if len(tokens) <= down.sent:
-            return
-        if self.downstream is not None:
+        if len(tokens) <= down.sent or (self.depth > 0 and self.downstream is None):
+            return  # nothing new, or our verifier is lost
+        if self.depth > 0:
             probs = torch.stack(req.probs[down.sent :]) if req.spec.params.rejection else None
             self._send(self.downstream, Draft(rid, down.epoch, down.sent, tuple(tokens[down.sent :]), probs, self.token_s))
         else:
