@@ -87,6 +87,17 @@ async def link_to_verifier(runner: StageRunner, address: str) -> StageClient:
     return client
 
 
+async def relink_coordinator(coordinator: Coordinator, i: int, address: str) -> StageClient:
+    """Open the coordinator's stream to stage i, restored at `address`: its running requests rejoin.
+    -> the client, to close when the pipeline stops."""
+    from pipespec.transport.streams import StageClient
+
+    client = StageClient(address)
+    await client.wait_ready()
+    coordinator.restored(i, client.control(coordinator.deliver))
+    return client
+
+
 async def link_coordinator(coordinator: Coordinator, addresses: Sequence[str]) -> list[StageClient]:
     """Open the coordinator's stream to every stage, served at `addresses` (upstream to downstream):
     opens and closes go down, commits, statistics and failures come back. -> the clients, to close."""

@@ -92,7 +92,7 @@ class FaultSpec:
 
     detect_s: float = 2.0  # a silent link (no keepalive answer) is declared lost after about this long
     restore_s: float = 20.0  # a request waits this long for a lost stage to be restored, then fails naming it
-    max_restarts: int = 3  # Ray restarts of each stage actor and of the coordinator
+    max_restarts: int = field(default=3, metadata={"min": 0})  # Ray restarts of each stage actor and of the coordinator
 
 
 @dataclass(frozen=True)
@@ -312,7 +312,8 @@ def _server(raw: Any) -> ServerSpec:
 
 
 def _positive(raw: Any, cls: type, where: str) -> Any:
-    """A section of positive numbers (`cls`'s fields, typed as their defaults); unset keys keep the defaults."""
+    """A section of numbers (`cls`'s fields, typed as their defaults), positive unless a field's metadata
+    gives its `min`; unset keys keep the defaults."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config.{where}: must be a mapping, got {raw!r}")
     _reject_unknown(raw, [f.name for f in fields(cls)], where)
@@ -320,7 +321,8 @@ def _positive(raw: Any, cls: type, where: str) -> Any:
     for f in fields(cls):
         if f.name in raw:
             value = _typed(raw[f.name], type(f.default), f"{where}.{f.name}")
-            if not value > 0:
-                raise ConfigError(f"{where}.{f.name}: must be positive, got {value!r}")
+            low = f.metadata.get("min")
+            if not (value > 0 if low is None else value >= low):
+                raise ConfigError(f"{where}.{f.name}: must be {'positive' if low is None else f'>= {low}'}, got {value!r}")
             values[f.name] = value
     return cls(**values)

@@ -136,7 +136,7 @@ class Coordinator:
         self.stages[i] = None
         since = time.monotonic()
         self.lost_at[i] = since
-        log.warning("coordinator: lost %s; %d requests running", self._lost_text(i), len(self.live))
+        log.warning("coordinator: lost stage %r; %d requests running", self.stage_names[i], len(self.live))
         for live in list(self.live.values()):
             live.opened_on.discard(i)
             self._complete_if_closed(live)

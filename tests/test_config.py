@@ -386,3 +386,9 @@ def test_limits_and_faults_sections_parse_with_safe_defaults():
 def test_limits_and_faults_refuse_bad_values(section, why):
     with pytest.raises(ConfigError, match=why):
         load_config(mock_config(**section))
+
+
+def test_zero_restarts_is_allowed_negative_is_not():
+    assert load_config(mock_config(faults={"max_restarts": 0})).faults.max_restarts == 0
+    with pytest.raises(ConfigError, match=r"faults\.max_restarts: must be >= 0, got -1"):
+        load_config(mock_config(faults={"max_restarts": -1}))

@@ -66,6 +66,9 @@ class DeviceActor:
             "pid": os.getpid(),
         }
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def target_info(self) -> TargetInfo:
         i = len(self.config.stages) - 1
         return TargetInfo.of(self.config.stages[i], self.stages[i])
@@ -95,14 +98,22 @@ class DeviceActor:
             addresses[i] = f"{host}:{port}"
         loop = asyncio.get_running_loop()
         self.tasks = [loop.create_task(runner.run()) for runner in self.runners.values()]
-        self.clients: list = []
+        self.clients: dict = {}
         return addresses
 
     async def connect_downstream(self, index: int, address: str) -> None:
-        """Open stage `index`'s stream to its verifier on another device: drafts go down it, verdicts come back."""
+        """Open stage `index`'s stream to its verifier on another device (again, when the verifier was
+        restored): drafts go down it, verdicts come back."""
         from pipespec.assembly import link_to_verifier
 
-        self.clients.append(await link_to_verifier(self.runners[index], address))
+        old = self.clients.pop(index, None)
+        if old is not None:
+            await old.close()
+        self.clients[index] = await link_to_verifier(self.runners[index], address)
+
+    async def lifetime(self) -> None:
+        """Never returns: the call fails when this actor dies (pipespec.cluster.supervisor watches it)."""
+        await asyncio.Event().wait()
 
     async def attached(self) -> None:
         """Return once the coordinator (and each stage's drafter on another device) have connected."""
@@ -129,10 +140,29 @@ class CoordinatorActor:
 
         entrance = Entrance.check(config)
         self.coordinator = entrance.coordinator()
-        self.clients = await link_coordinator(self.coordinator, stage_addresses)
+        self.clients = dict(enumerate(await link_coordinator(self.coordinator, stage_addresses)))
         service = CoordinatorService(self.coordinator, entrance.front_door(target), config.name)
         self.server, bound = await serve_coordinator(service, host, port)
         return f"{host}:{bound}"
+
+    async def lifetime(self) -> None:
+        """Never returns: the call fails when this actor dies (pipespec.cluster.supervisor watches it)."""
+        await asyncio.Event().wait()
+
+    def stages_lost(self, indices: list[int]) -> None:
+        """The supervisor saw these stages' actor die (their streams may not have noticed yet)."""
+        for i in indices:
+            link = self.coordinator.stages[i]
+            if link is not None:
+                self.coordinator.lost(link)
+
+    async def relink(self, addresses: dict[int, str]) -> None:
+        """These stages were restored at `addresses`: link to them; the running requests rejoin."""
+        from pipespec.assembly import relink_coordinator
+
+        for i, address in addresses.items():
+            await self.clients.pop(i).close()
+            self.clients[i] = await relink_coordinator(self.coordinator, i, address)
 
     def pid(self) -> int:
         return os.getpid()

@@ -39,12 +39,18 @@ def serve(config_arg: str | Mapping[str, Any], ray_address: str | None, host: st
         ray.init(address=ray_address)  # the cluster we were submitted to (RAY_ADDRESS) or asked for
     running = start_pipeline(config, host=host, port=port, strategy=strategy)
     print(f"pipespec: serving {config.name!r} ({len(config.stages)} stages) at {running.address}", flush=True)
-    stop = asyncio.Event()
+    failures: list[str] = []
 
     async def wait() -> None:
-        loop = asyncio.get_running_loop()
+        loop, stop = asyncio.get_running_loop(), asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+
+        def failed(why: str) -> None:  # on the supervisor's thread
+            failures.append(why)
+            loop.call_soon_threadsafe(stop.set)
+
+        running.supervise(failed)
         await stop.wait()
 
     try:
@@ -52,7 +58,9 @@ def serve(config_arg: str | Mapping[str, Any], ray_address: str | None, host: st
     finally:
         running.stop()
         print("pipespec: stopped", flush=True)
-    return 0
+    for why in failures:
+        print(f"pipespec: the pipeline cannot be restored: {why}", file=sys.stderr, flush=True)
+    return 1 if failures else 0
 
 
 def main(argv: list[str] | None = None) -> int:

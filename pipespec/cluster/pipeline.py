@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -25,7 +25,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from pipespec.assembly import Entrance
 from pipespec.cluster.actors import CoordinatorActor, DeviceActor
 from pipespec.cluster.cores import slices
+from pipespec.cluster.supervisor import Supervisor
 from pipespec.config import ConfigError, PipelineConfig
+from pipespec.frontdoor import TargetInfo
 from pipespec.stages import check_vocabularies
 
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -64,6 +66,11 @@ class RunningPipeline:
     devices: list  # DeviceActor handles, in the order of PipelineConfig.devices()
     coordinator: object
     group: object
+    config: PipelineConfig
+    host: str  # what the servers bind
+    addresses: dict[int, str]  # each stage's server (its drafter and the coordinator connect to it)
+    target: TargetInfo
+    supervisor: Supervisor | None = None
 
     def placement(self) -> list[dict]:
         """Per device: its stages, the cores its threads are pinned to (None: not pinned), torch's threads, its pid."""
@@ -74,6 +81,12 @@ class RunningPipeline:
         named = {d["pid"]: "device " + "+".join(d["stages"]) for d in self.placement()}
         return named | {ray.get(self.coordinator.pid.remote()): "coordinator"}
 
+    def name_of(self, actor: object) -> str:
+        if actor is self.coordinator:
+            return "the coordinator"
+        indices = self.config.devices()[self.devices.index(actor)]
+        return "device " + "+".join(self.config.stages[i].name for i in indices)
+
     def start_trace(self) -> None:
         ray.get([d.start_trace.remote() for d in self.devices])
 
@@ -82,7 +95,54 @@ class RunningPipeline:
         by_stage = {i: s for summaries in ray.get([d.stop_trace.remote() for d in self.devices]) for i, s in summaries.items()}
         return [by_stage[i] for i in sorted(by_stage)]
 
+    # ---- wiring, at start and after a restart (pipespec.cluster.supervisor) ------------------------
+
+    def _device_of(self, i: int) -> object:
+        return next(d for d, indices in zip(self.devices, self.config.devices()) if i in indices)
+
+    def _link_downstream(self, stages: list[int], timeout: float | None) -> None:
+        """Each of `stages` opens its stream to its verifier (those whose verifier is on another device)."""
+        ray.get(
+            [
+                self._device_of(i).connect_downstream.remote(i, self.addresses[i + 1])
+                for i in stages
+                if i + 1 < len(self.config.stages) and self._device_of(i) is not self._device_of(i + 1)
+            ],
+            timeout=timeout,
+        )
+
+    def device_lost(self, k: int) -> None:
+        """Device k died: the coordinator stops waiting for its stages (their streams may not have noticed yet)."""
+        ray.get(self.coordinator.stages_lost.remote(list(self.config.devices()[k])), timeout=self.config.faults.restore_s)
+
+    def serve_device(self, k: int) -> None:
+        """Device k was restarted: serve its stages again, link its neighbours on other devices to
+        them and them to theirs, and give the coordinator their new streams (the requests rejoin)."""
+        timeout = self.config.faults.restore_s
+        indices = list(self.config.devices()[k])
+        self.addresses.update(ray.get(self.devices[k].serve.remote(self.host), timeout=timeout))
+        self._link_downstream(sorted({i - 1 for i in indices if i > 0} | set(indices)), timeout)
+        ray.get(self.coordinator.relink.remote({i: self.addresses[i] for i in indices}), timeout=timeout)
+        ray.get(self.devices[k].attached.remote(), timeout=timeout)
+
+    def serve_coordinator(self, timeout: float | None = None) -> None:
+        """Serve the coordinator at `address` (its port: 0 at start, any free one), linked to every stage."""
+        host, port = self.address.rsplit(":", 1)
+        stages = [self.addresses[i] for i in range(len(self.config.stages))]
+        self.address = ray.get(
+            self.coordinator.serve.remote(self.config, stages, self.target, host, int(port)),
+            timeout=timeout or self.config.faults.restore_s,
+        )
+
+    def supervise(self, on_failure: Callable[[str], None] | None = None) -> Supervisor:
+        """Start restoring actors that Ray restarts (pipespec.cluster.supervisor); `stop` stops it.
+        `on_failure(why)`: an actor could not be restored."""
+        self.supervisor = Supervisor(self, on_failure).start()
+        return self.supervisor
+
     def stop(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
         for actor in [self.coordinator, *self.devices]:
             ray.kill(actor)
         remove_placement_group(self.group)
@@ -124,6 +184,7 @@ def start_pipeline(
             "num_gpus": resources.pop("num_gpus", 0),
             "resources": resources or None,
             "max_concurrency": 1000,
+            "max_restarts": config.faults.max_restarts,
         }
         return DeviceActor.options(**options).remote(
             config, devices[k], target_vocab, valid, threads, cores[k] if pin_cores else None
@@ -137,17 +198,11 @@ def start_pipeline(
     sizes = {i: v for d in ray.get([a.vocab_sizes.remote() for a in actors]) for i, v in d.items()}
     check_vocabularies(specs, [sizes[i] for i in range(len(specs))])
     served = {i: a for d in ray.get([a.serve.remote(host) for a in actors]) for i, a in d.items()}
-    addresses = [served[i] for i in range(len(specs))]
-    device_of = {i: actors[k] for k, d in enumerate(devices) for i in d}
-    ray.get(
-        [
-            device_of[i].connect_downstream.remote(i, addresses[i + 1])
-            for i in range(len(specs) - 1)
-            if device_of[i] is not device_of[i + 1]
-        ]
-    )
-    coordinator = CoordinatorActor.options(num_cpus=0, max_concurrency=1000).remote()
     info = ray.get(actors[last].target_info.remote())
-    address = ray.get(coordinator.serve.remote(config, addresses, info, host, config.server.port if port is None else port))
+    coordinator = CoordinatorActor.options(num_cpus=0, max_concurrency=1000, max_restarts=config.faults.max_restarts).remote()
+    port = config.server.port if port is None else port
+    running = RunningPipeline(f"{host}:{port}", actors, coordinator, group, config, host, served, info)
+    running._link_downstream(list(range(len(specs) - 1)), None)
+    running.serve_coordinator(timeout=60)
     ray.get([a.attached.remote() for a in actors], timeout=60)
-    return RunningPipeline(address, actors, coordinator, group)
+    return running

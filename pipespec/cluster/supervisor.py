@@ -1,0 +1,120 @@
+"""The supervisor: puts a running pipeline back together after Ray restarts one of its actors.
+
+Every actor (a device's, the coordinator's) is started with `max_restarts` (the config's
+`faults.max_restarts`), so Ray restarts a process that dies; a restarted actor has run its
+constructor again (its models loaded) and nothing else. The supervisor watches each actor's
+`lifetime` call, which only ever ends when the actor dies, and then, from the driver:
+
+- a device: serves its stages again (new ports), links each stage's drafter on another device to it
+  and it to its verifier on another device, and gives the coordinator its new control links; the
+  coordinator tells the stages which requests rejoin (pipespec.coordinator);
+- the coordinator: serves it again on the same address, linked to every stage. The requests it
+  held are gone with it (their clients saw the stream fail); each stage closed them when it lost
+  the coordinator's stream.
+
+Until then the stages degrade on their own (a verifier without its drafter goes on alone) and the
+coordinator fails the requests of a lost target after `faults.restore_s`. A restore that does not
+succeed within `restore_s` (restarts exhausted, a constructor that fails) is fatal: `on_failure` is
+called with the reason, and `pipespec serve` exits non-zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import ray
+
+if TYPE_CHECKING:
+    from pipespec.cluster.pipeline import RunningPipeline
+
+log = logging.getLogger(__name__)
+
+
+class Supervisor:
+    def __init__(self, running: RunningPipeline, on_failure: Callable[[str], None] | None = None) -> None:
+        self.running = running
+        self.on_failure = on_failure  # called (on the supervisor's thread) when a restore failed
+        self.why: str | None = None  # why the pipeline could not be restored
+        self.restores = 0  # actors restored so far
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._watch()), name="pipespec-supervisor", daemon=True)
+        self._started = threading.Event()
+
+    def start(self) -> Supervisor:
+        self._thread.start()
+        self._started.wait()
+        return self
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            try:
+                self._loop.call_soon_threadsafe(self._stop.set)
+            except RuntimeError:  # it has just ended on its own (a failed restore)
+                pass
+        self._thread.join()
+
+    async def _watch(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        running = self.running
+        actors = [running.coordinator, *running.devices]
+        watches = {asyncio.ensure_future(_lifetime(a)): a for a in actors}
+        self._started.set()
+        stop = asyncio.ensure_future(self._stop.wait())
+        while not self._stop.is_set():
+            done, _ = await asyncio.wait([stop, *watches], return_when=asyncio.FIRST_COMPLETED)
+            for watch in done - {stop}:
+                actor = watches.pop(watch)
+                if self._stop.is_set():
+                    break
+                try:
+                    await asyncio.to_thread(self._restore, actor)
+                except Exception as error:  # noqa: BLE001 (any failure to restore is fatal, and reported)
+                    first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                    self.why = f"could not restore {running.name_of(actor)}: {type(error).__name__}: {first_line}"
+                    log.error("supervisor: %s", self.why)
+                    if self.on_failure is not None:
+                        self.on_failure(self.why)
+                    return
+                self.restores += 1
+                watches[asyncio.ensure_future(_lifetime(actor))] = actor
+        for watch in watches:
+            watch.cancel()
+
+    def _restore(self, actor: object) -> None:
+        running = self.running
+        log.warning("supervisor: %s died; restoring it", running.name_of(actor))
+        if actor is not running.coordinator:  # its streams may not have noticed yet
+            running.device_lost(running.devices.index(actor))
+        _wait_restarted(actor, running.config.faults.restore_s)
+        if actor is running.coordinator:
+            running.serve_coordinator()
+        else:
+            running.serve_device(running.devices.index(actor))
+        log.warning("supervisor: %s restored", running.name_of(actor))
+
+
+def _wait_restarted(actor: object, timeout: float) -> None:
+    """Return once Ray has restarted `actor` (its constructor ran); raise if it cannot within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            ray.get(actor.pid.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            return
+        except ray.exceptions.ActorUnavailableError:  # restarting: calls are refused until it is up
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+async def _lifetime(actor: object) -> None:
+    """Returns (with the error swallowed) when `actor` dies."""
+    try:
+        await actor.lifetime.remote()
+    except ray.exceptions.RayError as error:
+        log.debug("supervisor: lifetime call ended: %s", error)
