@@ -5,7 +5,7 @@
     pipespec serve CONFIG [--address RAY_ADDRESS] [--port P] [--strategy pack|spread]
                    [--plan auto [--devices N] [--image FILE]]
     pipespec generate --address HOST:PORT --prompt TEXT [--image FILE] [--max-new-tokens N]
-                      [--temperature T] [--top-p P] [--seed S]
+                      [--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT ...]
     pipespec plan CONFIG [--devices N] [--prompt TEXT ...] [--image FILE] [--max-new-tokens N] [--json FILE]
                   [--write-config FILE] [--threads N]
 
@@ -13,6 +13,10 @@
 -> VLM target, trained on the generated visual world) answer a question about a picture, streamed
 token by token; then pipeline and target-alone runs alternate, and a table shows each stage pair's
 acceptance, the median tokens per second of each side and their median ratio, and whether the answers match.
+
+`generate` refuses a bad value with one line on stderr: exit 2 when this side sees it (a value out
+of range, a missing image file: nothing is sent), exit 1 when the server refuses it (one of its
+pipeline's limits) or the request fails there. The messages are `LocalPipeline`'s.
 
 `plan` profiles each stage's forward latency and each pair's acceptance on a few prompts, in this
 process, and recommends which stages to use, their placement on the devices and each drafter's
@@ -84,27 +88,30 @@ def serve(args: argparse.Namespace) -> int:
 
 def generate(args: argparse.Namespace) -> int:
     from pipespec.client import Client
+    from pipespec.generate_args import GenerateArgs
     from pipespec.images import image_bytes
 
-    last = None
-    try:
-        image = image_bytes(args.image)[0] if args.image else None  # read once, named if it is missing
-    except ValueError as e:
-        print(f"pipespec: {e}", file=sys.stderr)
-        return 1
-    for delta in Client(args.address).stream(
-        args.prompt,
-        image=image,
+    request = dict(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
+        top_k=args.top_k,
         seed=args.seed,
-    ):
+        stop=args.stop,
+    )
+    try:  # what this side can check, checked here: exit 2 like a usage error, nothing sent
+        GenerateArgs(args.prompt, **request).checked()
+        if args.image is not None:
+            request["image"] = image_bytes(args.image)[0]  # read once, named if it is missing
+    except ValueError as e:
+        return _fail("generate", e)
+    last = None
+    for delta in Client(args.address).stream(args.prompt, **request):
         print(_printable(delta.text), end="", flush=True)
         last = delta
     print()
-    if last is None or last.finish_reason == "error":
-        print(f"pipespec: {last.error if last else 'no answer'}", file=sys.stderr)
+    if last is None or last.finish_reason == "error":  # refused by the server's front door, or failed there
+        print(f"pipespec generate: {last.error if last else 'no answer'}", file=sys.stderr)
         return 1
     pairs = ", ".join(f"{p.drafter}->{p.verifier} {p.mean_acceptance_length:.2f}" for p in last.stats.pairs)
     print(f"[{last.finish_reason}; {last.stats.generated_tokens} tokens; mean acceptance length {pairs or '-'}]", file=sys.stderr)
@@ -183,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float)
     g.add_argument("--top-p", type=float)
+    g.add_argument("--top-k", type=int)
     g.add_argument("--seed", type=int)
+    g.add_argument("--stop", action="append", help="a stop string (repeatable)")
     g.set_defaults(run=generate)
     p = sub.add_parser("plan", help="profile a config's stages and recommend the chain and lookaheads to use")
     p.add_argument("config")

@@ -10,6 +10,11 @@
 request's statistics. Leaving the loop early cancels the request on every stage. `astream` is the
 async twin, `generate` collects a whole `Generation`. Sampling values left as None take the
 pipeline config's defaults.
+
+A refused request ends in one delta with `finish_reason="error"` and the message `LocalPipeline`
+raises for it (`generate` raises GenerationError with it): what the Client can see itself (a bad
+type or range, a missing image file: `GenerateArgs.checked()`) is refused before anything is sent,
+what needs the pipeline (its limits, its tokenizer) by the server's front door.
 """
 
 from __future__ import annotations
@@ -29,22 +34,34 @@ class Client:
         self.timeout = timeout
 
     @staticmethod
-    def _args(prompt: str | None, **kwargs: Any) -> GenerateArgs:
-        """The request's keywords (`GenerateArgs`, the same as `LocalPipeline.generate`'s), the image encoded."""
-        args = GenerateArgs(prompt, **kwargs)
-        return replace(args, image=image_bytes(args.image)[0]) if args.image is not None else args
+    def _args(prompt: str | None, **kwargs: Any) -> GenerateArgs | Delta:
+        """The request's keywords (`GenerateArgs`, the same as `LocalPipeline.generate`'s) checked, the image
+        encoded; or the error delta refusing them."""
+        try:
+            args = GenerateArgs(prompt, **kwargs).checked()
+            return replace(args, image=image_bytes(args.image)[0]) if args.image is not None else args
+        except ValueError as e:
+            return Delta("", (), "error", error=str(e))
 
     def stream(self, prompt: str | None = None, **kwargs: Any) -> Iterator[Delta]:
         """Yield deltas as they are committed; keywords as in `GenerateArgs`."""
         from pipespec.transport.generate_client import stream
 
-        yield from stream(self.address, self._args(prompt, **kwargs), self.timeout)
+        args = self._args(prompt, **kwargs)
+        if isinstance(args, Delta):
+            yield args
+            return
+        yield from stream(self.address, args, self.timeout)
 
     async def astream(self, prompt: str | None = None, **kwargs: Any) -> AsyncIterator[Delta]:
         """The async twin of `stream`."""
         from pipespec.transport.generate_client import astream
 
-        async for delta in astream(self.address, self._args(prompt, **kwargs), self.timeout):
+        args = self._args(prompt, **kwargs)
+        if isinstance(args, Delta):
+            yield args
+            return
+        async for delta in astream(self.address, args, self.timeout):
             yield delta
 
     def generate(self, prompt: str | None = None, **kwargs: Any) -> Generation:

@@ -82,7 +82,7 @@ class LimitsSpec:
     max_new_tokens: int = 8192  # what one request may ask for (the target's context may allow less)
     stop_strings: int = 16  # stop strings per request
     stop_chars: int = 256  # characters per stop string
-    requests_per_client: int = 64  # requests in flight per client connection
+    requests_per_client: int = 128  # requests in flight per client connection (a process's Clients share one)
     frame_bytes: int = 256 * 2**20  # the largest pipeline frame (an Open with its image, a prefill's features)
 
 

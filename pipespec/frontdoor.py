@@ -1,18 +1,23 @@
 """The front door: one request's `GenerateArgs` validated into a `RequestSpec`, or a clear error.
 
-Shared by every way in (LocalPipeline, the coordinator's gRPC service), so a bad value is refused
-the same way everywhere, before anything reaches a stage, and never disturbs running requests. An
-image is decoded and run through the target's processor here, once per request (pipespec.images).
-Torch-free: it knows the target through a `TargetInfo`, not the model.
+Shared by every way in (LocalPipeline, the coordinator's gRPC service, and so the `Client` and
+`pipespec generate`), so a bad value is refused with the same message everywhere, before anything
+reaches a stage, and never disturbs running requests. First `GenerateArgs.checked()` (types and
+ranges), then the config's `limits`, each checked before the work it bounds: the request's own
+values before anything is done, an image's bytes before it is read and its pixels (from its header)
+before it is decoded (pipespec.images), the prompt's characters before it is tokenized and its
+tokens after. An image is decoded and run through the target's processor here, once per request.
+Request ids are random, so that no one can name another's request. Torch-free: it knows the target
+through a `TargetInfo`, not the model.
 """
 
 from __future__ import annotations
 
-import itertools
+import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipespec.config import PipelineConfig, StageSpec
+from pipespec.config import LimitsSpec, PipelineConfig, StageSpec
 from pipespec.generate_args import GenerateArgs
 from pipespec.images import encode_image_prompt, encode_text_prompt, load_image
 from pipespec.messages import RequestSpec
@@ -21,6 +26,8 @@ from pipespec.tokenization import encode_prompt
 
 if TYPE_CHECKING:
     from pipespec.stage import TargetStage
+
+CHARS_PER_TOKEN = 16  # a text prompt longer than this many characters per allowed token is not even tokenized
 
 
 @dataclass(frozen=True)
@@ -54,25 +61,23 @@ class FrontDoor:
         self.target = target
         self.tokenizer = tokenizer
         self.processor = processor
-        self._ids = itertools.count()
 
     def request(self, args: GenerateArgs) -> tuple[RequestSpec, tuple[str, ...]]:
-        """Validate one request; sampling defaults come from the config. Raises ValueError."""
-        target = self.target
-        if (args.prompt is None) == (args.prompt_token_ids is None):
-            raise ValueError("give exactly one of prompt and prompt_token_ids")
-        if isinstance(args.max_new_tokens, bool) or not isinstance(args.max_new_tokens, int) or args.max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {args.max_new_tokens!r}")
+        """Validate one request; sampling defaults come from the config. Raises ValueError naming the
+        value, or the limit (`limits.<name>` of the config) and the value over it."""
+        args = args.checked()
+        target, limits = self.target, self.config.limits
+        _within_limits(args, limits)
         if args.image is not None and not target.takes_images:
             raise ValueError(f"target stage {target.name!r} ({target.kind}) does not take images")
         if args.image is not None and args.prompt is None:
             raise ValueError("an image needs a text prompt (the processor places its image tokens), not prompt_token_ids")
         image_prompt = None
         if args.image is not None:
-            image_prompt = encode_image_prompt(self.processor, args.prompt, load_image(args.image))
+            image_prompt = encode_image_prompt(self.processor, args.prompt, load_image(args.image, limits))
             ids = list(image_prompt.prompt_token_ids)
         elif args.prompt_token_ids is not None:
-            ids = [int(t) for t in args.prompt_token_ids]
+            ids = list(args.prompt_token_ids)
         elif self.processor is not None:
             ids = encode_text_prompt(self.processor, args.prompt)
         elif self.tokenizer is not None:
@@ -81,6 +86,8 @@ class FrontDoor:
             raise ValueError("this pipeline has no tokenizer (mock stages): pass prompt_token_ids")
         if not ids:
             raise ValueError("the prompt is empty: at least one token is needed")
+        if len(ids) > limits.prompt_tokens:
+            raise ValueError(f"prompt of {len(ids)} tokens is over limits.prompt_tokens ({limits.prompt_tokens})")
         bad = [t for t in ids if not 0 <= t < target.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary of {target.vocab_size}")
@@ -93,7 +100,7 @@ class FrontDoor:
             raise ValueError("stop strings need a tokenizer; this pipeline has none (mock stages)")
         params = self.config.sampling.params(**args.sampling())
         spec = RequestSpec(
-            request_id=f"req-{next(self._ids)}",
+            request_id=new_request_id(),
             prompt_token_ids=tuple(ids),
             params=params,
             max_new_tokens=args.max_new_tokens,
@@ -102,3 +109,26 @@ class FrontDoor:
             text_prompt_token_ids=image_prompt.text_prompt_token_ids if image_prompt else None,
         )
         return spec, args.stop
+
+
+def new_request_id() -> str:
+    """A request id no one can guess (128 random bits), so that no one can name another's request."""
+    return f"req-{secrets.token_hex(16)}"
+
+
+def _within_limits(args: GenerateArgs, limits: LimitsSpec) -> None:
+    """The limits a checked request's own values can break, before any work is done on it."""
+    if args.max_new_tokens > limits.max_new_tokens:
+        raise ValueError(f"max_new_tokens {args.max_new_tokens} is over limits.max_new_tokens ({limits.max_new_tokens})")
+    if len(args.stop) > limits.stop_strings:
+        raise ValueError(f"{len(args.stop)} stop strings are over limits.stop_strings ({limits.stop_strings})")
+    for i, stop in enumerate(args.stop):
+        if len(stop) > limits.stop_chars:
+            raise ValueError(f"stop[{i}] of {len(stop)} characters is over limits.stop_chars ({limits.stop_chars})")
+    if args.prompt_token_ids is not None and len(args.prompt_token_ids) > limits.prompt_tokens:
+        raise ValueError(f"prompt of {len(args.prompt_token_ids)} tokens is over limits.prompt_tokens ({limits.prompt_tokens})")
+    if args.prompt is not None and len(args.prompt) > CHARS_PER_TOKEN * limits.prompt_tokens:
+        raise ValueError(
+            f"prompt of {len(args.prompt)} characters is over limits.prompt_tokens ({limits.prompt_tokens}): a text of "
+            f"more than {CHARS_PER_TOKEN} characters a token is refused before it is tokenized"
+        )

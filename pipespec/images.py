@@ -2,10 +2,13 @@
 
 A user image is a file path, raw bytes, a PIL image or a `data:image/...;base64,` URL. It is decoded
 once, at the front door, so an image that does not decode is an error naming it before any stage
-sees the request. The target's Hugging Face processor then renders the chat template with the image
-and expands its placeholder into the model's image tokens, returning the token ids the target sees
-and the pixel arrays it needs (numpy, so this module stays torch-free). Text-only drafters see the
-same conversation rendered without the image: its text tokens, never the placeholders.
+sees the request; within the config's `limits`: its bytes counted first, its pixels read from its
+header before it is decoded (a 236 KB PNG may hold 9000x9000 pixels: 243 MB decoded, a gigabyte
+through a processor), and only common formats opened. The target's Hugging Face processor then
+renders the chat template with the image and expands its placeholder into the model's image tokens,
+returning the token ids the target sees and the pixel arrays it needs (numpy, so this module stays
+torch-free). Text-only drafters see the same conversation rendered without the image: its text
+tokens, never the placeholders.
 """
 
 from __future__ import annotations
@@ -13,17 +16,22 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipespec.config import ConfigError, PipelineConfig
+from pipespec.config import ConfigError, LimitsSpec, PipelineConfig
 from pipespec.messages import ImageInputs
 from pipespec.stages.registry import kind_of
 
 _TEXT_KEYS = ("input_ids", "attention_mask")  # what the processor returns besides the image arrays
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")  # what a user's image may be (PIL opens more, some through helper programs)
+# what PIL's decoders raise on bytes that are not what their header says
+_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, struct.error, zlib.error)
 
 
 @dataclass(frozen=True)
@@ -60,18 +68,40 @@ def image_bytes(image: Any) -> tuple[bytes, str]:
     raise ValueError(f"image must be a file path, bytes, a PIL image or a data URL, got {type(image).__name__}")
 
 
-def load_image(image: Any) -> Any:
-    """A path, bytes, PIL image or data URL -> an RGB PIL image. Raises ValueError naming the input."""
+def load_image(image: Any, limits: LimitsSpec = LimitsSpec()) -> Any:
+    """A path, bytes, PIL image or data URL -> an RGB PIL image, within `limits`. Raises ValueError
+    naming the input and the limit: its bytes are counted before it is opened, its pixels read from
+    its header before it is decoded, so an image over a limit costs no more than its bytes."""
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(image, Image.Image):
+        _check_pixels(image.size, "PIL image", limits)
         return image.convert("RGB")
     data, what = image_bytes(image)
+    if len(data) > limits.image_bytes:
+        raise ValueError(f"{what} is over limits.image_bytes ({limits.image_bytes})")
     try:
-        with Image.open(io.BytesIO(data)) as decoded:
-            return decoded.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise ValueError(f"{what} does not decode as an image: {e}") from e
+        opened = Image.open(io.BytesIO(data), formats=FORMATS)  # reads the header only
+    except Image.DecompressionBombError as e:  # PIL's own bound (2 x Image.MAX_IMAGE_PIXELS), from the header too
+        raise ValueError(f"{what} is too large to decode ({e}); limits.image_pixels is {limits.image_pixels}") from None
+    except UnidentifiedImageError:  # its message names a BytesIO at some address
+        raise ValueError(f"{what} does not decode as an image (not {', '.join(FORMATS)})") from None
+    except _DECODE_ERRORS as e:
+        raise ValueError(f"{what} does not decode as an image: {e}") from None
+    with opened:
+        _check_pixels(opened.size, what, limits)
+        try:
+            return opened.convert("RGB")
+        except _DECODE_ERRORS as e:
+            raise ValueError(f"{what} does not decode as an image: {e}") from None
+
+
+def _check_pixels(size: tuple[int, int], what: str, limits: LimitsSpec) -> None:
+    width, height = size
+    if width * height > limits.image_pixels:
+        raise ValueError(
+            f"{what} is {width}x{height} = {width * height} pixels, over limits.image_pixels ({limits.image_pixels})"
+        )
 
 
 def load_target_processor(config: PipelineConfig) -> Any | None:

@@ -51,7 +51,17 @@ def test_serve_then_generate(family, tmp_path):
             text=True,
             env=env,
         )
-        assert bad.returncode == 1 and "temperature must be >= 0, got -2.0" in bad.stderr
+        assert bad.returncode == 2 and bad.stderr == "pipespec generate: temperature must be >= 0, got -2.0\n"  # nothing sent
+        over = subprocess.run(
+            [pipespec, "generate", "--address", address, "--prompt", "x", "--max-new-tokens", "9000"],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert (
+            over.returncode == 1
+            and over.stderr == "pipespec generate: max_new_tokens 9000 is over limits.max_new_tokens (8192)\n"
+        )
     finally:
         server.send_signal(signal.SIGTERM)
         server.communicate(timeout=120)
@@ -97,7 +107,7 @@ def test_serve_a_vlm_then_generate_with_an_image(tmp_path):
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == _printable(expected).strip()
         missing = run("--image", str(tmp_path / "nope.png"))
-        assert missing.returncode == 1 and f"image file '{tmp_path / 'nope.png'}' does not exist" in missing.stderr
+        assert missing.returncode == 2 and f"image file '{tmp_path / 'nope.png'}' does not exist" in missing.stderr
     finally:
         server.send_signal(signal.SIGTERM)
         server.communicate(timeout=120)

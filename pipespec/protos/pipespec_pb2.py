@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0epipespec.proto\x12\x08pipespec\"\x18\n\x05\x46rame\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"\x0f\n\rHealthRequest\"=\n\x0bHealthReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x10\n\x08requests\x18\x03 \x01(\x05\"\xf2\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\r\n\x05image\x18\x03 \x01(\x0c\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x18\n\x0btemperature\x18\x05 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x06 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x07 \x01(\x05H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\t \x03(\tB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seed\"(\n\x05\x43hunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"0\n\x08\x46inished\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\r\n\x05stats\x18\x02 \x01(\x0c\"\x18\n\x05\x45rror\x12\x0f\n\x07message\x18\x01 \x01(\t\"\x9a\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12 \n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x0f.pipespec.ChunkH\x00\x12&\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x12.pipespec.FinishedH\x00\x12 \n\x05\x65rror\x18\x04 \x01(\x0b\x32\x0f.pipespec.ErrorH\x00\x42\x06\n\x04kind\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\x0b\x43\x61ncelReply\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x32\xa0\x01\n\x05Stage\x12,\n\x04Link\x12\x0f.pipespec.Frame\x1a\x0f.pipespec.Frame(\x01\x30\x01\x12/\n\x07\x43ontrol\x12\x0f.pipespec.Frame\x1a\x0f.pipespec.Frame(\x01\x30\x01\x12\x38\n\x06Health\x12\x17.pipespec.HealthRequest\x1a\x15.pipespec.HealthReply2\xc6\x01\n\x0b\x43oordinator\x12\x43\n\x08Generate\x12\x19.pipespec.GenerateRequest\x1a\x1a.pipespec.GenerateResponse0\x01\x12\x38\n\x06\x43\x61ncel\x12\x17.pipespec.CancelRequest\x1a\x15.pipespec.CancelReply\x12\x38\n\x06Health\x12\x17.pipespec.HealthRequest\x1a\x15.pipespec.HealthReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0epipespec.proto\x12\x08pipespec\"\x18\n\x05\x46rame\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"\x0f\n\rHealthRequest\"=\n\x0bHealthReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x10\n\x08requests\x18\x03 \x01(\x05\"\xcf\x02\n\x0fGenerateRequest\x12\x13\n\x06prompt\x18\x01 \x01(\tH\x00\x88\x01\x01\x12,\n\x10prompt_token_ids\x18\n \x01(\x0b\x32\x12.pipespec.TokenIds\x12\x12\n\x05image\x18\x03 \x01(\x0cH\x01\x88\x01\x01\x12\x1b\n\x0emax_new_tokens\x18\x04 \x01(\x03H\x02\x88\x01\x01\x12\x18\n\x0btemperature\x18\x0b \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_p\x18\x0c \x01(\x01H\x04\x88\x01\x01\x12\x12\n\x05top_k\x18\x07 \x01(\x03H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x06\x88\x01\x01\x12\x0c\n\x04stop\x18\t \x03(\tB\t\n\x07_promptB\x08\n\x06_imageB\x11\n\x0f_max_new_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedJ\x04\x08\x02\x10\x03J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"(\n\x05\x43hunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"0\n\x08\x46inished\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\r\n\x05stats\x18\x02 \x01(\x0c\"\x18\n\x05\x45rror\x12\x0f\n\x07message\x18\x01 \x01(\t\"\x9a\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12 \n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x0f.pipespec.ChunkH\x00\x12&\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x12.pipespec.FinishedH\x00\x12 \n\x05\x65rror\x18\x04 \x01(\x0b\x32\x0f.pipespec.ErrorH\x00\x42\x06\n\x04kind\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\x0b\x43\x61ncelReply\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x32\xa0\x01\n\x05Stage\x12,\n\x04Link\x12\x0f.pipespec.Frame\x1a\x0f.pipespec.Frame(\x01\x30\x01\x12/\n\x07\x43ontrol\x12\x0f.pipespec.Frame\x1a\x0f.pipespec.Frame(\x01\x30\x01\x12\x38\n\x06Health\x12\x17.pipespec.HealthRequest\x1a\x15.pipespec.HealthReply2\xc6\x01\n\x0b\x43oordinator\x12\x43\n\x08Generate\x12\x19.pipespec.GenerateRequest\x1a\x1a.pipespec.GenerateResponse0\x01\x12\x38\n\x06\x43\x61ncel\x12\x17.pipespec.CancelRequest\x1a\x15.pipespec.CancelReply\x12\x38\n\x06Health\x12\x17.pipespec.HealthRequest\x1a\x15.pipespec.HealthReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,21 +38,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEALTHREPLY']._serialized_start=71
   _globals['_HEALTHREPLY']._serialized_end=132
   _globals['_GENERATEREQUEST']._serialized_start=135
-  _globals['_GENERATEREQUEST']._serialized_end=377
-  _globals['_CHUNK']._serialized_start=379
-  _globals['_CHUNK']._serialized_end=419
-  _globals['_FINISHED']._serialized_start=421
-  _globals['_FINISHED']._serialized_end=469
-  _globals['_ERROR']._serialized_start=471
-  _globals['_ERROR']._serialized_end=495
-  _globals['_GENERATERESPONSE']._serialized_start=498
-  _globals['_GENERATERESPONSE']._serialized_end=652
-  _globals['_CANCELREQUEST']._serialized_start=654
-  _globals['_CANCELREQUEST']._serialized_end=689
-  _globals['_CANCELREPLY']._serialized_start=691
-  _globals['_CANCELREPLY']._serialized_end=723
-  _globals['_STAGE']._serialized_start=726
-  _globals['_STAGE']._serialized_end=886
-  _globals['_COORDINATOR']._serialized_start=889
-  _globals['_COORDINATOR']._serialized_end=1087
+  _globals['_GENERATEREQUEST']._serialized_end=470
+  _globals['_TOKENIDS']._serialized_start=472
+  _globals['_TOKENIDS']._serialized_end=495
+  _globals['_CHUNK']._serialized_start=497
+  _globals['_CHUNK']._serialized_end=537
+  _globals['_FINISHED']._serialized_start=539
+  _globals['_FINISHED']._serialized_end=587
+  _globals['_ERROR']._serialized_start=589
+  _globals['_ERROR']._serialized_end=613
+  _globals['_GENERATERESPONSE']._serialized_start=616
+  _globals['_GENERATERESPONSE']._serialized_end=770
+  _globals['_CANCELREQUEST']._serialized_start=772
+  _globals['_CANCELREQUEST']._serialized_end=807
+  _globals['_CANCELREPLY']._serialized_start=809
+  _globals['_CANCELREPLY']._serialized_end=841
+  _globals['_STAGE']._serialized_start=844
+  _globals['_STAGE']._serialized_end=1004
+  _globals['_COORDINATOR']._serialized_start=1007
+  _globals['_COORDINATOR']._serialized_end=1205
 # @@protoc_insertion_point(module_scope)

@@ -1,33 +1,76 @@
 """The coordinator's gRPC front end: `Generate` streams a request's deltas to a client.
 
-A request is validated by the front door (a bad value comes back as an `error` response naming it),
+A request is validated by the front door, the same code and messages as `LocalPipeline` (a bad
+value or a value over one of the config's `limits` comes back as an `error` response naming it),
 then streamed as `chunk`s and one `finished` carrying the statistics. A client that disconnects
 cancels its handler, which aborts the request: the coordinator closes it on every stage at once.
+
+Bounded per client: a connection (`context.peer()`) with `limits.requests_per_client` requests in
+flight has its next `Generate` refused with RESOURCE_EXHAUSTED naming the limit (a gRPC status, not
+an `error` response: it says "later", not "this request is wrong"), and the server reads no request
+larger than the limits allow (`request_bytes`). `Cancel` acts only for the connection that opened
+the request or a caller holding the pipeline's secret (pipespec.transport.auth); anyone else, or an
+id that names no request, gets `cancelled=False` and nothing happens. `Health` says "serving", or
+"not_serving: <why>" while the coordinator is in trouble (a stage lost).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import grpc
 
 from pipespec import codec
+from pipespec.config import LimitsSpec
 from pipespec.coordinator import Coordinator
-from pipespec.frontdoor import FrontDoor
+from pipespec.frontdoor import CHARS_PER_TOKEN, FrontDoor
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
+from pipespec.transport.auth import authorized
 from pipespec.transport.generate_request import from_proto
 from pipespec.transport.streams import SERVER_OPTIONS
 
 
+def request_bytes(limits: LimitsSpec) -> int:
+    """The largest `GenerateRequest` the coordinator reads: an image at `limits.image_bytes`, a prompt
+    at `limits.prompt_tokens` (text of up to CHARS_PER_TOKEN characters of up to 4 bytes a token, or
+    ids of up to 10 bytes), stop strings at theirs, and 64 KiB for the rest. Anything larger is
+    refused by gRPC (RESOURCE_EXHAUSTED, naming both sizes) before it is read."""
+    prompt = limits.prompt_tokens * max(4 * CHARS_PER_TOKEN, 10)
+    stops = limits.stop_strings * (4 * limits.stop_chars + 8)
+    return limits.image_bytes + prompt + stops + 64 * 2**10
+
+
 class CoordinatorService(pb_grpc.CoordinatorServicer):
-    def __init__(self, coordinator: Coordinator, front_door: FrontDoor, name: str = "coordinator"):
+    def __init__(self, coordinator: Coordinator, front_door: FrontDoor, name: str = "coordinator", secret: str | None = None):
+        """`secret`: the pipeline's (pipespec.transport.auth); a `Cancel` carrying it may cancel any request."""
         self.coordinator = coordinator
         self.front_door = front_door
         self.name = name
+        self.secret = secret
+        self.limits = front_door.config.limits
+        self._in_flight: Counter[str] = Counter()  # per client connection (context.peer())
+        self._opened_by: dict[str, str] = {}  # request id -> the connection that opened it
 
     async def Generate(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateResponse]:
+        peer, most = context.peer(), self.limits.requests_per_client
+        if self._in_flight[peer] >= most:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this connection has {most} requests in flight already, limits.requests_per_client ({most})",
+            )
+        self._in_flight[peer] += 1
+        try:
+            async for response in self._generate(request, peer):
+                yield response
+        finally:
+            self._in_flight[peer] -= 1
+            if not self._in_flight[peer]:
+                del self._in_flight[peer]
+
+    async def _generate(self, request: pb.GenerateRequest, peer: str) -> AsyncIterator[pb.GenerateResponse]:
         try:
             # off the loop: an image runs through the processor
             spec, stop = await asyncio.to_thread(self.front_door.request, from_proto(request))
@@ -35,26 +78,36 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             yield pb.GenerateResponse(error=pb.Error(message=str(e)))
             return
         rid = spec.request_id
-        async for delta in self.coordinator.generate(spec, stop):
-            if delta.text or delta.token_ids:
-                yield pb.GenerateResponse(request_id=rid, chunk=pb.Chunk(text=delta.text, token_ids=delta.token_ids))
-            if delta.finish_reason == "error":
-                yield pb.GenerateResponse(request_id=rid, error=pb.Error(message=delta.error or "error"))
-            elif delta.finish_reason is not None:
-                finished = pb.Finished(finish_reason=delta.finish_reason, stats=codec.encode(delta.stats))
-                yield pb.GenerateResponse(request_id=rid, finished=finished)
+        self._opened_by[rid] = peer
+        try:
+            async for delta in self.coordinator.generate(spec, stop):
+                if delta.text or delta.token_ids:
+                    yield pb.GenerateResponse(request_id=rid, chunk=pb.Chunk(text=delta.text, token_ids=delta.token_ids))
+                if delta.finish_reason == "error":
+                    yield pb.GenerateResponse(request_id=rid, error=pb.Error(message=delta.error or "error"))
+                elif delta.finish_reason is not None:
+                    finished = pb.Finished(finish_reason=delta.finish_reason, stats=codec.encode(delta.stats))
+                    yield pb.GenerateResponse(request_id=rid, finished=finished)
+        finally:
+            del self._opened_by[rid]
 
     async def Cancel(self, request: pb.CancelRequest, context) -> pb.CancelReply:
-        live = request.request_id in self.coordinator.live
-        self.coordinator.abort(request.request_id)
-        return pb.CancelReply(cancelled=live)
+        rid = request.request_id
+        allowed = self._opened_by.get(rid) == context.peer() or (self.secret is not None and authorized(context, self.secret))
+        if not allowed or rid not in self.coordinator.live:
+            return pb.CancelReply(cancelled=False)
+        self.coordinator.abort(rid)
+        return pb.CancelReply(cancelled=True)
 
     async def Health(self, request, context) -> pb.HealthReply:
-        return pb.HealthReply(name=self.name, status="serving", requests=len(self.coordinator.live))
+        trouble = self.coordinator.trouble()
+        status = "serving" if trouble is None else f"not_serving: {trouble}"
+        return pb.HealthReply(name=self.name, status=status, requests=len(self.coordinator.live))
 
 
 async def serve_coordinator(service: CoordinatorService, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    most = ("grpc.max_receive_message_length", request_bytes(service.limits))
+    server = grpc.aio.server(options=[option for option in SERVER_OPTIONS if option[0] != most[0]] + [most])
     pb_grpc.add_CoordinatorServicer_to_server(service, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:

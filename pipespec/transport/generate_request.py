@@ -1,37 +1,49 @@
 """`GenerateArgs` to and from the wire's `GenerateRequest`: the one place that maps one to the other.
 
-proto3 has no None for a string, a bytes or a repeated field: an absent prompt, prompt_token_ids or
-image goes as empty and an empty one comes back as absent (the prompt only when token ids are
-given: they take its place); an unset `max_new_tokens` (0) is the default. The sampling fields are
-`optional` on the wire, so None (the config's default) survives the trip. The image must already be
-encoded bytes (`pipespec.images.image_bytes`): it crosses the wire once per request.
+Every field of the wire says whether it was given (`optional`, token ids in a `TokenIds`), so a
+request crosses as the caller gave it: None stays None (the config's default, or no prompt), and an
+empty prompt, empty token ids or `max_new_tokens=0` arrive as such, to be refused by the front door
+with the message LocalPipeline gives. Integers are 64-bit (a seed unsigned), floats double, so a
+value out of range reaches the front door, which names its limit. A value the wire cannot carry at
+all (a string for an integer, an integer beyond 64 bits) is a ValueError naming the field; a client
+that runs `GenerateArgs.checked()` first never sends one. The image must already be encoded bytes
+(`pipespec.images.image_bytes`): it crosses the wire once per request.
 """
 
 from __future__ import annotations
 
+import reprlib
+from typing import Any
+
 from pipespec.generate_args import SAMPLING_FIELDS, GenerateArgs
 from pipespec.protos import pipespec_pb2 as pb
 
+_OPTIONAL = ("prompt", "image", "max_new_tokens", *SAMPLING_FIELDS)  # fields with presence on the wire
+
 
 def to_proto(args: GenerateArgs) -> pb.GenerateRequest:
-    return pb.GenerateRequest(
-        prompt=args.prompt or "",
-        prompt_token_ids=args.prompt_token_ids or (),
-        image=args.image or b"",
-        max_new_tokens=args.max_new_tokens,
-        stop=args.stop,
-        **{name: value for name, value in args.sampling().items() if value is not None},
-    )
+    request = pb.GenerateRequest()
+    given: dict[str, Any] = {name: getattr(args, name) for name in _OPTIONAL}
+    given["stop"] = args.stop
+    given["prompt_token_ids"] = args.prompt_token_ids
+    for name, value in given.items():
+        if value is None:
+            continue
+        try:
+            if name == "prompt_token_ids":
+                request.prompt_token_ids.SetInParent()  # given, even when empty
+                request.prompt_token_ids.ids.extend(value)
+            elif name == "stop":
+                request.stop.extend(value)
+            else:
+                setattr(request, name, value)
+        except (TypeError, ValueError) as e:  # ValueError: out of range, or text that is not UTF-8
+            raise ValueError(f"GenerateRequest.{name} cannot carry {reprlib.repr(value)}: {e}") from None
+    return request
 
 
 def from_proto(request: pb.GenerateRequest) -> GenerateArgs:
-    given = {name: getattr(request, name) for name in SAMPLING_FIELDS if request.HasField(name)}
-    if request.max_new_tokens:
-        given["max_new_tokens"] = request.max_new_tokens
-    return GenerateArgs(
-        prompt=request.prompt if not request.prompt_token_ids else None,
-        prompt_token_ids=tuple(request.prompt_token_ids) or None,
-        image=request.image or None,
-        stop=tuple(request.stop),
-        **given,
-    )
+    given = {name: getattr(request, name) for name in _OPTIONAL if request.HasField(name)}
+    if request.HasField("prompt_token_ids"):
+        given["prompt_token_ids"] = tuple(request.prompt_token_ids.ids)
+    return GenerateArgs(stop=tuple(request.stop), **given)
