@@ -146,7 +146,7 @@ def test_a_killed_target_or_coordinator_never_hangs_a_stream(pipeline, reference
     results = streams_during(client, lambda: os.kill(pid_of(running, killed), signal.SIGKILL))
     for (ids, reason, error, seconds), want in zip(results, reference):
         if reason == "error":
-            assert killed in error or "UNAVAILABLE" in error, error
+            assert killed in error, error  # "stage 'target' ..." or "the coordinator at ...: UNAVAILABLE"
             assert seconds < RESTORE_S + 5
             assert ids == want[: len(ids)]  # what was streamed before the fault is the target's
         else:

@@ -32,7 +32,7 @@ def stream(address: str, args: GenerateArgs, timeout: float | None) -> Iterator[
             for response in call:
                 yield to_delta(response)
         except grpc.RpcError as e:
-            yield Delta("", (), "error", None, f"{address}: {e.code().name}: {e.details()}")
+            yield Delta("", (), "error", None, f"the coordinator at {address}: {e.code().name}: {e.details()}")
         finally:
             call.cancel()  # leaving early drops the request on every stage
 
@@ -44,7 +44,7 @@ async def astream(address: str, args: GenerateArgs, timeout: float | None) -> As
             async for response in call:
                 yield to_delta(response)
         except grpc.aio.AioRpcError as e:
-            yield Delta("", (), "error", None, f"{address}: {e.code().name}: {e.details()}")
+            yield Delta("", (), "error", None, f"the coordinator at {address}: {e.code().name}: {e.details()}")
         finally:
             call.cancel()
 
