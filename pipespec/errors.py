@@ -1,10 +1,16 @@
-"""`ConfigError`, the error of an invalid pipeline config.
+"""The runtime's errors that are not about one generation: an invalid config, a peer breaking the protocol.
 
-Its own module so that both `pipespec.config` and the registry of stage kinds it validates with
-(`pipespec.stages.registry`, whose per-kind checks raise it) can import it; `pipespec.config`
-re-exports it, and that is where users import it from.
+`ConfigError` has its own module so that both `pipespec.config` and the registry of stage kinds it
+validates with (`pipespec.stages.registry`, whose per-kind checks raise it) can import it;
+`pipespec.config` re-exports it, and that is where users import it from.
 """
 
 
 class ConfigError(ValueError):
     """A pipeline config (or a value given at its boundary) is invalid; the message names it."""
+
+
+class ProtocolError(ValueError):
+    """A peer's message breaks the pipeline protocol (design section 2): a stage runner raises it, and it
+    fails the request the message is about (pipespec.runner). The message names the kind, the request,
+    the stage, the field and the values."""

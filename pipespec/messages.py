@@ -11,15 +11,22 @@ Positions are absolute indices into a request's generated sequence (0 = first ge
 
 Epochs live per link. A verifier bumps its epoch whenever a drafter's tokens contradict its own; drafts
 carrying an older epoch are dropped on arrival.
+
+Fields holding arrays are annotated `Tensor` (a torch.Tensor) or `Array` (a numpy array): named here
+rather than imported, so that the coordinator, which imports these messages, stays torch-free; the
+codec checks a peer's frame against these annotations (pipespec.codec).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from pipespec.params import SamplingParams
 from pipespec.stats import PairStats, StageStats
+
+Tensor = Annotated[Any, "torch.Tensor"]
+Array = Annotated[Any, "numpy.ndarray"]
 
 
 @dataclass(frozen=True)
@@ -31,7 +38,7 @@ class ImageInputs:
     Sent once per request, with Open, to the target only.
     """
 
-    arrays: dict[str, Any]  # name -> np.ndarray
+    arrays: dict[str, Array]
 
     @property
     def nbytes(self) -> int:
@@ -73,7 +80,7 @@ class Draft:
     epoch: int
     start: int
     tokens: tuple[int, ...]
-    probs: Any = None  # [len(tokens), V] the drafter's p' (torch.Tensor), rejection mode only
+    probs: Tensor | None = None  # [len(tokens), V] the drafter's p', rejection mode only
     token_s: float | None = None  # the drafter's recent compute seconds per token (a scheduling hint)
 
 
@@ -89,10 +96,10 @@ class Verdict:
 class PrefillFeatures:
     """The target's view of the prompt (all prompt tokens but the last), for the DREAM drafter."""
 
-    embeddings: Any  # [P, H] merged input embeddings (image features in place of image tokens)
-    hidden: Any  # [P, H] last layer, post-norm
-    image_mask: Any  # [P] bool, True at image tokens
-    attention_received: Any = None  # [P] float32: last-layer attention each position received, if computed
+    embeddings: Tensor  # [P, H] merged input embeddings (image features in place of image tokens)
+    hidden: Tensor  # [P, H] last layer, post-norm
+    image_mask: Tensor  # [P] bool, True at image tokens
+    attention_received: Tensor | None = None  # [P] float32: last-layer attention each position received, if computed
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,7 @@ class TargetFeatures:
 
     request_id: str
     start: int
-    hidden: Any = None  # [n, H] torch.Tensor
+    hidden: Tensor | None = None  # [n, H]
     prefill: PrefillFeatures | None = None
 
 

@@ -22,12 +22,27 @@ downstream that contradicts our tokens truncates them and bumps our own upstream
 was computing on the old tokens is discarded when it returns (`rev` changed). The KV cache is
 truncated lazily: `fed` counts the context tokens in the cache that are still valid, and the next
 forward passes it as `keep`.
+
+A peer's message is checked before it changes anything, and an error fails only the request it is
+about, never the runner:
+
+- one that changes nothing we hold is dropped: silently if it is merely late (a draft of an older
+  epoch, a message for a closed request), logged if no correct peer sends it (a verdict of an older
+  epoch, an Open for a request open or closed here, a message naming no request or of a kind a stage
+  does not take); a pace hint that is no number of seconds is ignored, logged;
+- any other violation (a draft of an epoch newer than ours, a gap in the drafts, a re-sent draft that
+  differs, a verdict beyond our tokens, a Draft or TargetFeatures this stage cannot take) raises
+  `ProtocolError` and fails its request (`Failed` to the coordinator): its state may no longer agree
+  with its neighbours', so it ends loudly rather than going on in a state no rule was written for.
+
+Messages that overtake their request's Open are held, within bounds, until it comes (pipespec.early_mail).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -37,6 +52,8 @@ import torch
 
 from pipespec.choice import Decision
 from pipespec.config import PipelineConfig
+from pipespec.early_mail import EarlyMail
+from pipespec.errors import ProtocolError
 from pipespec.handoff import prefill_message, step_message
 from pipespec.links import InProcessLink, Link
 from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
@@ -95,7 +112,7 @@ class StageRunner:
         self.coordinator: Link | None = None
         self.lost_roles: set[str] = set()  # links lost and not replaced: drafter, verifier, coordinator
         self.requests: OrderedDict[str, RequestState] = OrderedDict()
-        self.early: dict[str, list[Message]] = {}  # messages that overtook their request's Open
+        self.early = EarlyMail(name)  # messages that overtook their request's Open
         self.closed: OrderedDict[str, None] = OrderedDict()  # recently closed ids, to drop stragglers
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.outbox: list[tuple[Link, Callable[..., Message] | Message, tuple]] = []  # sent after the next poke
@@ -159,17 +176,22 @@ class StageRunner:
                     self.trace.handled(time.perf_counter() - t0)
                 message = await self.inbox.get()
                 t0 = time.perf_counter() if self.trace.enabled else 0.0
-                try:
-                    self._handle(message)
-                except Exception as error:  # a bug in one request must not take down the others
-                    rid = getattr(message, "request_id", None)
-                    if rid is None:
-                        raise
-                    self._fail(rid, error)
+                self._receive(message)
                 if self.trace.enabled:
                     self.trace.handled(time.perf_counter() - t0)
         finally:
             self.scheduler.leave(self)
+
+    def _receive(self, message: Message | Done) -> None:
+        """Handle one message; its error fails the request it is about (a message that names none is logged)."""
+        try:
+            self._handle(message)
+        except Exception as error:  # a peer's bad frame or a bug in one request must not take down the others
+            rid = _request_id(message)
+            if rid is None:
+                log.error("stage %s: error handling %.200r", self.name, message, exc_info=error)
+            else:
+                self._fail(rid, error)
 
     def _handle(self, message: Message | Done) -> None:
         if message is _WAKE:
@@ -180,10 +202,13 @@ class StageRunner:
         if isinstance(message, _Lost):
             self._on_lost(message.link)
             return
-        rid = getattr(message, "request_id", None)
+        rid = _request_id(message)
+        if rid is None or not isinstance(message, (Open, Close, Draft, Verdict, TargetFeatures)):
+            log.error("stage %s: dropped %.200r: not a message a stage takes for a request", self.name, message)
+            return
         if isinstance(message, (Draft, Verdict, TargetFeatures)) and rid not in self.requests:
             if rid not in self.closed:  # overtook its Open on another link: replay after the Open
-                self.early.setdefault(rid, []).append(message)
+                self.early.hold(rid, message)
             return
         if isinstance(message, Draft):
             self._on_draft(message)
@@ -193,10 +218,8 @@ class StageRunner:
             self._on_features(message)
         elif isinstance(message, Open):
             self._on_open(message)
-        elif isinstance(message, Close):
-            self._on_close(message.request_id)
         else:
-            raise TypeError(f"stage {self.name!r} cannot handle {type(message).__name__}")
+            self._on_close(rid)
 
     # ---- scheduling (pipespec.scheduler asks; the device's compute thread runs) -------------------
 
@@ -299,10 +322,15 @@ class StageRunner:
 
     def _on_open(self, message: Open) -> None:
         spec = message.request
+        rid = spec.request_id
+        if rid in self.requests or rid in self.closed:
+            state = "open" if rid in self.requests else "closed"
+            log.error("stage %s: dropped an Open for request %s: it is already %s here", self.name, rid, state)
+            return
         up = VerifierSide(PairStats(self.drafter_name, self.name)) if self.drafter_name is not None else None
         features = FeatureInbox() if self.reads_features else None
         req = RequestState(spec, StageStats(self.name), up, features)
-        self.requests[spec.request_id] = req
+        self.requests[rid] = req
         if spec.committed:  # a rejoin: the committed tokens are ours already; the first step feeds them
             n = len(spec.committed)
             req.tokens.extend(spec.committed)
@@ -310,11 +338,11 @@ class StageRunner:
             req.probs_kept_from = req.down.sent = req.down.verified = n
             if up is not None:
                 up.start = n
-        for early in self.early.pop(spec.request_id, ()):
+        for early in self.early.release(rid):  # an error in one fails this request (`_receive`)
             self._handle(early)
 
     def _forget(self, rid: str) -> RequestState | None:
-        self.early.pop(rid, None)
+        self.early.release(rid)
         self.closed[rid] = None
         if len(self.closed) > 100_000:
             self.closed.popitem(last=False)
@@ -357,7 +385,7 @@ class StageRunner:
         req = self._forget(rid)
         if req is not None and req.session is not None:
             self.scheduler.run_later(req.session.close)
-        self._send(self.coordinator, Failed(rid, self.name, f"{type(error).__name__}: {error}"))
+        self._send(self.coordinator, Failed(rid, self.name, f"{type(error).__name__}: {error}"[:_ERROR_CHARS]))
 
     def _on_done(self, done: Done) -> None:
         self.scheduler.release(self)
@@ -430,7 +458,7 @@ class StageRunner:
             self._send(self.upstream, step_message, req.spec.request_id, plan.keep, hidden, len(plan.feed), accepted)
         if self.upstream is not None:
             if decision.accepted < len(plan.drafts) and len(tokens) == len(decision.tokens):
-                self._conflict(req, plan.start + decision.accepted)  # rejection
+                self._conflict(req)  # rejection: our token at plan.start + accepted, our last
             elif self._absorb(req):
                 self._verdict(req)
         self._publish(req)
@@ -441,27 +469,36 @@ class StageRunner:
             return
         up = req.up
         if up is None:
-            raise ValueError(f"stage {self.name!r} has no drafter, yet a Draft came for request {draft.request_id!r}")
+            raise self._violation(draft, "this stage has no drafter")
         if draft.token_s is not None:
-            self.drafter_token_s = draft.token_s
+            if math.isfinite(draft.token_s) and draft.token_s >= 0.0:
+                self.drafter_token_s = draft.token_s
+            else:
+                self._ignore(draft, f"token_s {draft.token_s} is no pace")
         if draft.epoch < up.epoch:
             req.stats.dropped_drafts += 1
             return
-        assert draft.epoch == up.epoch, (draft.epoch, up.epoch)
+        if draft.epoch > up.epoch:
+            raise self._violation(draft, f"epoch {draft.epoch} is newer than ours ({up.epoch})")
         end = up.start + len(up.pending)
-        assert draft.start <= end, (draft.start, end)  # drafts are contiguous within an epoch
+        if not 0 <= draft.start <= end:  # drafts are contiguous within an epoch
+            raise self._violation(draft, f"start {draft.start} is not within 0..{end}, where our drafts end")
+        rows = None if draft.probs is None else len(draft.probs)
+        if req.spec.params.rejection and rows != len(draft.tokens):
+            raise self._violation(draft, f"probs has {rows} rows for {len(draft.tokens)} tokens (rejection sampling)")
         known = len(req.tokens)
         for i, token in enumerate(draft.tokens):
             position = draft.start + i
             if position < known:  # the drafter had not yet heard of our token there
                 if token != req.tokens[position]:
-                    self._conflict(req, known - 1)
+                    self._conflict(req)
                     return
             elif position >= end:
                 up.pending.append(token)
                 up.pending_probs.append(draft.probs[i] if draft.probs is not None else None)
-            else:  # within an epoch a drafter never re-sends a position we hold as pending
-                assert up.pending[position - up.start] == token, (position, token)
+            elif position >= up.start and up.pending[position - up.start] != token:  # a re-send never differs within an epoch
+                held = up.pending[position - up.start]
+                raise self._violation(draft, f"tokens[{i}] = {token} at position {position}, where it sent {held} in this epoch")
         if up.start < known and not up.pending:
             up.start = known
 
@@ -472,7 +509,11 @@ class StageRunner:
         p, t = verdict.position, verdict.token
         length = len(req.tokens)
         down = req.down
-        assert verdict.epoch >= down.epoch and p <= length, (verdict, down.epoch, length)
+        if verdict.epoch < down.epoch:  # verdicts come in order: a correct verifier never sends one
+            self._ignore(verdict, f"epoch {verdict.epoch} is older than ours ({down.epoch})")
+            return
+        if not 0 <= p <= length:
+            raise self._violation(verdict, f"position {p} is not within 0..{length}, the length of our tokens")
         rollback = p < length and req.tokens[p] != t
         changed = rollback or p == length
         if changed:
@@ -493,16 +534,24 @@ class StageRunner:
             req.probs_kept_from += 1
         if changed and self.upstream is not None:
             if rollback:
-                self._conflict(req, p)
+                self._conflict(req)
             elif self._absorb(req):
                 self._verdict(req)
         self._publish(req)
 
     def _on_features(self, message: TargetFeatures) -> None:
-        req = self.requests[message.request_id]
+        req = self.requests.get(message.request_id)
+        if req is None:
+            return
         if req.features is None:
-            raise ValueError(f"stage {self.name!r} reads no target features, yet some came for request {message.request_id!r}")
+            raise self._violation(message, "this stage reads no target features")
         req.features.add(message)
+
+    def _violation(self, message: Draft | Verdict | TargetFeatures, problem: str) -> ProtocolError:
+        return ProtocolError(f"{type(message).__name__} for request {message.request_id!r} at stage {self.name!r}: {problem}")
+
+    def _ignore(self, message: Draft | Verdict, problem: str) -> None:
+        log.error("stage %s: ignored %s", self.name, self._violation(message, problem))
 
     # ---- upstream / downstream ----------------------------------------------------------------
 
@@ -530,9 +579,8 @@ class StageRunner:
                     self._fail(rid, error)
         self.outbox = keep + self.outbox
 
-    def _conflict(self, req: RequestState, position: int) -> None:
-        """Our token at `position` (our last) contradicts the drafter: new epoch, tell it."""
-        assert position == len(req.tokens) - 1
+    def _conflict(self, req: RequestState) -> None:
+        """Our last token contradicts the drafter: new epoch, tell it."""
         req.up.epoch += 1
         req.up.clear_from(len(req.tokens))
         self._verdict(req)
@@ -542,7 +590,7 @@ class StageRunner:
         up, known = req.up, len(req.tokens)
         while up.pending and up.start < known:
             if up.pending[0] != req.tokens[up.start]:
-                self._conflict(req, known - 1)
+                self._conflict(req)
                 return False
             up.drop_pending(1)
         if not up.pending:
@@ -564,3 +612,17 @@ class StageRunner:
         else:
             self._send(self.coordinator, Commit(rid, down.sent, tuple(tokens[down.sent :])))
         down.sent = len(tokens)
+
+
+_ERROR_CHARS = 2000  # of an error sent in `Failed` (its frame stays small: pipespec.codec)
+
+
+def _request_id(message: object) -> str | None:
+    """The id of the request `message` is about; None if it names none."""
+    if isinstance(message, Open):
+        rid = message.request.request_id
+    elif isinstance(message, (Close, Draft, Verdict, TargetFeatures, Commit, Closed, Failed)):
+        rid = message.request_id
+    else:
+        return None
+    return rid if isinstance(rid, str) else None
