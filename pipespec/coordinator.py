@@ -113,6 +113,9 @@ class Coordinator:
     # ---- stage side ---------------------------------------------------------------------------
 
     def deliver(self, message: Message) -> None:
+        if not isinstance(message, (Commit, Closed, Failed)):  # a stage never sends anything else
+            log.error("coordinator: dropped %.200r: not a message a stage sends", message)
+            return
         live = self.wires.get(message.request_id)
         if live is None:
             return  # finished, or an incarnation left behind by a rejoin
@@ -121,12 +124,9 @@ class Coordinator:
         elif isinstance(message, Closed):
             live.closed_by[message.stage] = message
             self._complete_if_closed(live)
-        elif isinstance(message, Failed):
-            if live.finish_reason is None:
-                live.error = f"stage {message.stage!r}: {message.error}"
-                self._finish(live, "error")
-        else:
-            raise TypeError(f"coordinator cannot handle {type(message).__name__}")
+        elif live.finish_reason is None:  # Failed
+            live.error = f"stage {message.stage!r}: {message.error}"
+            self._finish(live, "error")
 
     def lost(self, link: Link) -> None:
         """The link to a stage is gone (the stage died, or the stream broke)."""

@@ -131,3 +131,12 @@ def test_image_requests_rejoin_a_restored_dream_or_target_exactly(llava_dream_zo
         deltas += list(head)
         got = [[t for d in deltas for t in d.token_ids]] + [f.result(timeout=120).token_ids for f in rest]
     assert got == reference
+
+
+def test_the_coordinator_drops_a_message_no_stage_sends():
+    from pipespec.messages import Close, Verdict
+
+    with LocalPipeline(mock3()) as pipe:
+        for bogus in [Close("req-x"), Verdict("req-x", 0, 0, 1)]:
+            pipe._on_loop(lambda bogus=bogus: pipe.coordinator.deliver(bogus))
+        assert pipe.generate(prompt_token_ids=PROMPTS[0], max_new_tokens=8).finish_reason == "length"
