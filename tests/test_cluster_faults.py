@@ -14,6 +14,7 @@ within `faults.restore_s`, reports NOT_SERVING, and its supervisor reports the f
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -24,6 +25,7 @@ import pytest
 from pipespec import Client, LocalPipeline, load_config
 
 pytestmark = pytest.mark.ray
+log = logging.getLogger(__name__)  # the figures the issue asks for: `pytest --log-cli-level=INFO`
 
 STREAMS = 8
 TOKENS = 64
@@ -135,7 +137,8 @@ def test_a_killed_drafter_costs_no_stream(pipeline, reference, killed):
     results = streams_during(client, lambda: os.kill(pid_of(running, killed), signal.SIGKILL))
     assert [ids for ids, *_ in results] == reference
     assert all(reason == "length" for _, reason, _, _ in results)
-    serving_again(client)
+    log.info("%s killed: all %d streams exact, the last %.1f s after the kill", killed, STREAMS, max(r[3] for r in results))
+    log.info("%s killed: serving again (health, a request) %.1f s later", killed, serving_again(client))
     assert not failures
 
 
@@ -151,7 +154,18 @@ def test_a_killed_target_or_coordinator_never_hangs_a_stream(pipeline, reference
             assert ids == want[: len(ids)]  # what was streamed before the fault is the target's
         else:
             assert (ids, reason) == (want, "length")
-    assert serving_again(client) < 30
+    errors = [r for r in results if r[1] == "error"]
+    log.info(
+        "%s killed: %d streams exact, %d ended with an error (%s), the last %.1f s after the kill",
+        killed,
+        STREAMS - len(errors),
+        len(errors),
+        errors[0][2][:80] if errors else "",
+        max(r[3] for r in results),
+    )
+    again = serving_again(client)
+    log.info("%s killed: serving again %.1f s after the streams ended", killed, again)
+    assert again < 30
     assert [client.generate(**request(i)).token_ids for i in range(2)] == reference[:2]
     assert not failures
 
