@@ -36,6 +36,11 @@ about, never the runner:
   with its neighbours', so it ends loudly rather than going on in a state no rule was written for.
 
 Messages that overtake their request's Open are held, within bounds, until it comes (pipespec.early_mail).
+
+A lost link (`lost`: its peer died, or the stream broke) degrades the stage, never stops it
+(design 5c): without its drafter a verifier goes on alone; without its verifier a drafter holds its
+requests; without the coordinator its requests are closed. A request that rejoins after a restart
+opens with its committed tokens (`RequestSpec.committed`), which the first step feeds.
 """
 
 from __future__ import annotations
