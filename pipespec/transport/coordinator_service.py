@@ -22,10 +22,11 @@ from pipespec.transport.streams import SERVER_OPTIONS
 
 
 class CoordinatorService(pb_grpc.CoordinatorServicer):
-    def __init__(self, coordinator: Coordinator, front_door: FrontDoor, name: str = "coordinator"):
+    def __init__(self, coordinator: Coordinator, front_door: FrontDoor, name: str = "coordinator", secret: str | None = None):
         self.coordinator = coordinator
         self.front_door = front_door
         self.name = name
+        self.secret = secret  # the pipeline's (pipespec.transport.auth)
 
     async def Generate(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateResponse]:
         try:
