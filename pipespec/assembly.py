@@ -7,9 +7,11 @@
   tokenizer; the target's image processor loads); it builds the front door and the coordinator.
 - `link_in_process`: each runner to its drafter, its verifier and the coordinator, and the
   coordinator to every runner, all in one event loop.
-- over gRPC, each stage serves its runner (`pipespec.transport.streams.serve_stage`: the drafter's
-  and the coordinator's streams become the runner's links as they attach), then `link_to_verifier`
-  opens each drafter's stream to its verifier and `link_coordinator` the coordinator's to every stage.
+- over gRPC, each stage serves its runner (`serve_runner`: the drafter's and the coordinator's
+  streams become the runner's links as they attach), then `link_to_verifier` opens each drafter's
+  stream to its verifier and `link_coordinator` the coordinator's to every stage. Every call carries
+  the pipeline's secret (pipespec.transport.auth; one per pipeline, made by whoever launches it), and
+  every stream takes the config's frame limit and loss detection (`limits`, `faults.detect_s`).
 
 Runners and the coordinator take their links through their `connect` methods. No Ray here, and no
 gRPC at import: the functions that open streams import the transport when called.
@@ -30,7 +32,7 @@ from pipespec.tokenization import IncrementalDetokenizer, check_shared_tokenizer
 
 if TYPE_CHECKING:
     from pipespec.runner import StageRunner
-    from pipespec.transport.streams import StageClient
+    from pipespec.transport.streams import StageClient, StageService
 
 
 @dataclass(frozen=True)
@@ -76,35 +78,50 @@ def link_in_process(
     coordinator.connect([link(r) for r in runners])
 
 
-async def link_to_verifier(runner: StageRunner, address: str) -> StageClient:
-    """Open `runner`'s stream to its verifier served at `address`: drafts go down it, verdicts come back.
-    -> the client, to close when the pipeline stops."""
+async def serve_runner(
+    runner: StageRunner, config: PipelineConfig, secret: str, host: str = "127.0.0.1", drafter: bool | None = None
+) -> tuple[Any, int, StageService]:
+    """Serve `runner`'s streams on `host` (any free port) to callers holding `secret`, with the config's
+    frame limit and loss detection; `drafter`: whether it takes a drafter stream (default: if it has a
+    drafter; False when its drafter is linked in process). -> (server, port, service)."""
+    from pipespec.transport.streams import serve_stage
+
+    limits, detect_s = config.limits, config.faults.detect_s
+    return await serve_stage(runner, host, 0, secret=secret, limits=limits, detect_s=detect_s, drafter=drafter)
+
+
+def _client(address: str, config: PipelineConfig, secret: str) -> StageClient:
     from pipespec.transport.streams import StageClient
 
-    client = StageClient(address)
+    return StageClient(address, secret=secret, limits=config.limits, detect_s=config.faults.detect_s)
+
+
+async def link_to_verifier(runner: StageRunner, address: str, config: PipelineConfig, secret: str) -> StageClient:
+    """Open `runner`'s stream to its verifier served at `address`: drafts go down it, verdicts come back
+    (and its loss, to `runner.lost`). -> the client, to close when the pipeline stops."""
+    client = _client(address, config, secret)
     await client.wait_ready()
-    runner.connect(downstream=client.link(runner.deliver))
+    runner.connect(downstream=client.link(runner))
     return client
 
 
-async def relink_coordinator(coordinator: Coordinator, i: int, address: str) -> StageClient:
+async def relink_coordinator(coordinator: Coordinator, i: int, address: str, config: PipelineConfig, secret: str) -> StageClient:
     """Open the coordinator's stream to stage i, restored at `address`: its running requests rejoin.
     -> the client, to close when the pipeline stops."""
-    from pipespec.transport.streams import StageClient
-
-    client = StageClient(address)
+    client = _client(address, config, secret)
     await client.wait_ready()
-    coordinator.restored(i, client.control(coordinator.deliver))
+    coordinator.restored(i, client.control(coordinator))
     return client
 
 
-async def link_coordinator(coordinator: Coordinator, addresses: Sequence[str]) -> list[StageClient]:
+async def link_coordinator(
+    coordinator: Coordinator, addresses: Sequence[str], config: PipelineConfig, secret: str
+) -> list[StageClient]:
     """Open the coordinator's stream to every stage, served at `addresses` (upstream to downstream):
-    opens and closes go down, commits, statistics and failures come back. -> the clients, to close."""
-    from pipespec.transport.streams import StageClient
-
-    clients = [StageClient(a) for a in addresses]
+    opens and closes go down, commits, statistics and failures come back (and a stream's loss, to
+    `coordinator.lost`). -> the clients, to close."""
+    clients = [_client(a, config, secret) for a in addresses]
     for client in clients:
         await client.wait_ready()
-    coordinator.connect([c.control(coordinator.deliver) for c in clients])
+    coordinator.connect([c.control(coordinator) for c in clients])
     return clients

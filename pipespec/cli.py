@@ -2,7 +2,7 @@
 
     pipespec demo [--prompt TEXT] [--image FILE] [--max-new-tokens N] [--runs N] [--plan auto [--devices N]]
                   [--json FILE]
-    pipespec serve CONFIG [--address RAY_ADDRESS] [--port P] [--strategy pack|spread]
+    pipespec serve CONFIG [--address RAY_ADDRESS] [--host H] [--port P] [--strategy pack|spread|strict-pack|strict-spread]
                    [--plan auto [--devices N] [--image FILE]]
     pipespec generate --address HOST:PORT --prompt TEXT [--image FILE] [--max-new-tokens N]
                       [--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT ...]
@@ -146,6 +146,8 @@ def plan(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipespec.cluster.bundles import STRATEGIES
+
     parser = argparse.ArgumentParser(prog="pipespec", description="Asynchronous hierarchical speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run the embedded default pipeline on this machine")
@@ -172,9 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("serve", help="start a pipeline on Ray (a local one by default) and serve it")
     s.add_argument("config", help="a pipeline YAML file, or the name of an example shipped in pipespec/configs (e.g. mock3)")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--host", help="interface the servers bind (default: the config's server.host)")
     s.add_argument("--port", type=int, help="coordinator port (default: the config's server.port)")
-    s.add_argument("--strategy", default="pack")
+    s.add_argument("--strategy", default="pack", choices=list(STRATEGIES), help="how devices are placed on nodes")
     s.add_argument(
         "--plan", choices=["auto"], help="auto: profile the config here, serve the chain and placement `pipespec plan` recommends"
     )

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from pipespec.assembly import Entrance, link_coordinator, link_in_process, link_to_verifier
+from pipespec.assembly import Entrance, link_coordinator, link_in_process, link_to_verifier, serve_runner
 from pipespec.config import PipelineConfig
 from pipespec.coordinator import Coordinator
 from pipespec.frontdoor import TargetInfo
@@ -44,11 +44,14 @@ class LocalPipeline:
         """`torch_threads`: torch's intra-op pool is shared by every stage of this process; one thread
         each keeps concurrent stages from fighting over the cores (None leaves torch's setting).
         `over_grpc`: every stage behind its own gRPC server on 127.0.0.1, the links real gRPC
-        streams (to measure the transport against in-process links; same process, same loop)."""
+        streams (to measure the transport against in-process links; same process, same loop), open
+        only to callers holding `secret` (this pipeline's, made here); `addresses`: each stage's."""
         self.config = config
         self.link_factory = link_factory
         self.over_grpc = over_grpc
-        self._servers: list = []  # gRPC servers and clients (over_grpc only)
+        self.secret: str | None = None  # over_grpc only
+        self.addresses: list[str] = []
+        self._services: list = []  # each stage's gRPC service, and the clients of its streams (over_grpc only)
         self._clients: list = []
         self.entrance = Entrance.check(config)  # before any weights load
         if stages is None:
@@ -99,14 +102,16 @@ class LocalPipeline:
 
     async def _wire_grpc(self) -> None:
         """Every link a gRPC stream, through a server per stage on 127.0.0.1 (as on a cluster)."""
-        from pipespec.transport.streams import serve_stage
+        from pipespec.transport.auth import new_secret
 
-        served = [await serve_stage(r) for r in self.runners]
-        addresses = [f"127.0.0.1:{port}" for _, port, _ in served]
-        clients = [await link_to_verifier(r, verifier) for r, verifier in zip(self.runners[:-1], addresses[1:])]
-        clients += await link_coordinator(self.coordinator, addresses)
-        self._servers, self._clients = [server for server, _, _ in served], clients
-        for _, _, service in served:
+        self.secret = secret = new_secret()
+        served = [await serve_runner(r, self.config, secret) for r in self.runners]
+        self._services = [service for _, _, service in served]
+        self.addresses = [f"127.0.0.1:{port}" for _, port, _ in served]
+        pairs = zip(self.runners[:-1], self.addresses[1:])
+        self._clients = [await link_to_verifier(r, verifier, self.config, secret) for r, verifier in pairs]
+        self._clients += await link_coordinator(self.coordinator, self.addresses, self.config, secret)
+        for service in self._services:
             await service.attached()
 
     def close(self) -> None:
@@ -117,10 +122,12 @@ class LocalPipeline:
             for t in self._tasks:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            for service in self._services:  # our own shutdown: no stream it ends is reported lost
+                service.stopping = True
             for client in self._clients:
                 await client.close()
-            for server in self._servers:
-                await server.stop(grace=None)
+            for service in self._services:
+                await service.stop()
 
         asyncio.run_coroutine_threadsafe(stop(), self.loop).result()
         for scheduler in {r.scheduler: None for r in self.runners}:  # let in-flight forwards finish while the loop runs

@@ -137,3 +137,25 @@ def test_demo_runs_the_shipped_models_exactly(tmp_path):
     cores = sum(d["resources"]["num_cpus"] for d in figures["placement"])
     assert figures["target_alone_threads"] == max(1, round(cores))
     assert "placement:\n  device 1: tiny" in run.stdout and "target alone: in this process" in run.stdout
+
+
+def test_an_unknown_strategy_is_refused_before_anything_starts(capsys):
+    from pipespec.cli import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(["serve", "mock3", "--strategy", "bogus"])
+    assert refused.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+def test_serve_names_resources_it_can_never_place_and_exits_2(tmp_path):
+    from pipespec.cluster.pipeline import RAY_ENV
+
+    stage = {"name": "t", "kind": "mock", "vocab_size": 16, "resources": {"num_cpus": 1000}}
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump({"name": "huge", "stages": [stage], "server": {"port": 0}}))
+    pipespec = str(Path(sys.executable).with_name("pipespec"))
+    env = {**os.environ, **RAY_ENV, "RAY_ADDRESS": ""}
+    out = subprocess.run([pipespec, "serve", str(path)], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 2, out.stderr
+    assert "{'CPU': 1000.0}] can never be placed (pack): no node has the resources" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from pipespec import Client, LocalPipeline, load_config
+from pipespec import Client, ConfigError, LocalPipeline, load_config
 
 pytestmark = pytest.mark.ray
 
@@ -164,3 +164,27 @@ def test_astream_is_the_async_twin(mock_pipeline, mock_target_alone):
     assert deltas[-1].finish_reason == "length" and deltas[-1].stats.generated_tokens == len(
         mock_target_alone.generate(**request(5)).token_ids
     )
+
+
+def test_on_one_loopback_node_everything_serves_on_loopback(mock_pipeline):
+    addresses = [a for device in mock_pipeline.placement() for a in device["addresses"]]
+    assert len(addresses) == 3 and all(a.startswith("127.0.0.1:") for a in [mock_pipeline.address, *addresses])
+
+
+def test_a_port_in_use_is_a_config_error_at_once(ray_session):
+    import socket
+
+    from pipespec.cluster.pipeline import start_pipeline
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"cannot serve on 127.0.0.1:{port}: Address already in use"):
+            start_pipeline(load_config("pipespec/configs/mock3.yaml"), port=port)
+
+
+def test_resources_no_node_has_are_refused_at_once(ray_session):
+    from pipespec.cluster.pipeline import start_pipeline
+
+    config = load_config({"name": "huge", "stages": [{"name": "t", "kind": "mock", "resources": {"num_cpus": 64}}]})
+    with pytest.raises(ConfigError, match=r"can never be placed \(spread\): no node has the resources \{'CPU': 64.0\}"):
+        start_pipeline(config, port=0, strategy="spread", placement_timeout_s=600)  # not waited for

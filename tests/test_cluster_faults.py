@@ -58,7 +58,7 @@ def ray_session():
     ray_env()
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False)  # room for the two pipelines of this module
     yield ray
     ray.shutdown()
 

@@ -1,17 +1,24 @@
 """The pipeline over real gRPC streams (one server per stage on 127.0.0.1) stays exact.
 
 Same stages and runners as in process; only the links differ: every draft, verdict, open, commit
-and close crosses a gRPC stream as a msgpack frame.
+and close crosses a gRPC stream as a msgpack frame. Then the streams themselves: a stream that ends
+is reported lost to the endpoint on the other side (never on the side that closed it), a frame the
+codec refuses is dropped and the stream goes on, a frame over gRPC's limit ends its stream.
 """
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
-from pipespec import LocalPipeline, load_config
-from pipespec.transport.streams import StageClient, serve_stage
+from pipespec import LocalPipeline, codec, load_config
+from pipespec.config import LimitsSpec
+from pipespec.messages import Close, Commit
+from pipespec.transport.auth import new_secret
+from pipespec.transport.streams import WRAPPER_BYTES, StageClient, channel_options, serve_stage, server_options
+from tests.fixtures.recorder import Recorder, next_of
 
 
 def mocks(agreements, target_ms=0.0, **sampling):
@@ -78,3 +85,146 @@ def test_health_reports_open_requests():
 
     reply = asyncio.run(check())
     assert (reply.name, reply.status, reply.requests) == ("m0", "serving", 0)
+
+
+# ---- the streams themselves, against a stand-in endpoint (tests.fixtures.recorder) --------------------
+
+
+def served(scenario, limits=LimitsSpec()):
+    """Run `scenario(runner, service, address, secret)` against a stage server on loopback, stopped after."""
+
+    async def run():
+        runner, secret = Recorder(), new_secret()
+        _, port, service = await serve_stage(runner, secret=secret, limits=limits)
+        try:
+            return await scenario(runner, service, f"127.0.0.1:{port}", secret)
+        finally:
+            await service.stop()
+
+    return asyncio.run(run())
+
+
+def test_a_stream_ended_by_the_client_is_lost_to_the_stage_only():
+    async def scenario(runner, service, address, secret):
+        inbox, client = Recorder(), StageClient(address, secret=secret)
+        link = client.control(inbox)
+        role, attached = await next_of(runner.connected)
+        link.send(Close("r1"))  # down ...
+        attached.send(Commit("r1", 0, (5, 6)))  # ... and up
+        got = await next_of(runner.messages), await next_of(inbox.messages)
+        await client.close()
+        return role, got, await next_of(runner.losses) is attached, inbox.losses.empty()
+
+    assert served(scenario) == ("coordinator", (Close("r1"), Commit("r1", 0, (5, 6))), True, True)
+
+
+def test_a_stream_ended_by_the_stage_is_lost_to_the_client_only():
+    async def scenario(runner, service, address, secret):
+        inbox, client = Recorder(), StageClient(address, secret=secret)
+        link = client.link(inbox)
+        await next_of(runner.connected)
+        await service.stop()  # the stage's own shutdown
+        try:
+            lost = await next_of(inbox.losses)
+        finally:
+            await client.close()
+        queued = link.queue.qsize()
+        link.send(Close("r1"))  # a link whose stream is gone drops what is sent
+        return lost is link, runner.losses.empty(), link.queue.qsize() - queued
+
+    assert served(scenario) == (True, True, 0)
+
+
+def test_a_frame_the_codec_refuses_is_dropped_and_the_stream_goes_on(monkeypatch, caplog):
+    decode = codec.decode
+
+    def strict(payload, limits=None):
+        if payload == b"refused":
+            raise codec.FrameError("a frame the codec refuses")
+        return decode(payload, limits)
+
+    monkeypatch.setattr(codec, "decode", strict)
+
+    async def scenario(runner, service, address, secret):
+        client = StageClient(address, secret=secret)
+        try:
+            link = client.link(Recorder())
+            await next_of(runner.connected)
+            link.queue.put_nowait(b"refused")
+            link.send(Close("r2"))
+            return await next_of(runner.messages), runner.losses.empty()
+        finally:
+            await client.close()
+
+    assert served(scenario) == (Close("r2"), True)
+    (warning,) = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert "'stage' drafter stream" in warning and "a frame the codec refuses" in warning
+
+
+def test_a_frame_over_the_limit_ends_its_stream_and_frees_the_role():
+    async def scenario(runner, service, address, secret):
+        client = StageClient(address, secret=secret, limits=LimitsSpec(frame_bytes=2**20))  # a peer with other limits
+        try:
+            inbox = Recorder()
+            link = client.link(inbox)
+            _, attached = await next_of(runner.connected)
+            link.queue.put_nowait(bytes(256 * 2**10))  # over 64 KiB and the wrapper's allowance
+            lost = await next_of(runner.losses), await next_of(inbox.losses)
+            client.link(Recorder())
+            await next_of(runner.connected)  # the role is free again
+            return lost == (attached, link)
+        finally:
+            await client.close()
+
+    assert served(scenario, LimitsSpec(frame_bytes=64 * 2**10))
+
+
+def test_keepalive_follows_the_fault_detection_time():
+    client = dict(channel_options(LimitsSpec(frame_bytes=100), detect_s=3.0))
+    server = dict(server_options(LimitsSpec(frame_bytes=100), detect_s=3.0))
+    assert client["grpc.keepalive_time_ms"] + client["grpc.keepalive_timeout_ms"] == 3000
+    assert server["grpc.http2.min_ping_interval_without_data_ms"] <= client["grpc.keepalive_time_ms"]
+    assert client["grpc.max_receive_message_length"] == server["grpc.max_send_message_length"] == 100 + WRAPPER_BYTES
+    assert server["grpc.so_reuseport"] == 0  # a second server on a port in use fails to bind
+
+
+def test_a_frozen_stage_is_declared_lost_by_keepalive():
+    """A stage process stopped dead (SIGSTOP: its socket stays open, nothing answers) is lost to its client
+    after about `detect_s`; gRPC alone would wait a minute (the guard below is well under it)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    stage = "\n".join(
+        [
+            "import asyncio",
+            "from tests.fixtures.recorder import Recorder",
+            "from pipespec.transport.streams import serve_stage",
+            "async def main():",
+            "    _, port, _ = await serve_stage(Recorder(), secret='s', detect_s=1.0)",
+            "    print(port, flush=True)",
+            "    await asyncio.Event().wait()",
+            "asyncio.run(main())",
+        ]
+    )
+    root = Path(__file__).resolve().parents[1]
+    child = subprocess.Popen([sys.executable, "-c", stage], stdout=subprocess.PIPE, text=True, cwd=root)
+
+    async def scenario():
+        client = StageClient(f"127.0.0.1:{int(child.stdout.readline())}", secret="s", detect_s=1.0)
+        try:
+            await client.wait_ready()
+            inbox = Recorder()
+            link = client.control(inbox)
+            await client.health()  # the stream's server answers ...
+            os.kill(child.pid, signal.SIGSTOP)  # ... then freezes
+            return await next_of(inbox.losses, timeout=20.0) is link
+        finally:
+            await client.close()
+
+    try:
+        assert asyncio.run(scenario())
+    finally:
+        child.kill()
+        child.wait()

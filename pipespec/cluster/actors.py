@@ -6,6 +6,11 @@ runner serves its own gRPC streams (its drafter's and the coordinator's); two ne
 device are linked in process instead. The actor's threads are pinned to its bundle's cores when it
 is given them (pipespec.cluster.cores), and torch's thread count is set to the device's CPU share,
 since Ray otherwise leaves small actors with one OpenMP thread.
+
+Addresses: a device actor's servers bind the host the launcher gives it, or, given none, its own
+node's address (`ray.util.get_node_ip_address()`), which is also what a wildcard host (0.0.0.0, ::)
+advertises; the launcher decides which (pipespec.cluster.pipeline). Every stream carries the
+pipeline's secret.
 """
 
 from __future__ import annotations
@@ -22,6 +27,13 @@ from pipespec.config import PipelineConfig
 from pipespec.frontdoor import TargetInfo
 
 log = logging.getLogger(__name__)
+
+WILDCARDS = ("0.0.0.0", "::")  # hosts that bind every interface: they advertise the node's address
+
+
+def address(host: str, port: int) -> str:
+    """host:port as gRPC takes it (an IPv6 host in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @ray.remote
@@ -54,6 +66,7 @@ class DeviceActor:
                 target_vocab_size = self.stages[i].vocab_size
         self.runners: dict = {}
         self.services: dict = {}
+        self.addresses: dict[int, str] = {}  # per stage, where it serves (once serving)
 
     def describe(self) -> dict:
         """What runs here: the stages, the cores pinned (None: not pinned), torch's threads, the process id."""
@@ -64,6 +77,8 @@ class DeviceActor:
             "cores": self.cores,
             "threads": torch.get_num_threads(),
             "pid": os.getpid(),
+            "node": ray.util.get_node_ip_address(),
+            "addresses": [self.addresses[i] for i in self.indices] if self.addresses else None,
         }
 
     def pid(self) -> int:
@@ -76,13 +91,14 @@ class DeviceActor:
     def vocab_sizes(self) -> dict[int, int]:
         return {i: stage.vocab_size for i, stage in self.stages.items()}
 
-    async def serve(self, host: str) -> dict[int, str]:
-        """Start the runners, their gRPC servers and the device's scheduler; link neighbours placed here.
+    async def serve(self, host: str | None, secret: str) -> dict[int, str]:
+        """Start the runners, their gRPC servers (on `host`, None: this node's address; open to callers
+        holding `secret`) and the device's scheduler; link neighbours placed here.
         -> per stage, the address its drafter and the coordinator use."""
+        from pipespec.assembly import serve_runner
         from pipespec.links import InProcessLink
         from pipespec.runner import StageRunner
         from pipespec.scheduler import DeviceScheduler
-        from pipespec.transport.streams import serve_stage
 
         scheduler = DeviceScheduler("+".join(self.config.stages[i].name for i in self.indices))
         self.runners = {i: StageRunner.for_config(self.stages[i], self.config, i, scheduler) for i in self.indices}
@@ -90,18 +106,20 @@ class DeviceActor:
             if i + 1 in self.runners:
                 self.runners[i].connect(downstream=InProcessLink(self.runners[i + 1]))
                 self.runners[i + 1].connect(upstream=InProcessLink(self.runners[i]))
-        addresses = {}
-        self.servers = []
+        node = ray.util.get_node_ip_address()
+        bind = node if host is None else host
+        advertised = node if bind in WILDCARDS else bind
+        self.addresses = {}
         for i, runner in self.runners.items():
-            server, port, self.services[i] = await serve_stage(runner, host, 0)
-            self.servers.append(server)
-            addresses[i] = f"{host}:{port}"
+            remote_drafter = i > 0 and i - 1 not in self.runners  # else linked in process, or none
+            _, port, self.services[i] = await serve_runner(runner, self.config, secret, bind, remote_drafter)
+            self.addresses[i] = address(advertised, port)
         loop = asyncio.get_running_loop()
         self.tasks = [loop.create_task(runner.run()) for runner in self.runners.values()]
         self.clients: dict = {}
-        return addresses
+        return self.addresses
 
-    async def connect_downstream(self, index: int, address: str) -> None:
+    async def connect_downstream(self, index: int, address: str, secret: str) -> None:
         """Open stage `index`'s stream to its verifier on another device (again, when the verifier was
         restored): drafts go down it, verdicts come back."""
         from pipespec.assembly import link_to_verifier
@@ -109,7 +127,7 @@ class DeviceActor:
         old = self.clients.pop(index, None)
         if old is not None:
             await old.close()
-        self.clients[index] = await link_to_verifier(self.runners[index], address)
+        self.clients[index] = await link_to_verifier(self.runners[index], address, self.config, secret)
 
     async def lifetime(self) -> None:
         """Never returns: the call fails when this actor dies (pipespec.cluster.supervisor watches it)."""
@@ -117,8 +135,8 @@ class DeviceActor:
 
     async def attached(self) -> None:
         """Return once the coordinator (and each stage's drafter on another device) have connected."""
-        for i, service in self.services.items():
-            await service.attached(drafter=i > 0 and i - 1 not in self.runners)
+        for service in self.services.values():
+            await service.attached()
 
     def open_requests(self) -> int:
         return sum(len(r.requests) for r in self.runners.values())
@@ -134,16 +152,21 @@ class DeviceActor:
 
 @ray.remote
 class CoordinatorActor:
-    async def serve(self, config: PipelineConfig, stage_addresses: list[str], target: TargetInfo, host: str, port: int) -> str:
+    async def serve(
+        self, config: PipelineConfig, stage_addresses: list[str], target: TargetInfo, host: str, port: int, secret: str
+    ) -> str:
+        """Link the coordinator to every stage, then serve clients on host:port (placed on the launcher's node).
+        -> the address clients connect to."""
         from pipespec.assembly import Entrance, link_coordinator
         from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 
         entrance = Entrance.check(config)
         self.coordinator = entrance.coordinator()
-        self.clients = dict(enumerate(await link_coordinator(self.coordinator, stage_addresses)))
-        service = CoordinatorService(self.coordinator, entrance.front_door(target), config.name)
+        self.config, self.secret = config, secret
+        self.clients = dict(enumerate(await link_coordinator(self.coordinator, stage_addresses, config, secret)))
+        service = CoordinatorService(self.coordinator, entrance.front_door(target), config.name, secret=secret)
         self.server, bound = await serve_coordinator(service, host, port)
-        return f"{host}:{bound}"
+        return address(ray.util.get_node_ip_address() if host in WILDCARDS else host, bound)
 
     async def lifetime(self) -> None:
         """Never returns: the call fails when this actor dies (pipespec.cluster.supervisor watches it)."""
@@ -160,9 +183,9 @@ class CoordinatorActor:
         """These stages were restored at `addresses`: link to them; the running requests rejoin."""
         from pipespec.assembly import relink_coordinator
 
-        for i, address in addresses.items():
+        for i, where in addresses.items():
             await self.clients.pop(i).close()
-            self.clients[i] = await relink_coordinator(self.coordinator, i, address)
+            self.clients[i] = await relink_coordinator(self.coordinator, i, where, self.config, self.secret)
 
     def pid(self) -> int:
         return os.getpid()

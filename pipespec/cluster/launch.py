@@ -1,10 +1,12 @@
 """Serve a pipeline on a Ray cluster: the `ray job submit` entrypoint, and `pipespec serve`.
 
-    ray job submit --working-dir . -- python -m pipespec.cluster.launch CONFIG [--port P] [--strategy pack|spread]
+    ray job submit --working-dir . -- python -m pipespec.cluster.launch CONFIG [--host H] [--port P] [--strategy pack|spread]
     pipespec serve CONFIG [--address RAY_ADDRESS]        # a local Ray unless --address
 
 Prints the address clients connect to (`pipespec generate --address ...`, `Client(address)`), then
 serves until stopped (Ctrl-C, SIGTERM, `ray job stop`), removing its actors and placement group.
+The host and port default to the config's `server` section (loopback unless it says otherwise). A
+config, strategy, port or placement the pipeline cannot start with is one line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from pipespec.cluster.bundles import STRATEGIES
 from pipespec.cluster.pipeline import ray_env, start_pipeline
 from pipespec.config import ConfigError, load_config
 from pipespec.examples import config_path
 
 
-def serve(config_arg: str | Mapping[str, Any], ray_address: str | None, host: str, port: int | None, strategy: str) -> int:
-    """Serve `config_arg` (a config file, a shipped example's name, or a parsed config) until stopped."""
+def serve(config_arg: str | Mapping[str, Any], ray_address: str | None, host: str | None, port: int | None, strategy: str) -> int:
+    """Serve `config_arg` (a config file, a shipped example's name, or a parsed config) until stopped.
+    `host`, `port`: where clients connect (None: the config's server.host, server.port)."""
     ray_env()
     import ray
 
@@ -37,7 +41,11 @@ def serve(config_arg: str | Mapping[str, Any], ray_address: str | None, host: st
         ray.init(address="local", include_dashboard=False)  # a Ray of our own on this machine
     else:
         ray.init(address=ray_address)  # the cluster we were submitted to (RAY_ADDRESS) or asked for
-    running = start_pipeline(config, host=host, port=port, strategy=strategy)
+    try:
+        running = start_pipeline(config, host=host, port=port, strategy=strategy)
+    except ConfigError as e:  # nothing left running: start_pipeline cleans up after itself
+        print(f"pipespec: {e}", file=sys.stderr)
+        return 2
     print(f"pipespec: serving {config.name!r} ({len(config.stages)} stages) at {running.address}", flush=True)
     failures: list[str] = []
 
@@ -67,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="a pipeline YAML file, or the name of an example shipped in pipespec/configs (e.g. mock3)")
     parser.add_argument("--address", help="Ray cluster address (default: the job's cluster, else a local Ray)")
-    parser.add_argument("--host", default="127.0.0.1", help="interface the gRPC servers bind")
+    parser.add_argument("--host", help="interface the gRPC servers bind (default: the config's server.host)")
     parser.add_argument("--port", type=int, help="coordinator port (default: the config's server.port; 0 = any)")
-    parser.add_argument("--strategy", default="pack", help="placement: pack | spread | strict-pack | strict-spread")
+    parser.add_argument("--strategy", default="pack", choices=list(STRATEGIES), help="how devices are placed on nodes")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     return serve(args.config, args.address, args.host, args.port, args.strategy)

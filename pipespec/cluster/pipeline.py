@@ -6,32 +6,44 @@ of whole CPUs gets its own cores (pipespec.cluster.cores) unless `pin_cores` is 
 is small and sits outside the group. The target's device is built first (an ngram drafter needs the
 target's vocabulary), then each device serves gRPC, each drafter whose verifier is on another device
 connects to it, the coordinator connects to every stage, and only when every stream is attached is
-the pipeline's address returned.
+the pipeline's address returned. Every actor restarts when its process dies (`faults.max_restarts`);
+`RunningPipeline.supervise()` puts a restarted one back in place (pipespec.cluster.supervisor).
+
+Trust and addresses (design 5c): one secret per pipeline, made here and handed to every stage server,
+every stream and the coordinator. The coordinator runs on the launcher's node and serves clients on
+`host` (the config's server.host unless told otherwise: loopback by default). The stage servers bind
+`host` too when every device is on the launcher's node; when the pipeline spans nodes (or lies on
+another one), each device binds and advertises its own node's address (Ray's node IP), the only one
+its neighbours and the coordinator can reach, unless `host` is a wildcard (0.0.0.0, ::), which every
+stage binds and which advertises the node's address. On a single loopback node everything stays on
+127.0.0.1.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 from ray.exceptions import RayError as ClusterError  # noqa: F401  (what a failed actor raises, for callers outside cluster/)
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from pipespec.assembly import Entrance
-from pipespec.cluster.actors import CoordinatorActor, DeviceActor
+from pipespec.cluster.actors import WILDCARDS, CoordinatorActor, DeviceActor, address
+from pipespec.cluster.bundles import STRATEGIES, bundle, unplaceable
 from pipespec.cluster.cores import slices
 from pipespec.cluster.supervisor import Supervisor
 from pipespec.config import ConfigError, PipelineConfig
 from pipespec.frontdoor import TargetInfo
 from pipespec.stages import check_vocabularies
+from pipespec.transport.auth import new_secret
 
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-STRATEGIES = {"pack": "PACK", "spread": "SPREAD", "strict-pack": "STRICT_PACK", "strict-spread": "STRICT_SPREAD"}
 
 
 def ray_env() -> None:
@@ -55,25 +67,23 @@ def local_ray(num_cpus: float | None = None) -> Iterator[dict]:
         ray.shutdown()
 
 
-def _bundle(resources: dict) -> dict:
-    renamed = {"num_cpus": "CPU", "num_gpus": "GPU"}
-    return {renamed.get(k, k): float(v) for k, v in resources.items() if v}
-
-
 @dataclass
 class RunningPipeline:
     address: str  # what clients connect to
     devices: list  # DeviceActor handles, in the order of PipelineConfig.devices()
     coordinator: object
     group: object
-    config: PipelineConfig
-    host: str  # what the servers bind
+    secret: str = field(repr=False)  # the pipeline's (pipespec.transport.auth): every stage call carries it
+    config: PipelineConfig = field(repr=False)
+    host: str  # what the coordinator binds
+    stage_host: str | None  # what the stage servers bind (None: their node's address)
     addresses: dict[int, str]  # each stage's server (its drafter and the coordinator connect to it)
-    target: TargetInfo
+    target: TargetInfo = field(repr=False)
     supervisor: Supervisor | None = None
 
     def placement(self) -> list[dict]:
-        """Per device: its stages, the cores its threads are pinned to (None: not pinned), torch's threads, its pid."""
+        """Per device: its stages, the cores its threads are pinned to (None: not pinned), torch's threads,
+        its pid, its node's address and each of its stages' addresses (what they advertise)."""
         return ray.get([d.describe.remote() for d in self.devices])
 
     def processes(self) -> dict[int, str]:
@@ -104,7 +114,7 @@ class RunningPipeline:
         """Each of `stages` opens its stream to its verifier (those whose verifier is on another device)."""
         ray.get(
             [
-                self._device_of(i).connect_downstream.remote(i, self.addresses[i + 1])
+                self._device_of(i).connect_downstream.remote(i, self.addresses[i + 1], self.secret)
                 for i in stages
                 if i + 1 < len(self.config.stages) and self._device_of(i) is not self._device_of(i + 1)
             ],
@@ -120,17 +130,17 @@ class RunningPipeline:
         them and them to theirs, and give the coordinator their new streams (the requests rejoin)."""
         timeout = self.config.faults.restore_s
         indices = list(self.config.devices()[k])
-        self.addresses.update(ray.get(self.devices[k].serve.remote(self.host), timeout=timeout))
+        self.addresses.update(ray.get(self.devices[k].serve.remote(self.stage_host, self.secret), timeout=timeout))
         self._link_downstream(sorted({i - 1 for i in indices if i > 0} | set(indices)), timeout)
         ray.get(self.coordinator.relink.remote({i: self.addresses[i] for i in indices}), timeout=timeout)
         ray.get(self.devices[k].attached.remote(), timeout=timeout)
 
     def serve_coordinator(self, timeout: float | None = None) -> None:
-        """Serve the coordinator at `address` (its port: 0 at start, any free one), linked to every stage."""
-        host, port = self.address.rsplit(":", 1)
+        """Serve the coordinator on `host` at `address`'s port (0 at start: any free one), linked to every stage."""
+        port = int(self.address.rsplit(":", 1)[1])
         stages = [self.addresses[i] for i in range(len(self.config.stages))]
         self.address = ray.get(
-            self.coordinator.serve.remote(self.config, stages, self.target, host, int(port)),
+            self.coordinator.serve.remote(self.config, stages, self.target, self.host, port, self.secret),
             timeout=timeout or self.config.faults.restore_s,
         )
 
@@ -141,27 +151,56 @@ class RunningPipeline:
         return self.supervisor
 
     def stop(self) -> None:
+        """Kill every actor and free the placement group; actors already dead are fine, so is stopping twice."""
         if self.supervisor is not None:
             self.supervisor.stop()
-        for actor in [self.coordinator, *self.devices]:
+        _tear_down([self.coordinator, *self.devices], self.group)
+
+
+def _tear_down(actors: list, group: object) -> None:
+    for actor in actors:
+        if actor is not None:
             ray.kill(actor)
-        remove_placement_group(self.group)
+    remove_placement_group(group)
+
+
+def _check_port(host: str, port: int) -> None:
+    """ConfigError at once if the coordinator could not bind host:port here (it runs on this node)."""
+    if port == 0:
+        return
+    try:
+        family, _, _, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        socket.create_server(where, family=family).close()  # SO_REUSEADDR, as gRPC binds
+    except OSError as e:
+        raise ConfigError(
+            f"the coordinator cannot serve on {host}:{port}: {e.strerror or e} (server.port; 0 picks a free port)"
+        ) from None
 
 
 def start_pipeline(
     config: PipelineConfig,
-    host: str = "127.0.0.1",
+    host: str | None = None,
     port: int | None = None,
     strategy: str = "pack",
     placement_timeout_s: float = 60.0,
     pin_cores: bool = True,
 ) -> RunningPipeline:
+    """Place and start `config`'s pipeline; -> its handle once every stream is attached. `host`, `port`:
+    where the coordinator serves (default: the config's server.host and .port). ConfigError, before
+    anything starts, for a strategy it does not know, a port in use and resources the cluster can never
+    hold; after `placement_timeout_s` for resources it has but not free."""
     if strategy not in STRATEGIES:
         raise ConfigError(f"placement strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    host = config.server.host if host is None else host
+    port = config.server.port if port is None else port
+    _check_port(host, port)
     valid = Entrance.check(config).tokenizer_size  # config-time checks, before any actor loads weights
     specs = config.stages
     devices = config.devices()
-    bundles = [_bundle(specs[d[0]].resources) or {"CPU": 0.01} for d in devices]
+    bundles = [bundle(specs[d[0]].resources) or {"CPU": 0.01} for d in devices]
+    why = unplaceable(bundles, [n["Resources"] for n in ray.nodes() if n["Alive"]], strategy)
+    if why is not None:
+        raise ConfigError(f"pipeline {config.name!r}: its stages' resources {bundles} can never be placed ({strategy}): {why}")
     group = placement_group(bundles, strategy=STRATEGIES[strategy], name=f"pipespec-{config.name}")
     try:
         ray.get(group.ready(), timeout=placement_timeout_s)
@@ -171,9 +210,14 @@ def start_pipeline(
             f"pipeline {config.name!r}: its stages' resources {bundles} could not be placed ({strategy}) within "
             f"{placement_timeout_s:.0f} s; the cluster has {ray.available_resources()} available"
         ) from None
-
-    nodes = ray.util.placement_group_table(group)["bundles_to_node_id"]
-    cores = slices([b.get("CPU", 0.0) for b in bundles], [nodes[k] for k in range(len(bundles))])
+    node_of = ray.util.placement_group_table(group)["bundles_to_node_id"]
+    nodes = [node_of[k] for k in range(len(bundles))]
+    cores = slices([b.get("CPU", 0.0) for b in bundles], nodes)
+    here = ray.get_runtime_context().get_node_id()  # the launcher's node: the coordinator's too
+    # stages bind `host` when the whole pipeline is on this node (or `host` binds every interface);
+    # else each binds and advertises its own node's address, the one its neighbours can reach
+    stage_host = host if all(n == here for n in nodes) or host in WILDCARDS else None
+    secret = new_secret()
 
     def actor(k: int, target_vocab: int | None):
         resources = dict(specs[devices[k][0]].resources)
@@ -192,17 +236,24 @@ def start_pipeline(
 
     last = next(k for k, d in enumerate(devices) if len(specs) - 1 in d)  # the target's device
     actors: list = [None] * len(devices)
-    actors[last] = actor(last, None)
-    vocab = ray.get(actors[last].vocab_sizes.remote())[len(specs) - 1]
-    actors = [a if a is not None else actor(k, vocab) for k, a in enumerate(actors)]
-    sizes = {i: v for d in ray.get([a.vocab_sizes.remote() for a in actors]) for i, v in d.items()}
-    check_vocabularies(specs, [sizes[i] for i in range(len(specs))])
-    served = {i: a for d in ray.get([a.serve.remote(host) for a in actors]) for i, a in d.items()}
-    info = ray.get(actors[last].target_info.remote())
-    coordinator = CoordinatorActor.options(num_cpus=0, max_concurrency=1000, max_restarts=config.faults.max_restarts).remote()
-    port = config.server.port if port is None else port
-    running = RunningPipeline(f"{host}:{port}", actors, coordinator, group, config, host, served, info)
-    running._link_downstream(list(range(len(specs) - 1)), None)
-    running.serve_coordinator(timeout=60)
-    ray.get([a.attached.remote() for a in actors], timeout=60)
+    coordinator = None
+    try:
+        actors[last] = actor(last, None)
+        vocab = ray.get(actors[last].vocab_sizes.remote())[len(specs) - 1]
+        actors = [a if a is not None else actor(k, vocab) for k, a in enumerate(actors)]
+        sizes = {i: v for d in ray.get([a.vocab_sizes.remote() for a in actors]) for i, v in d.items()}
+        check_vocabularies(specs, [sizes[i] for i in range(len(specs))])
+        served = {i: a for d in ray.get([a.serve.remote(stage_host, secret) for a in actors]) for i, a in d.items()}
+        info = ray.get(actors[last].target_info.remote())
+        on_this_node = NodeAffinitySchedulingStrategy(here, soft=False)
+        coordinator = CoordinatorActor.options(
+            num_cpus=0, max_concurrency=1000, scheduling_strategy=on_this_node, max_restarts=config.faults.max_restarts
+        ).remote()
+        running = RunningPipeline(address(host, port), actors, coordinator, group, secret, config, host, stage_host, served, info)
+        running._link_downstream(list(range(len(specs) - 1)), None)
+        running.serve_coordinator(timeout=60)
+        ray.get([a.attached.remote() for a in actors], timeout=60)
+    except BaseException:
+        _tear_down([coordinator, *actors], group)
+        raise
     return running

@@ -1,12 +1,26 @@
 """gRPC links: the in-process `Link` interface over long-lived bidirectional streams.
 
-A stage serves `Stage.Link` (its drafter connects and streams
-drafts; verdicts come back on the same stream) and `Stage.Control` (the coordinator connects: opens
-and closes go down, commits, statistics and failures come up). Each message is one msgpack frame
-(pipespec.codec). `send` never blocks the event loop: it queues the frame and a writer awaits gRPC's
-flow control, so a slow peer holds back the writer, not the runner; the queue stays small because
-the protocol bounds what is in flight (lookahead per request). Message limits are raised for
-q rows and hidden states; keepalive pings detect a dead peer.
+A stage serves `Stage.Link` (its drafter connects and streams drafts; verdicts come back on the same
+stream) and `Stage.Control` (the coordinator connects: opens and closes go down, commits, statistics
+and failures come up). Each message is one msgpack frame (pipespec.codec). `send` never blocks the
+event loop: it queues the frame and a writer awaits gRPC's flow control, so a slow peer holds back
+the writer, not the runner; the queue stays small because the protocol bounds what is in flight
+(lookahead per request).
+
+Who may attach (design 5c): every call (Link, Control, Health) carries the pipeline's secret as
+metadata (pipespec.transport.auth) and a call without it is refused with UNAUTHENTICATED before it
+reads or sends anything. One attachment per role: a second drafter or coordinator stream while one is
+live is refused with ALREADY_EXISTS (a stage whose drafter is linked in process, or that has none,
+refuses every drafter stream); when a stream ends, for any reason, its role is free again, so a
+restarted peer can attach.
+
+Loss: when a stream ends other than by our own `close()` / `stop()`, the endpoint it fed is told
+(`Inbox.lost(link)`), on the stage's side and on the client's, and a warning names the stage, the
+role and why. Keepalive pings, both ways, declare a silent peer lost after about `detect_s` (the
+config's `faults.detect_s`). Frames: each is decoded against the config's limits; one the codec
+refuses (`codec.FrameError`) is logged and dropped, and the stream goes on. gRPC refuses a message
+larger than `limits.frame_bytes` (and a little for the wrapper), which ends that stream. Servers never
+share their port (no SO_REUSEPORT): a second server on a port in use fails to bind.
 """
 
 from __future__ import annotations
@@ -19,144 +33,278 @@ from typing import TYPE_CHECKING
 import grpc
 
 from pipespec import codec
+from pipespec.config import FaultSpec, LimitsSpec
+from pipespec.links import Inbox
 from pipespec.messages import Message
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
+from pipespec.transport.auth import authorized, call_metadata
 
 if TYPE_CHECKING:
     from pipespec.runner import StageRunner
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 512 * 2**20
-_LIMITS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES), ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-CHANNEL_OPTIONS = _LIMITS + [  # clients ping an idle stream every 20 s to detect a dead peer
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
-SERVER_OPTIONS = _LIMITS + [  # ... and servers accept those pings instead of answering GOAWAY
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
-    ("grpc.http2.max_ping_strikes", 0),
-    ("grpc.keepalive_permit_without_calls", 1),
-]
+WRAPPER_BYTES = 64 * 2**10  # what a Frame (or a GenerateRequest's other fields) adds to its payload
+DRAFTER, COORDINATOR = "drafter", "coordinator"  # the roles that attach to a stage
+
+
+def channel_options(limits: LimitsSpec = LimitsSpec(), detect_s: float = FaultSpec.detect_s) -> list[tuple[str, int]]:
+    """A client's: messages up to a frame, a ping every detect_s / 2 answered within detect_s / 2."""
+    ping_ms = max(1, round(detect_s * 500))
+    return _sizes(limits) + [
+        ("grpc.keepalive_time_ms", ping_ms),
+        ("grpc.keepalive_timeout_ms", ping_ms),
+        ("grpc.http2.ping_timeout_ms", ping_ms),  # what grpc 1.85 actually waits for an answer (else a minute)
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+def server_options(limits: LimitsSpec = LimitsSpec(), detect_s: float = FaultSpec.detect_s) -> list[tuple[str, int]]:
+    """A server's: it pings its clients as they ping it, and accepts their pings (never GOAWAY for them)."""
+    ping_ms = max(1, round(detect_s * 500))
+    return _sizes(limits) + [
+        ("grpc.keepalive_time_ms", ping_ms),
+        ("grpc.keepalive_timeout_ms", ping_ms),
+        ("grpc.http2.ping_timeout_ms", ping_ms),  # what grpc 1.85 actually waits for an answer (else a minute)
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_ping_interval_without_data_ms", max(1, ping_ms // 2)),  # grpc's name for the min recv interval
+        ("grpc.http2.max_ping_strikes", 0),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def _sizes(limits: LimitsSpec) -> list[tuple[str, int]]:
+    size = limits.frame_bytes + WRAPPER_BYTES
+    return [("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)]
+
+
+CHANNEL_OPTIONS = channel_options()  # the defaults, for the coordinator's clients and server
+SERVER_OPTIONS = server_options()
 
 _END = None  # queued to end a stream
 
 
 class StreamLink:
-    """A Link whose messages leave through a gRPC stream (either side of it)."""
+    """A Link whose messages leave through a gRPC stream (either side of it). Once closed (by us, or
+    because the stream ended) it drops what is sent: nothing piles up for a peer that is gone."""
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.closed = False
 
     def send(self, message: Message) -> None:
-        self.queue.put_nowait(codec.encode(message))
+        if not self.closed:
+            self.queue.put_nowait(codec.encode(message))
 
     def close(self) -> None:
-        self.queue.put_nowait(_END)
+        if not self.closed:
+            self.closed = True
+            self.queue.put_nowait(_END)
 
     async def frames(self) -> AsyncIterator[pb.Frame]:
         while (payload := await self.queue.get()) is not _END:
             yield pb.Frame(payload=payload)
 
 
-async def _pump(frames: AsyncIterator[pb.Frame], deliver: Callable[[Message], None], what: str) -> None:
-    """Deliver every incoming frame until the stream ends."""
-    try:
-        async for frame in frames:
-            deliver(codec.decode(frame.payload))
-    except (grpc.aio.AioRpcError, asyncio.CancelledError) as e:
-        log.debug("%s stream ended: %s", what, e)
+async def _read(frames: AsyncIterator[pb.Frame], deliver: Callable[[Message], None], limits: LimitsSpec, what: str) -> None:
+    """Deliver every incoming frame until the stream ends; a frame the codec refuses is logged and dropped."""
+    async for frame in frames:
+        try:
+            message = codec.decode(frame.payload, limits)
+        except codec.FrameError as e:
+            log.warning("%s: dropped a frame: %s", what, e)
+            continue
+        deliver(message)
 
 
 class StageService(pb_grpc.StageServicer):
-    """Serves one stage runner: its drafter's stream and the coordinator's stream."""
+    """Serves one stage runner: its drafter's stream (unless `drafter` is False: its drafter is linked in
+    process, or it has none) and the coordinator's stream, to callers holding `secret`."""
 
-    def __init__(self, runner: StageRunner) -> None:
+    def __init__(
+        self,
+        runner: StageRunner,
+        secret: str | None = None,
+        limits: LimitsSpec = LimitsSpec(),
+        drafter: bool | None = None,
+    ) -> None:
         self.runner = runner
+        self.secret = secret
+        self.limits = limits
+        self.drafter = runner.drafter_name is not None if drafter is None else drafter
+        self.live: dict[str, StreamLink] = {}  # role -> the link its live stream feeds
         self.drafter_attached = asyncio.Event()
         self.coordinator_attached = asyncio.Event()
+        self.server: grpc.aio.Server | None = None
+        self.stopping = False  # our own shutdown: streams that end now are not lost
 
     async def Link(self, request_iterator, context) -> AsyncIterator[pb.Frame]:
         """The drafter's stream becomes the runner's upstream link."""
-        link = StreamLink()
-        self.runner.connect(upstream=link)
-        self.drafter_attached.set()
-        async for frame in self._serve(link, request_iterator, "upstream"):
+        async for frame in self._serve(request_iterator, context, DRAFTER):
             yield frame
 
     async def Control(self, request_iterator, context) -> AsyncIterator[pb.Frame]:
         """The coordinator's stream becomes the runner's coordinator link."""
-        link = StreamLink()
-        self.runner.connect(coordinator=link)
-        self.coordinator_attached.set()
-        async for frame in self._serve(link, request_iterator, "coordinator"):
+        async for frame in self._serve(request_iterator, context, COORDINATOR):
             yield frame
 
-    async def _serve(self, link: StreamLink, incoming, role: str) -> AsyncIterator[pb.Frame]:
-        """Deliver what comes in to the runner; stream out what it sends on `link`."""
-        reader = asyncio.create_task(_pump(incoming, self.runner.deliver, f"{self.runner.name} {role}"))
+    async def _admit(self, context, role: str) -> None:
+        if not authorized(context, self.secret):
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED, f"stage {self.runner.name!r}: {role} call without the pipeline's secret"
+            )
+
+    async def _serve(self, incoming, context, role: str) -> AsyncIterator[pb.Frame]:
+        """Attach `role`: deliver what comes in to the runner; stream out what it sends on the link."""
+        await self._admit(context, role)
+        if role == DRAFTER and not self.drafter:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"stage {self.runner.name!r} takes no drafter stream")
+        if role in self.live:
+            await context.abort(
+                grpc.StatusCode.ALREADY_EXISTS, f"stage {self.runner.name!r}: a {role} stream is already attached"
+            )
+        link = self.live[role] = StreamLink()
+        if role == DRAFTER:
+            self.runner.connect(upstream=link)
+            self.drafter_attached.set()
+        else:
+            self.runner.connect(coordinator=link)
+            self.coordinator_attached.set()
+        what = f"stage {self.runner.name!r} {role} stream"
+        reader = asyncio.create_task(_read(incoming, self.runner.deliver, self.limits, what))
         reader.add_done_callback(lambda _: link.close())
-        async for frame in link.frames():
-            yield frame
+        why = "cancelled (the peer went away)"
+        try:
+            async for frame in link.frames():
+                yield frame
+            why = _reason(reader)
+        finally:
+            reader.cancel()
+            link.close()
+            del self.live[role]  # free again; no await before the runner hears of its loss, so none attaches first
+            if not self.stopping:
+                log.warning("%s lost: %s", what, why)
+                self.runner.lost(link)
 
-    async def attached(self, drafter: bool | None = None) -> None:
-        """Return once the coordinator and, if `drafter` (default: the runner has one), its drafter have
-        connected (a drafter on the same device is linked in process, not here)."""
+    async def attached(self) -> None:
+        """Return once the coordinator and, if this stage takes one, its drafter have connected."""
         await self.coordinator_attached.wait()
-        if self.runner.drafter_name is not None if drafter is None else drafter:
+        if self.drafter:
             await self.drafter_attached.wait()
 
     async def Health(self, request, context) -> pb.HealthReply:
-        return pb.HealthReply(name=self.runner.name, status="serving", requests=len(self.runner.requests))
+        await self._admit(context, "health")
+        trouble = self.runner.trouble()
+        status = "serving" if trouble is None else f"not_serving: {trouble}"
+        return pb.HealthReply(name=self.runner.name, status=status, requests=len(self.runner.requests))
+
+    async def stop(self) -> None:
+        """Our own shutdown: stop serving; the streams it ends are not reported lost."""
+        self.stopping = True
+        if self.server is not None:
+            await self.server.stop(grace=None)
 
 
-async def serve_stage(runner: StageRunner, host: str = "127.0.0.1", port: int = 0) -> tuple[grpc.aio.Server, int, StageService]:
-    """Start a gRPC server for `runner`; -> (server, bound port, service)."""
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    service = StageService(runner)
+def _reason(reader: asyncio.Task) -> str:
+    """Why a stream's reader stopped, if it did."""
+    if not reader.done():
+        return "this stage closed it"
+    if reader.cancelled():
+        return "cancelled"
+    error = reader.exception()
+    return "the peer closed it" if error is None else f"{type(error).__name__}: {error}"
+
+
+async def serve_stage(
+    runner: StageRunner,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    secret: str | None = None,
+    limits: LimitsSpec = LimitsSpec(),
+    detect_s: float = FaultSpec.detect_s,
+    drafter: bool | None = None,
+) -> tuple[grpc.aio.Server, int, StageService]:
+    """Start a gRPC server for `runner` on host:port (0: any free port), open to callers holding
+    `secret` (None: to anyone); `drafter`: whether it takes a drafter stream (default: if the runner has
+    a drafter). -> (server, bound port, service); `service.stop()` stops it."""
+    server = grpc.aio.server(options=server_options(limits, detect_s))
+    service = StageService(runner, secret, limits, drafter)
+    service.server = server
     pb_grpc.add_StageServicer_to_server(service, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as e:  # grpc's "Failed to bind"
+        raise OSError(f"stage {runner.name!r}: cannot bind a gRPC server to {host}:{port} ({e})") from None
     if bound == 0:
-        raise OSError(f"cannot bind a gRPC server to {host}:{port}")
+        raise OSError(f"stage {runner.name!r}: cannot bind a gRPC server to {host}:{port}")
     await server.start()
     return server, bound, service
 
 
 class StageClient:
-    """Client side of a stage's streams: what its drafter and the coordinator hold."""
+    """Client side of a stage's streams: what its drafter and the coordinator hold. Every call carries
+    `secret`; a stream that ends other than by `close()` is reported to its endpoint (`Inbox.lost`)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        secret: str | None = None,
+        limits: LimitsSpec = LimitsSpec(),
+        detect_s: float = FaultSpec.detect_s,
+    ) -> None:
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.metadata = call_metadata(secret)
+        self.limits = limits
+        self.channel = grpc.aio.insecure_channel(address, options=channel_options(limits, detect_s))
         self.stub = pb_grpc.StageStub(self.channel)
         self.tasks: list[asyncio.Task] = []
         self.links: list[StreamLink] = []
+        self.closing = False
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         await asyncio.wait_for(self.channel.channel_ready(), timeout)
 
-    def _open(self, method, deliver: Callable[[Message], None], what: str) -> StreamLink:
+    def link(self, inbox: Inbox) -> StreamLink:
+        """Open the drafter stream: send drafts on the returned link; verdicts go to `inbox`."""
+        return self._open(self.stub.Link, inbox, DRAFTER)
+
+    def control(self, inbox: Inbox) -> StreamLink:
+        """Open the coordinator stream: send opens and closes; commits etc. go to `inbox`."""
+        return self._open(self.stub.Control, inbox, COORDINATOR)
+
+    def _open(self, method, inbox: Inbox, role: str) -> StreamLink:
         link = StreamLink()
-        call = method(link.frames())
+        call = method(link.frames(), metadata=self.metadata)
         self.links.append(link)
-        self.tasks.append(asyncio.create_task(_pump(call, deliver, what)))
+        self.tasks.append(asyncio.create_task(self._follow(call, inbox, link, role)))
         return link
 
-    def link(self, deliver: Callable[[Message], None]) -> StreamLink:
-        """Open the drafter stream: send drafts on the returned link; verdicts go to `deliver`."""
-        return self._open(self.stub.Link, deliver, f"{self.address} -> drafter")
-
-    def control(self, deliver: Callable[[Message], None]) -> StreamLink:
-        """Open the coordinator stream: send opens and closes; commits etc. go to `deliver`."""
-        return self._open(self.stub.Control, deliver, f"{self.address} -> coordinator")
+    async def _follow(self, call, inbox: Inbox, link: StreamLink, role: str) -> None:
+        """Read the stream into `inbox` until it ends; unless we closed it, report `link` lost."""
+        what = f"{role} stream to the stage at {self.address}"
+        why = "its reader failed"  # an unexpected error, which the task raises
+        try:
+            await _read(call, inbox.deliver, self.limits, what)
+            why = "the stage ended it"
+        except grpc.aio.AioRpcError as e:
+            why = f"{e.code().name}: {e.details()}"
+        finally:
+            link.close()
+            call.cancel()  # a no-op once it has ended
+            if not self.closing:
+                log.warning("%s lost: %s", what, why)
+                inbox.lost(link)
 
     async def health(self) -> pb.HealthReply:
-        return await self.stub.Health(pb.HealthRequest(), timeout=5.0)
+        return await self.stub.Health(pb.HealthRequest(), timeout=5.0, metadata=self.metadata)
 
     async def close(self) -> None:
+        self.closing = True
         for link in self.links:  # end our request streams, then stop reading theirs
             link.close()
         for task in self.tasks:
