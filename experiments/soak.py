@@ -21,6 +21,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from pipespec import Client, LocalPipeline, load_config
@@ -65,11 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     from pipespec.cluster.pipeline import local_ray, start_pipeline
 
     config = load_config(CONFIG)
-    alone = LocalPipeline(sub_pipeline(config, [config.target.name])).__enter__()
+    target = config.target  # the reference: the target alone, without its emulated latency (same tokens)
+    alone_config = replace(
+        sub_pipeline(config, [target.name]), stages=(replace(target, options=replace(target.options, latency_ms=0.0)),)
+    )
     counts: Counter = Counter()
     problems: list[str] = []
     lock = threading.Lock()
-    with local_ray() as _:
+    with LocalPipeline(alone_config) as alone, local_ray():
         running = start_pipeline(config, port=0)
         failures: list[str] = []
         running.supervise(failures.append)
@@ -110,9 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         while time.monotonic() < end:
             now = time.monotonic()
             if now >= next_sample:
-                roles = {"+".join(d["stages"]): d["pid"] for d in running.placement()}
-                roles["coordinator"] = ray.get(running.coordinator.pid.remote())
-                roles["driver"] = os.getpid()
+                roles = {"driver": os.getpid()}
+                for name, actor in [(running.name_of(a), a) for a in [running.coordinator, *running.devices]]:
+                    try:  # an actor being restarted is skipped this time
+                        roles[name] = ray.get(actor.pid.remote(), timeout=5)
+                    except ray.exceptions.RayError:
+                        pass
                 for role, pid in roles.items():
                     if (mb := rss_mb(pid)) is not None:
                         memory.setdefault(role, []).append(round(mb, 1))
@@ -126,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 next_sample = now + args.sample_s
             if now >= next_kill:
                 drafter = ["tiny", "mid"][kills % 2]
-                pid = next(d["pid"] for d in running.placement() if drafter in d["stages"])
+                pid = ray.get(running.devices[[s.name for s in config.stages].index(drafter)].pid.remote())
                 os.kill(pid, signal.SIGKILL)
                 kills += 1
                 log.warning("killed %s (pid %d)", drafter, pid)
@@ -137,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         stuck = sum(t.is_alive() for t in threads)
         restores = running.supervisor.restores
         running.stop()
-    alone.__exit__(None, None, None)
     summary = {
         "minutes": args.minutes,
         "streams": args.streams,
