@@ -63,6 +63,7 @@ class Coordinator:
         self.live: dict[str, _Live] = {}  # by the client's request id
         self.wires: dict[str, _Live] = {}  # by the id the stages know it by
         self.lost_at: dict[int, float] = {}  # stage index -> when its link was lost
+        self.any_lost = asyncio.Event()  # set while some stage's link is lost (pipespec.cluster.supervisor waits on it)
 
     def connect(self, stages: Sequence[Link]) -> None:
         """Give the coordinator its links to every stage, upstream to downstream."""
@@ -101,9 +102,17 @@ class Coordinator:
         spec = dataclasses.replace(live.spec, request_id=wire, committed=tuple(self.ledger.tokens(live.spec.request_id)))
         text_spec = dataclasses.replace(spec, image=None)  # pixels go to the target only
         last = len(self.stages) - 1
-        live.opened_on = {i for i, link in enumerate(self.stages) if link is not None}
-        for i in live.opened_on:
-            self.stages[i].send(Open(spec if i == last else text_spec))
+        live.opened_on = set()
+        for i, link in enumerate(self.stages):
+            if link is None:
+                continue
+            try:
+                link.send(Open(spec if i == last else text_spec))
+            except ValueError as error:  # over a limit of the link (an image too large for a frame)
+                live.error = f"stage {self.stage_names[i]!r}: cannot open the request: {error}"
+                self._finish(live, "error")
+                return
+            live.opened_on.add(i)
 
     def abort(self, request_id: str) -> None:
         live = self.live.get(request_id)
@@ -122,6 +131,9 @@ class Coordinator:
         if isinstance(message, Commit):
             self._on_commit(live, message)
         elif isinstance(message, Closed):
+            if message.stage not in self.stage_names:
+                log.error("coordinator: dropped a Closed from an unknown stage %.100r", message.stage)
+                return
             live.closed_by[message.stage] = message
             self._complete_if_closed(live)
         elif live.finish_reason is None:  # Failed
@@ -136,6 +148,7 @@ class Coordinator:
         self.stages[i] = None
         since = time.monotonic()
         self.lost_at[i] = since
+        self.any_lost.set()
         log.warning("coordinator: lost stage %r; %d requests running", self.stage_names[i], len(self.live))
         for live in list(self.live.values()):
             live.opened_on.discard(i)
@@ -147,8 +160,10 @@ class Coordinator:
         """Stage i is back behind `link`: every running request rejoins from its committed prefix."""
         self.stages[i] = link
         self.lost_at.pop(i, None)
+        if not self.lost_at:
+            self.any_lost.clear()
         log.warning("coordinator: stage %r restored; %d requests rejoin", self.stage_names[i], len(self.live))
-        for live in self.live.values():
+        for live in list(self.live.values()):
             if live.finish_reason is None:
                 old = live.wire
                 del self.wires[old]
@@ -211,8 +226,6 @@ class Coordinator:
         if live.finish_reason is None or any(self.stage_names[i] not in live.closed_by for i in live.opened_on):
             return
         rid = live.spec.request_id
-        del self.live[rid], self.wires[live.wire]
-        self.ledger.close(rid)
         first = live.first_commit if live.first_commit is not None else live.finished
         order = {name: i for i, name in enumerate(self.stage_names)}
         closed = sorted(live.closed_by.values(), key=lambda c: order[c.stage])  # a lost stage sent none
@@ -224,4 +237,6 @@ class Coordinator:
             pairs=[c.pair_stats for c in closed if c.pair_stats is not None],
             stages=[c.stage_stats for c in closed],
         )
+        del self.live[rid], self.wires[live.wire]
+        self.ledger.close(rid)
         live.queue.put_nowait(Delta("", (), live.finish_reason, stats, live.error))

@@ -461,7 +461,9 @@ class StageRunner:
         if hidden is not None:  # before the verdict: the fed tokens and the accepted drafts are ours
             accepted = min(decision.accepted, len(tokens))  # none past a stop token
             self._send(self.upstream, step_message, req.spec.request_id, plan.keep, hidden, len(plan.feed), accepted)
-        if self.upstream is not None:
+        if self.upstream is None and req.up is not None:  # our drafter is lost: nothing pending, none expected
+            req.up.clear_from(len(req.tokens))
+        elif self.upstream is not None:
             if decision.accepted < len(plan.drafts) and len(tokens) == len(decision.tokens):
                 self._conflict(req)  # rejection: our token at plan.start + accepted, our last
             elif self._absorb(req):

@@ -172,6 +172,15 @@ class CoordinatorActor:
         """Never returns: the call fails when this actor dies (pipespec.cluster.supervisor watches it)."""
         await asyncio.Event().wait()
 
+    async def wait_lost(self) -> list[int]:
+        """-> the stages whose link is lost, once there is one."""
+        await self.coordinator.any_lost.wait()
+        return self.lost_stages()
+
+    def lost_stages(self) -> list[int]:
+        """The stages whose link is lost now."""
+        return sorted(self.coordinator.lost_at)
+
     def stages_lost(self, indices: list[int]) -> None:
         """The supervisor saw these stages' actor die (their streams may not have noticed yet)."""
         for i in indices:

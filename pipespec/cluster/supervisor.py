@@ -12,6 +12,11 @@ constructor again (its models loaded) and nothing else. The supervisor watches e
   held are gone with it (their clients saw the stream fail); each stage closed them when it lost
   the coordinator's stream.
 
+A link can also be lost while both processes live on (a peer silent past `faults.detect_s`, a
+stream refused). When the coordinator's link to a stage stays lost for a grace period (twice
+`detect_s`, during which an actor that did die is restored as above), the supervisor kills the
+stage's actor so that Ray restarts it, and restores it the same way: one path back for every fault.
+
 Until then the stages degrade on their own (a verifier without its drafter goes on alone) and the
 coordinator fails the requests of a lost target after `faults.restore_s`. A restore that does not
 succeed within `restore_s` (restarts exhausted, a constructor that fails) is fatal: `on_failure` is
@@ -63,8 +68,11 @@ class Supervisor:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         running = self.running
         actors = [running.coordinator, *running.devices]
+        self._pids = dict(zip(map(id, actors), await asyncio.gather(*(a.pid.remote() for a in actors))))
         watches = {asyncio.ensure_future(_lifetime(a)): a for a in actors}
+        self._restoring: set[int] = set()  # id() of the actors being restored now
         self._started.set()
+        links = asyncio.ensure_future(self._watch_links())
         stop = asyncio.ensure_future(self._stop.wait())
         while not self._stop.is_set():
             done, _ = await asyncio.wait([stop, *watches], return_when=asyncio.FIRST_COMPLETED)
@@ -72,8 +80,9 @@ class Supervisor:
                 actor = watches.pop(watch)
                 if self._stop.is_set():
                     break
+                self._restoring.add(id(actor))
                 try:
-                    await asyncio.to_thread(self._restore, actor)
+                    restored = await asyncio.to_thread(self._restore, actor)
                 except Exception as error:  # noqa: BLE001 (any failure to restore is fatal, and reported)
                     first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
                     self.why = f"could not restore {running.name_of(actor)}: {type(error).__name__}: {first_line}"
@@ -81,31 +90,64 @@ class Supervisor:
                     if self.on_failure is not None:
                         self.on_failure(self.why)
                     return
-                self.restores += 1
+                finally:
+                    self._restoring.discard(id(actor))
+                self.restores += restored
                 watches[asyncio.ensure_future(_lifetime(actor))] = actor
+        links.cancel()
         for watch in watches:
             watch.cancel()
 
-    def _restore(self, actor: object) -> None:
+    async def _watch_links(self) -> None:
+        """Restart the actor behind a link the coordinator lost while that actor lives on."""
         running = self.running
-        log.warning("supervisor: %s died; restoring it", running.name_of(actor))
-        if actor is not running.coordinator:  # its streams may not have noticed yet
-            running.device_lost(running.devices.index(actor))
-        _wait_restarted(actor, running.config.faults.restore_s)
-        if actor is running.coordinator:
+        grace = 2 * running.config.faults.detect_s
+        while True:
+            try:
+                await running.coordinator.wait_lost.remote()
+                await asyncio.sleep(grace)  # an actor that died is being restored by now
+                lost = await running.coordinator.lost_stages.remote()
+            except ray.exceptions.RayError:  # the coordinator died: its own restore relinks everything
+                await asyncio.sleep(grace)
+                continue
+            for k in {k for k, indices in enumerate(running.config.devices()) for i in lost if i in indices}:
+                actor = running.devices[k]
+                if id(actor) not in self._restoring:
+                    log.warning("supervisor: %s lost its link but lives on; restarting it", running.name_of(actor))
+                    ray.kill(actor, no_restart=False)
+            await asyncio.sleep(grace)
+
+    def _restore(self, actor: object) -> bool:
+        """Put `actor` back once Ray has restarted it; -> False if it had not died (a call failed, the
+        process lives on: nothing to restore)."""
+        running = self.running
+        device = None if actor is running.coordinator else running.devices.index(actor)
+        try:
+            pid = _wait_restarted(actor, running.config.faults.restore_s)
+        except Exception:
+            if device is not None:  # its requests fail in time, naming it
+                running.device_lost(device)
+            raise
+        if pid == self._pids[id(actor)]:
+            return False
+        self._pids[id(actor)] = pid
+        log.warning("supervisor: %s died and was restarted; restoring it", running.name_of(actor))
+        if device is None:
             running.serve_coordinator()
         else:
-            running.serve_device(running.devices.index(actor))
+            running.device_lost(device)  # its streams may not have noticed yet
+            running.serve_device(device)
         log.warning("supervisor: %s restored", running.name_of(actor))
+        return True
 
 
-def _wait_restarted(actor: object, timeout: float) -> None:
-    """Return once Ray has restarted `actor` (its constructor ran); raise if it cannot within `timeout`."""
+def _wait_restarted(actor: object, timeout: float) -> int:
+    """-> `actor`'s process id once it answers (Ray restarts a dead one: its constructor runs again);
+    raise if it cannot within `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            ray.get(actor.pid.remote(), timeout=max(0.1, deadline - time.monotonic()))
-            return
+            return ray.get(actor.pid.remote(), timeout=max(0.1, deadline - time.monotonic()))
         except ray.exceptions.ActorUnavailableError:  # restarting: calls are refused until it is up
             if time.monotonic() > deadline:
                 raise
@@ -113,7 +155,7 @@ def _wait_restarted(actor: object, timeout: float) -> None:
 
 
 async def _lifetime(actor: object) -> None:
-    """Returns (with the error swallowed) when `actor` dies."""
+    """Returns (with the error swallowed) when `actor` dies, or the call fails for another reason."""
     try:
         await actor.lifetime.remote()
     except ray.exceptions.RayError as error:

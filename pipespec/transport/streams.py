@@ -91,13 +91,21 @@ class StreamLink:
     """A Link whose messages leave through a gRPC stream (either side of it). Once closed (by us, or
     because the stream ended) it drops what is sent: nothing piles up for a peer that is gone."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: LimitsSpec) -> None:
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.closed = False
+        self.limits = limits
 
     def send(self, message: Message) -> None:
-        if not self.closed:
-            self.queue.put_nowait(codec.encode(message))
+        """Queue `message`; one larger than its kind's limit raises codec.FrameError (its request fails,
+        not the stream: gRPC would end the stream for it, and the peer would refuse it anyway)."""
+        if self.closed:
+            return
+        payload = codec.encode(message)
+        kind = type(message).__name__
+        if len(payload) > (limit := codec.frame_limit(kind, self.limits)):
+            raise codec.FrameError(f"a {kind} of {len(payload)} bytes is over the frame limit of {limit} (limits.frame_bytes)")
+        self.queue.put_nowait(payload)
 
     def close(self) -> None:
         if not self.closed:
@@ -166,7 +174,7 @@ class StageService(pb_grpc.StageServicer):
             await context.abort(
                 grpc.StatusCode.ALREADY_EXISTS, f"stage {self.runner.name!r}: a {role} stream is already attached"
             )
-        link = self.live[role] = StreamLink()
+        link = self.live[role] = StreamLink(self.limits)
         if role == DRAFTER:
             self.runner.connect(upstream=link)
             self.drafter_attached.set()
@@ -278,7 +286,7 @@ class StageClient:
         return self._open(self.stub.Control, inbox, COORDINATOR)
 
     def _open(self, method, inbox: Inbox, role: str) -> StreamLink:
-        link = StreamLink()
+        link = StreamLink(self.limits)
         call = method(link.frames(), metadata=self.metadata)
         self.links.append(link)
         self.tasks.append(asyncio.create_task(self._follow(call, inbox, link, role)))
