@@ -15,7 +15,7 @@ import pytest
 
 from pipespec import LocalPipeline, codec, load_config
 from pipespec.config import LimitsSpec
-from pipespec.messages import Close, Commit
+from pipespec.messages import Close, Commit, Draft
 from pipespec.transport.auth import new_secret
 from pipespec.transport.streams import WRAPPER_BYTES, StageClient, channel_options, serve_stage, server_options
 from tests.fixtures.recorder import Recorder, next_of
@@ -148,7 +148,7 @@ def test_a_frame_the_codec_refuses_is_dropped_and_the_stream_goes_on(monkeypatch
     async def scenario(runner, service, address, secret):
         client = StageClient(address, secret=secret)
         try:
-            link = client.link(Recorder())
+            link = client.control(Recorder())
             await next_of(runner.connected)
             link.queue.put_nowait(b"refused")
             link.send(Close("r2"))
@@ -228,3 +228,19 @@ def test_a_frozen_stage_is_declared_lost_by_keepalive():
     finally:
         child.kill()
         child.wait()
+
+
+def test_each_stream_carries_only_its_own_kinds():
+    """An Open on a drafter's stream (a bypass of the front door) or a Commit to a stage is dropped."""
+
+    async def scenario(runner, service, address, secret):
+        inbox, client = Recorder(), StageClient(address, secret=secret)
+        drafts = client.link(inbox)
+        await next_of(runner.connected)
+        drafts.send(Close("r1"))  # not a draft: dropped
+        drafts.send(Draft("r1", 0, 0, (3,)))
+        got = await next_of(runner.messages)
+        await client.close()
+        return got, runner.messages.empty()
+
+    assert served(scenario) == (Draft("r1", 0, 0, (3,)), True)

@@ -35,7 +35,7 @@ import grpc
 from pipespec import codec
 from pipespec.config import FaultSpec, LimitsSpec
 from pipespec.links import Inbox
-from pipespec.messages import Message
+from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.transport.auth import authorized, call_metadata
@@ -117,13 +117,26 @@ class StreamLink:
             yield pb.Frame(payload=payload)
 
 
-async def _read(frames: AsyncIterator[pb.Frame], deliver: Callable[[Message], None], limits: LimitsSpec, what: str) -> None:
-    """Deliver every incoming frame until the stream ends; a frame the codec refuses is logged and dropped."""
+# What each stream carries, by the side reading it: a frame of another kind is dropped
+FROM_DRAFTER = (Draft,)  # a verifier reads its drafter's drafts
+FROM_VERIFIER = (Verdict, TargetFeatures)  # a drafter reads its verifier's verdicts (and a DREAM stage its features)
+FROM_COORDINATOR = (Open, Close)  # a stage reads the coordinator's opens and closes
+FROM_STAGE = (Commit, Closed, Failed)  # the coordinator reads a stage's answers
+
+
+async def _read(
+    frames: AsyncIterator[pb.Frame], deliver: Callable[[Message], None], limits: LimitsSpec, kinds: tuple[type, ...], what: str
+) -> None:
+    """Deliver every incoming frame of `kinds` until the stream ends; a frame the codec refuses, or of
+    another kind, is logged and dropped."""
     async for frame in frames:
         try:
             message = codec.decode(frame.payload, limits)
         except codec.FrameError as e:
             log.warning("%s: dropped a frame: %s", what, e)
+            continue
+        if not isinstance(message, kinds):
+            log.warning("%s: dropped a %s: this stream does not carry it", what, type(message).__name__)
             continue
         deliver(message)
 
@@ -182,7 +195,9 @@ class StageService(pb_grpc.StageServicer):
             self.runner.connect(coordinator=link)
             self.coordinator_attached.set()
         what = f"stage {self.runner.name!r} {role} stream"
-        reader = asyncio.create_task(_read(incoming, self.runner.deliver, self.limits, what))
+        reader = asyncio.create_task(
+            _read(incoming, self.runner.deliver, self.limits, FROM_DRAFTER if role == DRAFTER else FROM_COORDINATOR, what)
+        )
         reader.add_done_callback(lambda _: link.close())
         why = "cancelled (the peer went away)"
         try:
@@ -297,7 +312,7 @@ class StageClient:
         what = f"{role} stream to the stage at {self.address}"
         why = "its reader failed"  # an unexpected error, which the task raises
         try:
-            await _read(call, inbox.deliver, self.limits, what)
+            await _read(call, inbox.deliver, self.limits, FROM_VERIFIER if role == DRAFTER else FROM_STAGE, what)
             why = "the stage ended it"
         except grpc.aio.AioRpcError as e:
             why = f"{e.code().name}: {e.details()}"
