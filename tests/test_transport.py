@@ -158,7 +158,7 @@ def test_a_frame_the_codec_refuses_is_dropped_and_the_stream_goes_on(monkeypatch
 
     assert served(scenario) == (Close("r2"), True)
     (warning,) = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
-    assert "'stage' drafter stream" in warning and "a frame the codec refuses" in warning
+    assert "'stage' coordinator stream" in warning and "a frame the codec refuses" in warning
 
 
 def test_a_frame_over_the_limit_ends_its_stream_and_frees_the_role():
