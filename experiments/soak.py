@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     from pipespec.cluster.pipeline import local_ray, start_pipeline
 
     config = load_config(CONFIG)
+    kills = int(args.minutes * 60 / args.restart_every) + 1  # each drafter restarts about half of these
+    config = replace(config, faults=replace(config.faults, max_restarts=kills))
     target = config.target  # the reference: the target alone, without its emulated latency (same tokens)
     alone_config = replace(
         sub_pipeline(config, [target.name]), stages=(replace(target, options=replace(target.options, latency_ms=0.0)),)

@@ -75,7 +75,9 @@ def pid_of(running, what: str) -> int:
 
     if what == "coordinator":
         return ray.get(running.coordinator.pid.remote())
-    return next(d["pid"] for d in running.placement() if what in d["stages"])
+    i = [s.name for s in running.config.stages].index(what)
+    k = next(k for k, indices in enumerate(running.config.devices()) if i in indices)
+    return ray.get(running.devices[k].pid.remote())
 
 
 def streams_during(client: Client, fault) -> list[tuple[list[int], str, str | None, float]]:
@@ -193,7 +195,7 @@ def test_a_silent_stage_is_restarted_and_its_requests_rejoin(pipeline, reference
     assert not failures
 
 
-def test_a_target_that_cannot_come_back_fails_its_streams_naming_it(ray_session, reference):
+def test_without_restarts_a_drafter_is_left_out_and_a_lost_target_fails_its_streams_naming_it(ray_session, reference):
     from pipespec.cluster.pipeline import start_pipeline
 
     running = start_pipeline(mock3(max_restarts=0, restore_s=3.0), port=0)
@@ -201,11 +203,14 @@ def test_a_target_that_cannot_come_back_fails_its_streams_naming_it(ray_session,
     running.supervise(failures.append)
     try:
         client = Client(running.address)
+        results = streams_during(client, lambda: os.kill(pid_of(running, "tiny"), signal.SIGKILL))
+        assert [ids for ids, *_ in results] == reference  # a drafter that cannot come back: served without it
+        assert not failures and client.health().startswith("not_serving: stage 'tiny' was lost")
         results = streams_during(client, lambda: os.kill(pid_of(running, "target"), signal.SIGKILL))
         for _, reason, error, seconds in results:
             assert reason == "error" and "stage 'target' was lost and not restored within 3 s" in error, error
             assert seconds < 3.0 + 5
-        assert client.health().startswith("not_serving: stage 'target' was lost")
+        assert client.health().startswith("not_serving: ") and "stage 'target' was lost" in client.health()
         refused = list(client.stream(**request(0)))[-1]
         assert refused.finish_reason == "error" and "stage 'target' was lost" in refused.error
         assert failures and "device target" in failures[0]

@@ -97,6 +97,10 @@ class RunningPipeline:
         indices = self.config.devices()[self.devices.index(actor)]
         return "device " + "+".join(self.config.stages[i].name for i in indices)
 
+    def holds_target_or_coordinator(self, actor: object) -> bool:
+        """Can the pipeline serve without `actor`? Not without the coordinator or the target's device."""
+        return actor is self.coordinator or len(self.config.stages) - 1 in self.config.devices()[self.devices.index(actor)]
+
     def start_trace(self) -> None:
         ray.get([d.start_trace.remote() for d in self.devices])
 

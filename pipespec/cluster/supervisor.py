@@ -19,8 +19,9 @@ stage's actor so that Ray restarts it, and restores it the same way: one path ba
 
 Until then the stages degrade on their own (a verifier without its drafter goes on alone) and the
 coordinator fails the requests of a lost target after `faults.restore_s`. A restore that does not
-succeed within `restore_s` (restarts exhausted, a constructor that fails) is fatal: `on_failure` is
-called with the reason, and `pipespec serve` exits non-zero.
+succeed within `restore_s` (restarts exhausted, a constructor that fails) is fatal for the target's
+device or the coordinator: `on_failure` is called with the reason, and `pipespec serve` exits
+non-zero. A drafters' device that cannot come back is left out: the pipeline serves without it.
 """
 
 from __future__ import annotations
@@ -83,12 +84,16 @@ class Supervisor:
                 self._restoring.add(id(actor))
                 try:
                     restored = await asyncio.to_thread(self._restore, actor)
-                except Exception as error:  # noqa: BLE001 (any failure to restore is fatal, and reported)
+                except Exception as error:  # noqa: BLE001 (reported; fatal unless a drafter's device)
                     first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-                    self.why = f"could not restore {running.name_of(actor)}: {type(error).__name__}: {first_line}"
-                    log.error("supervisor: %s", self.why)
+                    why = f"could not restore {running.name_of(actor)}: {type(error).__name__}: {first_line}"
+                    if not running.holds_target_or_coordinator(actor):  # degrade, don't die: serve without it
+                        log.error("supervisor: %s; serving without it", why)
+                        continue
+                    self.why = why
+                    log.error("supervisor: %s", why)
                     if self.on_failure is not None:
-                        self.on_failure(self.why)
+                        self.on_failure(why)
                     return
                 finally:
                     self._restoring.discard(id(actor))
