@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
+from pipespec.config import FaultSpec
 from pipespec.ledger import Ledger, LedgerError
 from pipespec.links import Link
 from pipespec.messages import Close, Closed, Commit, Failed, Message, Open, RequestSpec
@@ -53,7 +54,10 @@ class _Live:
 
 class Coordinator:
     def __init__(
-        self, stage_names: Sequence[str], detokenizer_factory: Callable[[], Detokenizer] | None, restore_s: float = 20.0
+        self,
+        stage_names: Sequence[str],
+        detokenizer_factory: Callable[[], Detokenizer] | None,
+        restore_s: float = FaultSpec.restore_s,
     ):
         self.stage_names = list(stage_names)
         self.stages: list[Link | None] = []  # upstream to downstream (`connect`); None: lost

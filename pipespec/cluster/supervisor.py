@@ -21,7 +21,7 @@ Until then the stages degrade on their own (a verifier without its drafter goes 
 coordinator fails the requests of a lost target after `faults.restore_s`. A restore that does not
 succeed within `restore_s` (restarts exhausted, a constructor that fails) is fatal for the target's
 device or the coordinator: `on_failure` is called with the reason, and `pipespec serve` exits
-non-zero. A drafters' device that cannot come back is left out: the pipeline serves without it.
+non-zero. A device of drafters only that cannot come back is left out: the pipeline serves without it.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ class Supervisor:
         self._pids = dict(zip(map(id, actors), await asyncio.gather(*(a.pid.remote() for a in actors))))
         watches = {asyncio.ensure_future(_lifetime(a)): a for a in actors}
         self._restoring: set[int] = set()  # id() of the actors being restored now
+        self._left_out: set[int] = set()  # id() of drafters' devices that could not be restored
         self._started.set()
         links = asyncio.ensure_future(self._watch_links())
         stop = asyncio.ensure_future(self._stop.wait())
@@ -89,6 +90,7 @@ class Supervisor:
                     why = f"could not restore {running.name_of(actor)}: {type(error).__name__}: {first_line}"
                     if not running.holds_target_or_coordinator(actor):  # degrade, don't die: serve without it
                         log.error("supervisor: %s; serving without it", why)
+                        self._left_out.add(id(actor))
                         continue
                     self.why = why
                     log.error("supervisor: %s", why)
@@ -117,7 +119,7 @@ class Supervisor:
                 continue
             for k in {k for k, indices in enumerate(running.config.devices()) for i in lost if i in indices}:
                 actor = running.devices[k]
-                if id(actor) not in self._restoring:
+                if id(actor) not in self._restoring | self._left_out:
                     log.warning("supervisor: %s lost its link but lives on; restarting it", running.name_of(actor))
                     ray.kill(actor, no_restart=False)
             await asyncio.sleep(grace)
