@@ -102,7 +102,7 @@ def test_rejection_property_needs_temperature():
     "kwargs, message",
     [
         ({"temperature": -0.1}, r"temperature must be >= 0, got -0\.1"),
-        ({"temperature": float("nan")}, r"temperature must be >= 0, got nan"),
+        ({"temperature": float("nan")}, r"temperature must be finite, got nan"),
         ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0\.0"),
         ({"top_p": 1.01}, r"top_p must be in \(0, 1\], got 1\.01"),
         ({"top_p": -0.5}, r"top_p must be in \(0, 1\], got -0\.5"),
