@@ -51,28 +51,36 @@ DRAFTER, COORDINATOR = "drafter", "coordinator"  # the roles that attach to a st
 
 def channel_options(limits: LimitsSpec = LimitsSpec(), detect_s: float = FaultSpec.detect_s) -> list[tuple[str, int]]:
     """A client's: messages up to a frame, a ping every detect_s / 2 answered within detect_s / 2."""
-    ping_ms = max(1, round(detect_s * 500))
-    return _sizes(limits) + [
-        ("grpc.keepalive_time_ms", ping_ms),
-        ("grpc.keepalive_timeout_ms", ping_ms),
-        ("grpc.http2.ping_timeout_ms", ping_ms),  # what grpc 1.85 actually waits for an answer (else a minute)
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-    ]
+    return _sizes(limits) + _keepalive(detect_s)
 
 
 def server_options(limits: LimitsSpec = LimitsSpec(), detect_s: float = FaultSpec.detect_s) -> list[tuple[str, int]]:
     """A server's: it pings its clients as they ping it, and accepts their pings (never GOAWAY for them)."""
-    ping_ms = max(1, round(detect_s * 500))
-    return _sizes(limits) + [
+    ping_ms = _ping_ms(detect_s)
+    return (
+        _sizes(limits)
+        + _keepalive(detect_s)
+        + [
+            ("grpc.http2.min_ping_interval_without_data_ms", max(1, ping_ms // 2)),  # grpc's name for the min recv interval
+            ("grpc.http2.max_ping_strikes", 0),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+
+
+def _ping_ms(detect_s: float) -> int:
+    return max(1, round(detect_s * 500))
+
+
+def _keepalive(detect_s: float) -> list[tuple[str, int]]:
+    """Both sides ping every detect_s / 2 and declare the peer lost when an answer takes longer than that."""
+    ping_ms = _ping_ms(detect_s)
+    return [
         ("grpc.keepalive_time_ms", ping_ms),
         ("grpc.keepalive_timeout_ms", ping_ms),
         ("grpc.http2.ping_timeout_ms", ping_ms),  # what grpc 1.85 actually waits for an answer (else a minute)
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.http2.min_ping_interval_without_data_ms", max(1, ping_ms // 2)),  # grpc's name for the min recv interval
-        ("grpc.http2.max_ping_strikes", 0),
-        ("grpc.so_reuseport", 0),
     ]
 
 
