@@ -30,7 +30,7 @@ from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.transport.auth import authorized
 from pipespec.transport.generate_request import from_proto
-from pipespec.transport.streams import SERVER_OPTIONS
+from pipespec.transport.streams import SERVER_OPTIONS, health_status
 
 
 def request_bytes(limits: LimitsSpec) -> int:
@@ -101,7 +101,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def Health(self, request, context) -> pb.HealthReply:
         trouble = self.coordinator.trouble()
-        status = "serving" if trouble is None else f"not_serving: {trouble}"
+        status = health_status(trouble)
         return pb.HealthReply(name=self.name, status=status, requests=len(self.coordinator.live))
 
 

@@ -84,6 +84,11 @@ def _keepalive(detect_s: float) -> list[tuple[str, int]]:
     ]
 
 
+def health_status(trouble: str | None) -> str:
+    """What Health answers: "serving", or "not_serving: <why>" (an endpoint's `trouble()`)."""
+    return "serving" if trouble is None else f"not_serving: {trouble}"
+
+
 def _sizes(limits: LimitsSpec) -> list[tuple[str, int]]:
     size = limits.frame_bytes + WRAPPER_BYTES
     return [("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)]
@@ -229,7 +234,7 @@ class StageService(pb_grpc.StageServicer):
     async def Health(self, request, context) -> pb.HealthReply:
         await self._admit(context, "health")
         trouble = self.runner.trouble()
-        status = "serving" if trouble is None else f"not_serving: {trouble}"
+        status = health_status(trouble)
         return pb.HealthReply(name=self.runner.name, status=status, requests=len(self.runner.requests))
 
     async def stop(self) -> None:
