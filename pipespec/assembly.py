@@ -19,7 +19,7 @@ gRPC at import: the functions that open streams import the transport when called
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -105,13 +105,16 @@ async def link_to_verifier(runner: StageRunner, address: str, config: PipelineCo
     return client
 
 
-async def relink_coordinator(coordinator: Coordinator, i: int, address: str, config: PipelineConfig, secret: str) -> StageClient:
-    """Open the coordinator's stream to stage i, restored at `address`: its running requests rejoin.
-    -> the client, to close when the pipeline stops."""
-    client = _client(address, config, secret)
-    await client.wait_ready()
-    coordinator.restored(i, client.control(coordinator))
-    return client
+async def relink_coordinator(
+    coordinator: Coordinator, addresses: Mapping[int, str], config: PipelineConfig, secret: str
+) -> dict[int, StageClient]:
+    """Open the coordinator's streams to the stages restored at `addresses` (by index): the running
+    requests rejoin, once. -> the clients, to close when the pipeline stops."""
+    clients = {i: _client(a, config, secret) for i, a in addresses.items()}
+    for client in clients.values():
+        await client.wait_ready()
+    coordinator.restored({i: c.control(coordinator) for i, c in clients.items()})
+    return clients
 
 
 async def link_coordinator(

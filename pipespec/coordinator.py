@@ -22,7 +22,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pipespec.config import FaultSpec
@@ -160,13 +160,16 @@ class Coordinator:
         if i == len(self.stage_names) - 1:  # the target: its requests wait for it, for a while
             asyncio.get_running_loop().call_later(self.restore_s, self._give_up, i, since)
 
-    def restored(self, i: int, link: Link) -> None:
-        """Stage i is back behind `link`: every running request rejoins from its committed prefix."""
-        self.stages[i] = link
-        self.lost_at.pop(i, None)
+    def restored(self, links: Mapping[int, Link]) -> None:
+        """These stages are back, stage i behind links[i]: every running request rejoins (once) from its
+        committed prefix."""
+        for i, link in links.items():
+            self.stages[i] = link
+            self.lost_at.pop(i, None)
         if not self.lost_at:
             self.any_lost.clear()
-        log.warning("coordinator: stage %r restored; %d requests rejoin", self.stage_names[i], len(self.live))
+        names = ", ".join(repr(self.stage_names[i]) for i in links)
+        log.warning("coordinator: stage %s restored; %d requests rejoin", names, len(self.live))
         for live in list(self.live.values()):
             if live.finish_reason is None:
                 old = live.wire

@@ -192,9 +192,9 @@ class CoordinatorActor:
         """These stages were restored at `addresses`: link to them; the running requests rejoin."""
         from pipespec.assembly import relink_coordinator
 
-        for i, where in addresses.items():
+        for i in addresses:
             await self.clients.pop(i).close()
-            self.clients[i] = await relink_coordinator(self.coordinator, i, where, self.config, self.secret)
+        self.clients |= await relink_coordinator(self.coordinator, addresses, self.config, self.secret)
 
     def pid(self) -> int:
         return os.getpid()
