@@ -61,8 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    import ray
-
     from pipespec.cluster.pipeline import local_ray, start_pipeline
 
     config = load_config(CONFIG)
@@ -116,12 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         while time.monotonic() < end:
             now = time.monotonic()
             if now >= next_sample:
-                roles = {"driver": os.getpid()}
-                for name, actor in [(running.name_of(a), a) for a in [running.coordinator, *running.devices]]:
-                    try:  # an actor being restarted is skipped this time
-                        roles[name] = ray.get(actor.pid.remote(), timeout=5)
-                    except ray.exceptions.RayError:
-                        pass
+                roles = {"driver": os.getpid()} | {
+                    n: p for n, p in running.pids().items() if p is not None
+                }  # a restarting one: skipped
                 for role, pid in roles.items():
                     if (mb := rss_mb(pid)) is not None:
                         memory.setdefault(role, []).append(round(mb, 1))
@@ -135,10 +130,11 @@ def main(argv: list[str] | None = None) -> int:
                 next_sample = now + args.sample_s
             if now >= next_kill:
                 drafter = ["tiny", "mid"][kills % 2]
-                pid = ray.get(running.devices[[s.name for s in config.stages].index(drafter)].pid.remote())
-                os.kill(pid, signal.SIGKILL)
-                kills += 1
-                log.warning("killed %s (pid %d)", drafter, pid)
+                pid = running.pids()[f"device {drafter}"]
+                if pid is not None:  # (still being restored: the next one's turn)
+                    os.kill(pid, signal.SIGKILL)
+                    log.warning("killed %s (pid %d)", drafter, pid)
+                kills += pid is not None
                 next_kill = now + args.restart_every
             time.sleep(0.5)
         for t in threads:

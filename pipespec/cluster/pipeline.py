@@ -91,6 +91,16 @@ class RunningPipeline:
         named = {d["pid"]: "device " + "+".join(d["stages"]) for d in self.placement()}
         return named | {ray.get(self.coordinator.pid.remote()): "coordinator"}
 
+    def pids(self) -> dict[str, int | None]:
+        """Each actor's name (`name_of`) -> its process id; None for one that does not answer now (restarting)."""
+        out: dict[str, int | None] = {}
+        for actor in [self.coordinator, *self.devices]:
+            try:
+                out[self.name_of(actor)] = ray.get(actor.pid.remote(), timeout=5)
+            except ray.exceptions.RayError:
+                out[self.name_of(actor)] = None
+        return out
+
     def name_of(self, actor: object) -> str:
         if actor is self.coordinator:
             return "the coordinator"
