@@ -17,6 +17,7 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pipespec import chat
 from pipespec.config import LimitsSpec, PipelineConfig, StageSpec
 from pipespec.generate_args import GenerateArgs
 from pipespec.images import encode_image_prompt, encode_text_prompt, load_image
@@ -70,18 +71,18 @@ class FrontDoor:
         _within_limits(args, limits)
         if args.image is not None and not target.takes_images:
             raise ValueError(f"target stage {target.name!r} ({target.kind}) does not take images")
-        if args.image is not None and args.prompt is None:
+        if args.image is not None and args.prompt_token_ids is not None:
             raise ValueError("an image needs a text prompt (the processor places its image tokens), not prompt_token_ids")
         image_prompt = None
-        if args.image is not None:
-            image_prompt = encode_image_prompt(self.processor, args.prompt, load_image(args.image, limits))
-            ids = list(image_prompt.prompt_token_ids)
-        elif args.prompt_token_ids is not None:
+        if args.prompt_token_ids is not None:
             ids = list(args.prompt_token_ids)
+        elif args.image is not None:
+            image_prompt = encode_image_prompt(self.processor, args.conversation(), load_image(args.image, limits))
+            ids = list(image_prompt.prompt_token_ids)
         elif self.processor is not None:
-            ids = encode_text_prompt(self.processor, args.prompt)
+            ids = encode_text_prompt(self.processor, args.conversation())
         elif self.tokenizer is not None:
-            ids = encode_prompt(self.tokenizer, args.prompt)
+            ids = encode_prompt(self.tokenizer, args.conversation())
         else:
             raise ValueError("this pipeline has no tokenizer (mock stages): pass prompt_token_ids")
         if not ids:
@@ -107,6 +108,7 @@ class FrontDoor:
             stop_token_ids=target.eos_token_ids,
             image=image_prompt.image if image_prompt else None,
             text_prompt_token_ids=image_prompt.text_prompt_token_ids if image_prompt else None,
+            logprobs=args.logprobs,
         )
         return spec, args.stop
 
@@ -127,8 +129,9 @@ def _within_limits(args: GenerateArgs, limits: LimitsSpec) -> None:
             raise ValueError(f"stop[{i}] of {len(stop)} characters is over limits.stop_chars ({limits.stop_chars})")
     if args.prompt_token_ids is not None and len(args.prompt_token_ids) > limits.prompt_tokens:
         raise ValueError(f"prompt of {len(args.prompt_token_ids)} tokens is over limits.prompt_tokens ({limits.prompt_tokens})")
-    if args.prompt is not None and len(args.prompt) > CHARS_PER_TOKEN * limits.prompt_tokens:
+    chars = len(args.prompt) if args.prompt is not None else chat.characters(args.messages) if args.messages else 0
+    if chars > CHARS_PER_TOKEN * limits.prompt_tokens:
         raise ValueError(
-            f"prompt of {len(args.prompt)} characters is over limits.prompt_tokens ({limits.prompt_tokens}): a text of "
+            f"prompt of {chars} characters is over limits.prompt_tokens ({limits.prompt_tokens}): a text of "
             f"more than {CHARS_PER_TOKEN} characters a token is refused before it is tokenized"
         )

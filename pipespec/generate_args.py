@@ -21,21 +21,27 @@ from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, replace
 from typing import Any
 
+from pipespec import chat
+from pipespec.chat import ChatMessage
 from pipespec.params import SamplingParams
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed")  # None: the config's default
 INTEGERS = 2**63  # an integer a request carries is below this (the wire's int64; a seed, below 2**64)
+MAX_LOGPROBS = 5  # the most top alternatives a request may ask for each token
 
 
 @dataclass(frozen=True)
 class GenerateArgs:
-    """`generate(prompt=None, *, prompt_token_ids=None, ...)`'s keywords: give exactly one of `prompt`
-    and `prompt_token_ids` (which bypasses tokenizer and chat template). `prompt_token_ids` and `stop`
-    may be any sequence; they are kept as tuples (`stop` may also be one string)."""
+    """`generate(prompt=None, *, prompt_token_ids=None, messages=None, ...)`'s keywords: give exactly
+    one of `prompt` (one user turn), `messages` (a conversation, pipespec.chat) and `prompt_token_ids`
+    (which bypasses tokenizer and chat template). `prompt_token_ids`, `messages` and `stop` may be
+    any sequence; they are kept as tuples (`stop` may also be one string). `logprobs=k` asks for each
+    generated token's log-probability under the target and its k most likely alternatives."""
 
     prompt: str | None = None
     _: KW_ONLY
     prompt_token_ids: tuple[int, ...] | None = None
+    messages: tuple[ChatMessage, ...] | None = None  # checked: ChatMessages; given: also OpenAI-shaped mappings
     image: Any = None  # a PIL image, encoded bytes, a path or a URL (pipespec.images); encoded bytes on the wire
     max_new_tokens: int = 64
     temperature: float | None = None  # None: the config's default
@@ -43,9 +49,12 @@ class GenerateArgs:
     top_k: int | None = None
     seed: int | None = None  # in [0, 2**64)
     stop: tuple[str, ...] = ()  # stop strings; None is none
+    logprobs: int | None = None  # None: none; k in [0, MAX_LOGPROBS]: each token's and its k top alternatives'
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", _as_tuple(self.prompt_token_ids))
+        if isinstance(self.messages, list):
+            object.__setattr__(self, "messages", tuple(self.messages))
         stop = self.stop
         object.__setattr__(self, "stop", () if stop is None else (stop,) if isinstance(stop, str) else _as_tuple(stop))
 
@@ -53,18 +62,43 @@ class GenerateArgs:
         """The sampling overrides, None where the config's default applies."""
         return {name: getattr(self, name) for name in SAMPLING_FIELDS}
 
+    def conversation(self) -> tuple[ChatMessage, ...]:
+        """The messages to render through the chat template: `messages`, or `prompt` as one user turn
+        (its image placed before its text). Of checked arguments with a text prompt."""
+        if self.messages is not None:
+            return self.messages
+        messages = chat.user(self.prompt)
+        return chat.with_image_first(messages) if self.image is not None else messages
+
     def checked(self) -> GenerateArgs:
-        """These arguments in plain Python types (ints, floats, tuples of them), or a ValueError naming
-        the first bad value. The image is left to the front door (pipespec.images)."""
-        prompt, ids = self.prompt, self.prompt_token_ids
-        if prompt is None and ids is None:
-            raise ValueError("no prompt: give prompt or prompt_token_ids")
-        if prompt is not None and ids is not None:
-            raise ValueError("give exactly one of prompt and prompt_token_ids, not both")
+        """These arguments in plain Python types (ints, floats, tuples of them; messages as
+        `ChatMessage`s, an image given in a message part moved to `image`), or a ValueError naming the
+        first bad value. The image itself is left to the front door (pipespec.images)."""
+        prompt, ids, messages, image = self.prompt, self.prompt_token_ids, self.messages, self.image
+        given = [
+            name for name, value in (("prompt", prompt), ("prompt_token_ids", ids), ("messages", messages)) if value is not None
+        ]
+        if not given:
+            raise ValueError("no prompt: give prompt, messages or prompt_token_ids")
+        if len(given) > 1:
+            raise ValueError(f"give exactly one of prompt, messages and prompt_token_ids, not {' and '.join(given)}")
         if prompt is not None:
             _text("prompt", prompt)
             if not prompt.strip():
                 raise ValueError("the prompt is empty: give some text (or prompt_token_ids)")
+        elif messages is not None:
+            messages, carried = chat.conversation(messages)
+            chat.check(messages)
+            if carried is not None and image is not None:
+                raise ValueError("the image is given twice: in a message part and as image=; give one")
+            image = carried if carried is not None else image
+            places = any(m.has_image for m in messages)
+            if image is not None and not places:
+                raise ValueError('an image needs its place in the messages: a {"type": "image"} part')
+            if places and image is None:
+                raise ValueError(
+                    "the messages have an image part but no image is given (image=, or the part's image or image_url)"
+                )
         else:
             ids = _token_ids(ids)
         max_new_tokens = _integer("max_new_tokens", self.max_new_tokens, "a positive integer")
@@ -83,7 +117,18 @@ class GenerateArgs:
             _text(f"stop[{i}]", stop)
             if not stop:
                 raise ValueError(f"stop[{i}] is empty: a stop string needs at least one character")
-        return replace(self, prompt_token_ids=ids, max_new_tokens=max_new_tokens, **sampling)
+        logprobs = _integer("logprobs", self.logprobs, f"an integer in [0, {MAX_LOGPROBS}]")
+        if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}] (top alternatives per token), got {logprobs}")
+        return replace(
+            self,
+            prompt_token_ids=ids,
+            messages=messages,
+            image=image,
+            max_new_tokens=max_new_tokens,
+            logprobs=logprobs,
+            **sampling,
+        )
 
 
 def _as_tuple(value: Any) -> Any:

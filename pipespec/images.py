@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from pipespec.chat import ChatMessage
 from pipespec.config import ConfigError, LimitsSpec, PipelineConfig
 from pipespec.messages import ImageInputs
 from pipespec.stages.registry import kind_of
@@ -135,31 +136,31 @@ def load_processor(model_dir: str, where: str) -> Any:
     return processor
 
 
-def _chat(processor: Any, prompt: str, image: Any | None, **kwargs: Any) -> Any:
-    parts: list[dict] = [{"type": "image", "image": image}] if image is not None else []
-    parts.append({"type": "text", "text": prompt})
-    messages = [{"role": "user", "content": parts}]
+def _chat(processor: Any, messages: tuple[ChatMessage, ...], image: Any | None, **kwargs: Any) -> Any:
+    """Render `messages` through the processor's chat template; with `image`, in its image part."""
     if getattr(processor, "chat_template", None):
-        return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True, **kwargs)
-    text = (processor.image_token + prompt) if image is not None else prompt  # no template: plain prompt
-    return processor(text=[text], images=[image] if image is not None else None, **kwargs)
+        template = [{"role": m.role, "content": m.template_content(image)} for m in messages]
+        return processor.apply_chat_template(template, add_generation_prompt=True, tokenize=True, return_dict=True, **kwargs)
+    parts = [processor.image_token if p.image else p.text for m in messages for p in m.parts if image is not None or not p.image]
+    return processor(text=["".join(parts)], images=[image] if image is not None else None, **kwargs)  # no template: plain text
 
 
-def encode_text_prompt(processor: Any, prompt: str) -> list[int]:
-    """A text-only prompt through the processor's chat template."""
-    return [int(t) for t in np.asarray(_chat(processor, prompt, None)["input_ids"]).reshape(-1)]
+def encode_text_prompt(processor: Any, messages: tuple[ChatMessage, ...]) -> list[int]:
+    """A conversation without its image through the processor's chat template."""
+    return [int(t) for t in np.asarray(_chat(processor, messages, None)["input_ids"]).reshape(-1)]
 
 
-def encode_image_prompt(processor: Any, prompt: str, image: Any) -> ImagePrompt:
-    """Render `prompt` with the decoded `image` through the processor: ids for every stage, arrays for the target."""
+def encode_image_prompt(processor: Any, messages: tuple[ChatMessage, ...], image: Any) -> ImagePrompt:
+    """Render `messages` with the decoded `image` in its part through the processor: ids for every stage,
+    arrays for the target."""
     try:
-        out = _chat(processor, prompt, image, return_tensors="np")
+        out = _chat(processor, messages, image, return_tensors="np")
     except (ValueError, TypeError, OSError) as e:
         raise ValueError(f"the target's processor cannot take this image ({image.width}x{image.height}): {e}") from e
     ids = np.asarray(out["input_ids"]).reshape(-1)
     arrays = {k: np.asarray(v) for k, v in out.items() if k not in _TEXT_KEYS}
     return ImagePrompt(
         prompt_token_ids=tuple(int(t) for t in ids),
-        text_prompt_token_ids=tuple(encode_text_prompt(processor, prompt)),
+        text_prompt_token_ids=tuple(encode_text_prompt(processor, messages)),
         image=ImageInputs(arrays),
     )

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
+from pipespec.logprobs import TokenLogprobs
 from pipespec.params import SamplingParams
 from pipespec.stats import PairStats, StageStats
 
@@ -57,6 +58,7 @@ class RequestSpec:
     image: ImageInputs | None = None  # the target's processed image; only the target receives it
     text_prompt_token_ids: tuple[int, ...] | None = None  # image prompts: the prompt without the image
     committed: tuple[int, ...] = ()  # a rejoin: tokens already committed; the stage holds them as generated
+    logprobs: int | None = None  # None: no logprobs; k: the target sends each committed token's and its k top alternatives'
 
     @property
     def text_prompt(self) -> tuple[int, ...]:
@@ -121,6 +123,7 @@ class Commit:
     request_id: str
     start: int
     tokens: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs, ...] | None = None  # one per token, when the request asked (RequestSpec.logprobs)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from pipespec.logprobs import TokenLogprobs
 from pipespec.stats import RequestStats
 
 
@@ -21,6 +22,7 @@ class Delta:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stats: RequestStats | None = None
     error: str | None = None
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per token id, when the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -29,16 +31,19 @@ class Generation:
     text: str
     finish_reason: str
     stats: RequestStats
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token id, when asked for
 
     @classmethod
     def from_deltas(cls, deltas: Iterable[Delta]) -> Generation:
         ids: list[int] = []
         text: list[str] = []
+        logprobs: list[TokenLogprobs] = []
         for d in deltas:
             ids.extend(d.token_ids)
             text.append(d.text)
+            logprobs.extend(d.logprobs)
             if d.finish_reason is not None:
                 if d.finish_reason == "error":
                     raise GenerationError(d.error)
-                return cls(ids, "".join(text), d.finish_reason, d.stats)
+                return cls(ids, "".join(text), d.finish_reason, d.stats, logprobs)
         raise GenerationError("the stream ended without a finish reason")

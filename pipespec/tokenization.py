@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from pipespec.chat import ChatMessage
 from pipespec.config import ConfigError, PipelineConfig
 from pipespec.stages.registry import kind_of
 
@@ -48,14 +49,14 @@ def check_shared_tokenizer(config: PipelineConfig) -> Any | None:
     return ref
 
 
-def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
-    """Text -> token ids, through the chat template when the tokenizer has one."""
+def encode_prompt(tokenizer: Any, messages: tuple[ChatMessage, ...]) -> list[int]:
+    """A text conversation -> token ids, through the chat template when the tokenizer has one (each
+    message's content as one string, as text models' templates read it); without one, the messages'
+    texts joined by newlines."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        return list(ids)
-    return list(tokenizer.encode(prompt))
+        template = [{"role": m.role, "content": m.text} for m in messages]
+        return list(tokenizer.apply_chat_template(template, add_generation_prompt=True, tokenize=True, return_dict=False))
+    return list(tokenizer.encode("\n".join(m.text for m in messages)))
 
 
 class IncrementalDetokenizer:

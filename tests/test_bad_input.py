@@ -77,8 +77,8 @@ class Row:
 # fmt: off
 ROWS = [
     # the prompt
-    Row("no prompt", {}, r"^no prompt: give prompt or prompt_token_ids$"),
-    Row("prompt and ids", dict(prompt="hi", prompt_token_ids=[1]), r"exactly one of prompt and prompt_token_ids"),
+    Row("no prompt", {}, r"^no prompt: give prompt, messages or prompt_token_ids$"),
+    Row("prompt and ids", dict(prompt="hi", prompt_token_ids=[1]), r"exactly one of prompt, messages and prompt_token_ids, not prompt and prompt_token_ids"),
     Row("empty ids", dict(prompt_token_ids=[]), r"prompt_token_ids is empty"),
     Row("empty prompt", dict(prompt=""), r"the prompt is empty"),
     Row("blank prompt", dict(prompt=" \n\t"), r"the prompt is empty"),

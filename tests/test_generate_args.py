@@ -60,7 +60,7 @@ def test_checked_gives_plain_python_values():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (GenerateArgs(), "no prompt: give prompt or prompt_token_ids"),
+        (GenerateArgs(), "no prompt: give prompt, messages or prompt_token_ids"),
         (GenerateArgs(" \n"), "the prompt is empty"),
         (GenerateArgs(prompt_token_ids=[]), "prompt_token_ids is empty"),
         (GenerateArgs(prompt_token_ids=5), "prompt_token_ids must be a sequence of token ids, got 5"),

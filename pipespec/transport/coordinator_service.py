@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from pipespec import codec
 from pipespec.config import LimitsSpec
 from pipespec.coordinator import Coordinator
 from pipespec.frontdoor import CHARS_PER_TOKEN, FrontDoor
@@ -30,6 +29,7 @@ from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.transport.auth import authorized
 from pipespec.transport.generate_request import from_proto
+from pipespec.transport.generate_response import to_responses
 from pipespec.transport.streams import SERVER_OPTIONS, health_status
 
 
@@ -81,13 +81,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self._opened_by[rid] = peer
         try:
             async for delta in self.coordinator.generate(spec, stop):
-                if delta.text or delta.token_ids:
-                    yield pb.GenerateResponse(request_id=rid, chunk=pb.Chunk(text=delta.text, token_ids=delta.token_ids))
-                if delta.finish_reason == "error":
-                    yield pb.GenerateResponse(request_id=rid, error=pb.Error(message=delta.error or "error"))
-                elif delta.finish_reason is not None:
-                    finished = pb.Finished(finish_reason=delta.finish_reason, stats=codec.encode(delta.stats))
-                    yield pb.GenerateResponse(request_id=rid, finished=finished)
+                for response in to_responses(rid, delta):
+                    yield response
         finally:
             del self._opened_by[rid]
 

@@ -6,22 +6,13 @@ from collections.abc import AsyncIterator, Iterator
 
 import grpc
 
-from pipespec import codec
 from pipespec.generate_args import GenerateArgs
 from pipespec.outputs import Delta
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.transport.generate_request import to_proto
+from pipespec.transport.generate_response import to_delta
 from pipespec.transport.streams import CHANNEL_OPTIONS
-
-
-def to_delta(response: pb.GenerateResponse) -> Delta:
-    kind = response.WhichOneof("kind")
-    if kind == "chunk":
-        return Delta(response.chunk.text, tuple(response.chunk.token_ids))
-    if kind == "finished":
-        return Delta("", (), response.finished.finish_reason, codec.decode(response.finished.stats))
-    return Delta("", (), "error", None, response.error.message)
 
 
 def stream(address: str, args: GenerateArgs, timeout: float | None) -> Iterator[Delta]:

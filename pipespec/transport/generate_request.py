@@ -15,10 +15,11 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
+from pipespec.chat import IMAGE, ChatMessage, Part
 from pipespec.generate_args import SAMPLING_FIELDS, GenerateArgs
 from pipespec.protos import pipespec_pb2 as pb
 
-_OPTIONAL = ("prompt", "image", "max_new_tokens", *SAMPLING_FIELDS)  # fields with presence on the wire
+_OPTIONAL = ("prompt", "image", "max_new_tokens", "logprobs", *SAMPLING_FIELDS)  # fields with presence on the wire
 
 
 def to_proto(args: GenerateArgs) -> pb.GenerateRequest:
@@ -26,6 +27,7 @@ def to_proto(args: GenerateArgs) -> pb.GenerateRequest:
     given: dict[str, Any] = {name: getattr(args, name) for name in _OPTIONAL}
     given["stop"] = args.stop
     given["prompt_token_ids"] = args.prompt_token_ids
+    given["messages"] = args.messages
     for name, value in given.items():
         if value is None:
             continue
@@ -35,6 +37,8 @@ def to_proto(args: GenerateArgs) -> pb.GenerateRequest:
                 request.prompt_token_ids.ids.extend(value)
             elif name == "stop":
                 request.stop.extend(value)
+            elif name == "messages":
+                request.messages.extend(_message_to_proto(m) for m in value)
             else:
                 setattr(request, name, value)
         except (TypeError, ValueError) as e:  # ValueError: out of range, or text that is not UTF-8
@@ -46,4 +50,16 @@ def from_proto(request: pb.GenerateRequest) -> GenerateArgs:
     given = {name: getattr(request, name) for name in _OPTIONAL if request.HasField(name)}
     if request.HasField("prompt_token_ids"):
         given["prompt_token_ids"] = tuple(request.prompt_token_ids.ids)
+    if request.messages:
+        given["messages"] = tuple(ChatMessage(m.role, tuple(_part_from_proto(p) for p in m.parts)) for m in request.messages)
     return GenerateArgs(stop=tuple(request.stop), **given)
+
+
+def _message_to_proto(message: ChatMessage) -> pb.ChatMessage:
+    """`message` of checked arguments (a `ChatMessage`: `GenerateArgs.checked()` turns mappings into them)."""
+    parts = [pb.ContentPart(image=True) if p.image else pb.ContentPart(text=p.text) for p in message.parts]
+    return pb.ChatMessage(role=message.role, parts=parts)
+
+
+def _part_from_proto(part: pb.ContentPart) -> Part:
+    return IMAGE if part.WhichOneof("kind") == "image" else Part(part.text)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from pipespec.chat import user, with_image_first
 from pipespec.images import encode_image_prompt
 from pipespec.messages import ImageInputs, RequestSpec
 from pipespec.params import SamplingParams
@@ -35,7 +36,7 @@ class Example:
 
 def answer(stage: VLMStage, processor: Any, image: Any, prompt: str, max_new_tokens: int) -> Example:
     """The target's greedy answer through the `vlm` stage (stops at EOS)."""
-    encoded = encode_image_prompt(processor, prompt, image.convert("RGB"))
+    encoded = encode_image_prompt(processor, with_image_first(user(prompt)), image.convert("RGB"))
     spec = RequestSpec("train", encoded.prompt_token_ids, SamplingParams(), max_new_tokens, image=encoded.image)
     session = stage.open(spec)
     try:
