@@ -1,0 +1,54 @@
+"""`Serving`: what every way in to a running coordinator shares (design: one front door).
+
+    admitted = await serving.admit(args)        # ValueError naming the bad value or the limit
+    async for delta in serving.stream(admitted):  # the coordinator's deltas; leaving early aborts
+        ...
+
+`admit` validates a request at the front door off the event loop (an image runs through the
+processor); `stream` runs it on the coordinator and records it in the metrics (time to first token,
+inter-token latency, end-to-end latency, running requests, finish reasons, speculative-decoding
+counters per drafter and verifier pair). `trouble()` is None when every stage is linked and
+answering, else why not: readiness for `/health` and grpc.health.v1. Runs on the coordinator's
+event loop; torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from pipespec.coordinator import Coordinator
+from pipespec.frontdoor import FrontDoor
+from pipespec.generate_args import GenerateArgs
+from pipespec.messages import RequestSpec
+from pipespec.outputs import Delta
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request the front door accepted."""
+
+    spec: RequestSpec
+    stop: tuple[str, ...]
+
+
+class Serving:
+    def __init__(self, coordinator: Coordinator, front_door: FrontDoor, metrics=None):
+        """`metrics`: a pipespec.serving.metrics.Metrics (None: a fresh one of its own registry)."""
+        self.coordinator = coordinator
+        self.front_door = front_door
+        self.metrics = metrics
+
+    @property
+    def model(self) -> str:
+        """The name clients know this pipeline by (its config's name)."""
+        return self.front_door.config.name
+
+    async def admit(self, args: GenerateArgs) -> Admitted:
+        raise NotImplementedError  # TODO(serving helper)
+
+    def stream(self, admitted: Admitted) -> AsyncIterator[Delta]:
+        raise NotImplementedError  # TODO(serving helper)
+
+    def trouble(self) -> str | None:
+        raise NotImplementedError  # TODO(serving helper)
