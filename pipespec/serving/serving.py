@@ -14,6 +14,7 @@ event loop; torch-free.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -33,11 +34,9 @@ class Admitted:
 
 
 class Serving:
-    def __init__(self, coordinator: Coordinator, front_door: FrontDoor, metrics=None):
-        """`metrics`: a pipespec.serving.metrics.Metrics (None: a fresh one of its own registry)."""
+    def __init__(self, coordinator: Coordinator, front_door: FrontDoor):
         self.coordinator = coordinator
         self.front_door = front_door
-        self.metrics = metrics
 
     @property
     def model(self) -> str:
@@ -45,10 +44,18 @@ class Serving:
         return self.front_door.config.name
 
     async def admit(self, args: GenerateArgs) -> Admitted:
-        raise NotImplementedError  # TODO(serving helper)
+        """Validate `args` at the front door, off the loop (an image runs through the processor).
+        Raises ValueError naming the bad value or the limit."""
+        spec, stop = await asyncio.to_thread(self.front_door.request, args)
+        return Admitted(spec, stop)
 
-    def stream(self, admitted: Admitted) -> AsyncIterator[Delta]:
-        raise NotImplementedError  # TODO(serving helper)
+    async def stream(self, admitted: Admitted) -> AsyncIterator[Delta]:
+        """Run an admitted request: its deltas as the target commits them; closing early aborts it."""
+        async for delta in self.coordinator.generate(admitted.spec, admitted.stop):
+            yield delta
 
     def trouble(self) -> str | None:
-        raise NotImplementedError  # TODO(serving helper)
+        """None when every stage is linked and answering; else why not."""
+        if not self.coordinator.stages:
+            return "the stages are not linked yet"
+        return self.coordinator.trouble()
