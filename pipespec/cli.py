@@ -3,7 +3,7 @@
     pipespec demo [--prompt TEXT] [--image FILE] [--max-new-tokens N] [--runs N] [--plan auto [--devices N]]
                   [--json FILE]
     pipespec serve CONFIG [--address RAY_ADDRESS] [--host H] [--port P] [--strategy pack|spread|strict-pack|strict-spread]
-                   [--plan auto [--devices N] [--image FILE]]
+                   [--http-port N [--http-host H] [--allowed-local-media-path DIR]] [--plan auto [--devices N] [--image FILE]]
     pipespec generate --address HOST:PORT --prompt TEXT [--image FILE] [--max-new-tokens N]
                       [--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT ...]
     pipespec plan CONFIG [--devices N] [--prompt TEXT ...] [--image FILE] [--max-new-tokens N] [--json FILE]
@@ -83,7 +83,8 @@ def serve(args: argparse.Namespace) -> int:
         except ValueError as e:  # ConfigError included
             return _fail("serve", e)
         print(explain(chosen), flush=True)
-    return launch(config, args.address, args.host, args.port, args.strategy)
+    http = (args.http_port, args.http_host, args.allowed_local_media_path)
+    return launch(config, args.address, args.host, args.port, args.strategy, *http)
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -177,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--host", help="interface the servers bind (default: the config's server.host)")
     s.add_argument("--port", type=int, help="coordinator port (default: the config's server.port)")
     s.add_argument("--strategy", default="pack", choices=list(STRATEGIES), help="how devices are placed on nodes")
+    s.add_argument("--http-port", type=int, help="also serve OpenAI-compatible HTTP on this port (0 = any; default: none)")
+    s.add_argument("--http-host", help="interface the HTTP server binds (default: the coordinator's host)")
+    s.add_argument("--allowed-local-media-path", help="a directory whose files image_url may name (default: none)")
     s.add_argument(
         "--plan", choices=["auto"], help="auto: profile the config here, serve the chain and placement `pipespec plan` recommends"
     )

@@ -28,6 +28,7 @@ from pipespec.messages import RequestSpec
 from pipespec.outputs import Delta, Generation
 from pipespec.runner import StageRunner
 from pipespec.scheduler import schedulers_for
+from pipespec.serving.serving import Serving
 from pipespec.stage import Stage
 
 
@@ -68,6 +69,7 @@ class LocalPipeline:
         self.thread: threading.Thread | None = None
         self.runners: list[StageRunner] = []
         self.coordinator: Coordinator | None = None
+        self.serving: Serving | None = None  # every way in to the coordinator (pipespec.serving), once started
         self._tasks: list[asyncio.Task] = []
 
     @property
@@ -94,6 +96,7 @@ class LocalPipeline:
         devices = schedulers_for(self.config.devices(), [s.name for s in self.config.stages])
         self.runners = [StageRunner.for_config(stage, self.config, i, devices[i]) for i, stage in enumerate(self.stages)]
         self.coordinator = self.entrance.coordinator()
+        self.serving = Serving(self.coordinator, self.front_door)
         if self.over_grpc:
             await self._wire_grpc()
         else:

@@ -169,7 +169,7 @@ def door(tmp_path_factory):
     with LocalPipeline(config(["target"])) as alone:
         expected = alone.generate(**GOOD).token_ids
     with LocalPipeline(config(["tiny", "target"]), over_grpc=True) as pipe:
-        service = CoordinatorService(pipe.coordinator, pipe.front_door, "bad-input")
+        service = CoordinatorService(pipe.serving, "bad-input")
         server, port = asyncio.run_coroutine_threadsafe(serve_coordinator(service, "127.0.0.1", 0), pipe.loop).result()
         try:
             yield Door(pipe, f"127.0.0.1:{port}", expected)

@@ -182,6 +182,21 @@ def test_a_port_in_use_is_a_config_error_at_once(ray_session):
             start_pipeline(load_config("pipespec/configs/mock3.yaml"), port=port)
 
 
+def test_an_http_port_in_use_or_the_coordinators_is_a_config_error_at_once():
+    import socket
+
+    from pipespec.cluster.actors import HttpSpec
+    from pipespec.cluster.pipeline import start_pipeline
+
+    config = load_config("pipespec/configs/mock3.yaml")
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"the HTTP server cannot serve on 127.0.0.1:{port}: Address already in use"):
+            start_pipeline(config, port=0, http=HttpSpec(port))
+    with pytest.raises(ConfigError, match=f"the HTTP server and the coordinator's gRPC cannot share 127.0.0.1:{port}"):
+        start_pipeline(config, port=port, http=HttpSpec(port, "127.0.0.1"))
+
+
 def test_resources_no_node_has_are_refused_at_once(ray_session):
     from pipespec.cluster.pipeline import start_pipeline
 

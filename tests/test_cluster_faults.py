@@ -8,6 +8,9 @@ front door. Each stage actor and then the coordinator is killed in turn while th
 - the target or the coordinator lost: every stream finishes equal to the target alone or ends with
   an error naming what was lost; none hangs; new requests are served within 30 s.
 
+Readiness follows: grpc.health.v1 on the coordinator goes NOT_SERVING when a stage actor is killed
+and SERVING again once it is restored, and every stage's says SERVING once relinked.
+
 A pipeline whose target cannot come back (`max_restarts: 0`) fails its streams naming the target
 within `faults.restore_s`, reports NOT_SERVING, and its supervisor reports the failure.
 """
@@ -142,6 +145,34 @@ def test_a_killed_drafter_costs_no_stream(pipeline, reference, killed):
     assert all(reason == "length" for _, reason, _, _ in results)
     log.info("%s killed: all %d streams exact, the last %.1f s after the kill", killed, STREAMS, max(r[3] for r in results))
     log.info("%s killed: serving again (health, a request) %.1f s later", killed, serving_again(client))
+    assert not failures
+
+
+def test_grpc_health_follows_a_killed_stage(pipeline):
+    """Watched on the coordinator: NOT_SERVING once the middle stage's actor is killed, SERVING once the
+    supervisor restored it; then each stage's own health (it takes the secret) says SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from pipespec.transport.auth import call_metadata
+
+    running, failures = pipeline
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    with grpc.insecure_channel(running.address) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=RESTORE_S + 60)
+        while next(watch).status != serving:  # each message is a transition: a test before may still be restoring
+            pass
+        os.kill(pid_of(running, "mid"), signal.SIGKILL)
+        assert [next(watch).status, next(watch).status] == [not_serving, serving]
+        watch.cancel()
+    for address in running.addresses.values():  # relinked from both sides: wait for each to say so
+        with grpc.insecure_channel(address) as channel:
+            stage = health_pb2_grpc.HealthStub(channel).Watch(
+                health_pb2.HealthCheckRequest(service="pipespec.Stage"), metadata=call_metadata(running.secret), timeout=60
+            )
+            while next(stage).status != serving:
+                pass
+            stage.cancel()
     assert not failures
 
 

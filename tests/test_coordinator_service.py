@@ -25,6 +25,7 @@ from pipespec.messages import RequestSpec
 from pipespec.outputs import Delta
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
+from pipespec.serving.serving import Serving
 from pipespec.transport.auth import call_metadata, new_secret
 from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 from pipespec.transport.generate_request import to_proto
@@ -38,6 +39,7 @@ class HeldCoordinator:
     released or aborted."""
 
     def __init__(self) -> None:
+        self.stages = ["m"]  # linked
         self.live: dict[str, asyncio.Event] = {}
         self.aborted: list[str] = []
         self.reason: str | None = None
@@ -86,7 +88,7 @@ def served() -> Iterator[Served]:
     config = load_config({"stages": [{"name": "m", "kind": "mock", "vocab_size": 16}], "limits": {"requests_per_client": 2}})
     coordinator = HeldCoordinator()
     door = FrontDoor(config, TargetInfo("m", "mock", 16, None, frozenset()), None)
-    server, port = run(serve_coordinator(CoordinatorService(coordinator, door, "held", secret=SECRET), "127.0.0.1", 0))
+    server, port = run(serve_coordinator(CoordinatorService(Serving(coordinator, door), "held", secret=SECRET), "127.0.0.1", 0))
     try:
         yield Served(f"127.0.0.1:{port}", coordinator, loop)
     finally:

@@ -304,7 +304,7 @@ def test_images_through_grpc_generate_and_client(llava, tmp_path):
         llava.config(["tiny", "mid", "target"]), stages=[llava.stages[n] for n in ("tiny", "mid", "target")], over_grpc=True
     )
     with pipe:
-        service = CoordinatorService(pipe.coordinator, pipe.front_door, "vlm")
+        service = CoordinatorService(pipe.serving, "vlm")
         server, port = asyncio.run_coroutine_threadsafe(serve_coordinator(service, "127.0.0.1", 0), pipe.loop).result()
         try:
             client = Client(f"127.0.0.1:{port}")

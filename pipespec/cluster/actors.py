@@ -11,6 +11,10 @@ Addresses: a device actor's servers bind the host the launcher gives it, or, giv
 node's address (`ray.util.get_node_ip_address()`), which is also what a wildcard host (0.0.0.0, ::)
 advertises; the launcher decides which (pipespec.cluster.pipeline). Every stream carries the
 pipeline's secret.
+
+The coordinator's actor builds one `Serving` (pipespec.serving.serving) and serves it over gRPC
+and, given an `HttpSpec`, over OpenAI-compatible HTTP too (pipespec.serving.http_server), both on
+the actor's event loop: every way in shares one front door, one coordinator, one readiness.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import asyncio
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import ray
 
@@ -34,6 +40,20 @@ WILDCARDS = ("0.0.0.0", "::")  # hosts that bind every interface: they advertise
 def address(host: str, port: int) -> str:
     """host:port as gRPC takes it (an IPv6 host in brackets)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _advertised(host: str) -> str:
+    """What clients reach a server bound to `host` at: this node's address for a wildcard."""
+    return ray.util.get_node_ip_address() if host in WILDCARDS else host
+
+
+@dataclass(frozen=True)
+class HttpSpec:
+    """The coordinator's OpenAI-compatible HTTP server, beside its gRPC one."""
+
+    port: int  # 0: any free port
+    host: str | None = None  # None: the coordinator's (the config's server.host unless told otherwise)
+    allowed_media: Path | None = None  # the directory `image_url` file paths may name (None: data URLs only)
 
 
 @ray.remote
@@ -153,20 +173,36 @@ class DeviceActor:
 @ray.remote
 class CoordinatorActor:
     async def serve(
-        self, config: PipelineConfig, stage_addresses: list[str], target: TargetInfo, host: str, port: int, secret: str
-    ) -> str:
-        """Link the coordinator to every stage, then serve clients on host:port (placed on the launcher's node).
-        -> the address clients connect to."""
+        self,
+        config: PipelineConfig,
+        stage_addresses: list[str],
+        target: TargetInfo,
+        host: str,
+        port: int,
+        secret: str,
+        http: HttpSpec | None = None,
+    ) -> tuple[str, str | None]:
+        """Link the coordinator to every stage, then serve clients on host:port (placed on the launcher's
+        node) and, given `http` (its host resolved), over HTTP. -> the address gRPC clients connect to,
+        and the HTTP server's URL (None without one)."""
         from pipespec.assembly import Entrance, link_coordinator
+        from pipespec.serving.serving import Serving
         from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 
         entrance = Entrance.check(config)
         self.coordinator = entrance.coordinator()
         self.config, self.secret = config, secret
         self.clients = dict(enumerate(await link_coordinator(self.coordinator, stage_addresses, config, secret)))
-        service = CoordinatorService(self.coordinator, entrance.front_door(target), config.name, secret=secret)
+        serving = Serving(self.coordinator, entrance.front_door(target))
+        service = CoordinatorService(serving, config.name, secret=secret)
         self.server, bound = await serve_coordinator(service, host, port)
-        return address(ray.util.get_node_ip_address() if host in WILDCARDS else host, bound)
+        url = None
+        if http is not None:
+            from pipespec.serving.http_server import serve_http
+
+            self.http = await serve_http(serving, http.host, http.port, http.allowed_media)
+            url = "http://" + address(_advertised(http.host), self.http.port)
+        return address(_advertised(host), bound), url
 
     async def lifetime(self) -> None:
         """Never returns: the call fails when this actor dies (pipespec.cluster.supervisor watches it)."""

@@ -17,6 +17,11 @@ another one), each device binds and advertises its own node's address (Ray's nod
 its neighbours and the coordinator can reach, unless `host` is a wildcard (0.0.0.0, ::), which every
 stage binds and which advertises the node's address. On a single loopback node everything stays on
 127.0.0.1.
+
+HTTP (given an `HttpSpec`): the coordinator also serves OpenAI-compatible HTTP on the same event loop
+and through the same `Serving` as its gRPC (pipespec.cluster.actors), on the HTTP host given, else on
+the coordinator's `host` (loopback unless told otherwise); a restored coordinator serves it again on
+the same port.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import os
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import ray
 from ray.exceptions import RayError as ClusterError  # noqa: F401  (what a failed actor raises, for callers outside cluster/)
@@ -34,7 +39,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from pipespec.assembly import Entrance
-from pipespec.cluster.actors import WILDCARDS, CoordinatorActor, DeviceActor, address
+from pipespec.cluster.actors import WILDCARDS, CoordinatorActor, DeviceActor, HttpSpec, address
 from pipespec.cluster.bundles import STRATEGIES, bundle, unplaceable
 from pipespec.cluster.cores import slices
 from pipespec.cluster.supervisor import Supervisor
@@ -79,6 +84,8 @@ class RunningPipeline:
     stage_host: str | None  # what the stage servers bind (None: their node's address)
     addresses: dict[int, str]  # each stage's server (its drafter and the coordinator connect to it)
     target: TargetInfo = field(repr=False)
+    http: HttpSpec | None = None  # the coordinator's HTTP server (None: none), its host resolved
+    http_address: str | None = None  # its URL once serving (http://host:port)
     supervisor: Supervisor | None = None
 
     def placement(self) -> list[dict]:
@@ -150,13 +157,16 @@ class RunningPipeline:
         ray.get(self.devices[k].attached.remote(), timeout=timeout)
 
     def serve_coordinator(self, timeout: float | None = None) -> None:
-        """Serve the coordinator on `host` at `address`'s port (0 at start: any free one), linked to every stage."""
+        """Serve the coordinator on `host` at `address`'s port (0 at start: any free one), linked to every
+        stage, and its HTTP server, if any, on the port it had (0 at start: any free one)."""
         port = int(self.address.rsplit(":", 1)[1])
         stages = [self.addresses[i] for i in range(len(self.config.stages))]
-        self.address = ray.get(
-            self.coordinator.serve.remote(self.config, stages, self.target, self.host, port, self.secret),
+        self.address, self.http_address = ray.get(
+            self.coordinator.serve.remote(self.config, stages, self.target, self.host, port, self.secret, self.http),
             timeout=timeout or self.config.faults.restore_s,
         )
+        if self.http is not None:  # the port bound: a restored coordinator serves HTTP there again
+            self.http = replace(self.http, port=int(self.http_address.rsplit(":", 1)[1]))
 
     def supervise(self, on_failure: Callable[[str], None] | None = None) -> Supervisor:
         """Start restoring actors that Ray restarts (pipespec.cluster.supervisor); `stop` stops it.
@@ -178,17 +188,15 @@ def _tear_down(actors: list, group: object) -> None:
     remove_placement_group(group)
 
 
-def _check_port(host: str, port: int) -> None:
-    """ConfigError at once if the coordinator could not bind host:port here (it runs on this node)."""
+def _check_port(host: str, port: int, what: str = "the coordinator", key: str = "server.port") -> None:
+    """ConfigError at once if `what` could not bind host:port here (the coordinator runs on this node)."""
     if port == 0:
         return
     try:
         family, _, _, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        socket.create_server(where, family=family).close()  # SO_REUSEADDR, as gRPC binds
+        socket.create_server(where, family=family).close()  # SO_REUSEADDR, as gRPC and uvicorn bind
     except OSError as e:
-        raise ConfigError(
-            f"the coordinator cannot serve on {host}:{port}: {e.strerror or e} (server.port; 0 picks a free port)"
-        ) from None
+        raise ConfigError(f"{what} cannot serve on {host}:{port}: {e.strerror or e} ({key}; 0 picks a free port)") from None
 
 
 def start_pipeline(
@@ -198,16 +206,23 @@ def start_pipeline(
     strategy: str = "pack",
     placement_timeout_s: float = 60.0,
     pin_cores: bool = True,
+    http: HttpSpec | None = None,
 ) -> RunningPipeline:
     """Place and start `config`'s pipeline; -> its handle once every stream is attached. `host`, `port`:
-    where the coordinator serves (default: the config's server.host and .port). ConfigError, before
-    anything starts, for a strategy it does not know, a port in use and resources the cluster can never
-    hold; after `placement_timeout_s` for resources it has but not free."""
+    where the coordinator serves (default: the config's server.host and .port); `http`: its HTTP server
+    too (its host defaults to the coordinator's). ConfigError, before anything starts, for a strategy
+    it does not know, a port in use and resources the cluster can never hold; after
+    `placement_timeout_s` for resources it has but not free."""
     if strategy not in STRATEGIES:
         raise ConfigError(f"placement strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
     host = config.server.host if host is None else host
     port = config.server.port if port is None else port
     _check_port(host, port)
+    if http is not None:
+        http = replace(http, host=host if http.host is None else http.host)
+        if http.port != 0 and (http.host, http.port) == (host, port):
+            raise ConfigError(f"the HTTP server and the coordinator's gRPC cannot share {address(host, port)} (--http-port)")
+        _check_port(http.host, http.port, "the HTTP server", "--http-port")
     valid = Entrance.check(config).tokenizer_size  # config-time checks, before any actor loads weights
     specs = config.stages
     devices = config.devices()
@@ -263,7 +278,9 @@ def start_pipeline(
         coordinator = CoordinatorActor.options(
             num_cpus=0, max_concurrency=1000, scheduling_strategy=on_this_node, max_restarts=config.faults.max_restarts
         ).remote()
-        running = RunningPipeline(address(host, port), actors, coordinator, group, secret, config, host, stage_host, served, info)
+        running = RunningPipeline(
+            address(host, port), actors, coordinator, group, secret, config, host, stage_host, served, info, http
+        )
         running._link_downstream(list(range(len(specs) - 1)), None)
         running.serve_coordinator(timeout=60)
         ray.get([a.attached.remote() for a in actors], timeout=60)

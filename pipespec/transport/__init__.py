@@ -2,6 +2,7 @@
 
 - `streams`: stage-to-stage and coordinator-to-stage links over bidirectional gRPC streams.
 - `coordinator_service`: the coordinator's `Generate` / `Cancel` / `Health` server for clients.
+- `health`: the standard grpc.health.v1 service on the coordinator's and every stage's server.
 - `generate_client`: the client side of `Generate`, used by `pipespec.client.Client`.
 - `generate_request`: a request's `GenerateArgs` to and from the wire's `GenerateRequest`.
 """

@@ -1,8 +1,9 @@
 """The coordinator's gRPC front end: `Generate` streams a request's deltas to a client.
 
-A request is validated by the front door, the same code and messages as `LocalPipeline` (a bad
-value or a value over one of the config's `limits` comes back as an `error` response naming it),
-then streamed as `chunk`s and one `finished` carrying the statistics. A client that disconnects
+Every way in shares one `Serving` (pipespec.serving.serving): a request is admitted by the front
+door, the same code and messages as `LocalPipeline` and the HTTP server (a bad value or a value over
+one of the config's `limits` comes back as an `error` response naming it), then streamed as `chunk`s
+and one `finished` carrying the statistics. A client that disconnects
 cancels its handler, which aborts the request: the coordinator closes it on every stage at once.
 
 Bounded per client: a connection (`context.peer()`) with `limits.requests_per_client` requests in
@@ -11,26 +12,28 @@ an `error` response: it says "later", not "this request is wrong"), and the serv
 larger than the limits allow (`request_bytes`). `Cancel` acts only for the connection that opened
 the request or a caller holding the pipeline's secret (pipespec.transport.auth); anyone else, or an
 id that names no request, gets `cancelled=False` and nothing happens. `Health` says "serving", or
-"not_serving: <why>" while the coordinator is in trouble (a stage lost).
+"not_serving: <why>" while `serving.trouble()` says why (the stages not linked yet, a stage lost);
+the same readiness answers grpc.health.v1 on the same server (pipespec.transport.health), open to
+anyone like `Generate`.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 
 import grpc
 
 from pipespec.config import LimitsSpec
-from pipespec.coordinator import Coordinator
-from pipespec.frontdoor import CHARS_PER_TOKEN, FrontDoor
+from pipespec.frontdoor import CHARS_PER_TOKEN
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
+from pipespec.serving.serving import Serving
 from pipespec.transport.auth import authorized
 from pipespec.transport.generate_request import from_proto
 from pipespec.transport.generate_response import to_responses
-from pipespec.transport.streams import SERVER_OPTIONS, health_status
+from pipespec.transport.health import COORDINATOR_SERVICE, add_health, health_status
+from pipespec.transport.streams import SERVER_OPTIONS
 
 
 def request_bytes(limits: LimitsSpec) -> int:
@@ -44,13 +47,13 @@ def request_bytes(limits: LimitsSpec) -> int:
 
 
 class CoordinatorService(pb_grpc.CoordinatorServicer):
-    def __init__(self, coordinator: Coordinator, front_door: FrontDoor, name: str = "coordinator", secret: str | None = None):
-        """`secret`: the pipeline's (pipespec.transport.auth); a `Cancel` carrying it may cancel any request."""
-        self.coordinator = coordinator
-        self.front_door = front_door
-        self.name = name
+    def __init__(self, serving: Serving, name: str | None = None, secret: str | None = None):
+        """`name`: what `Health` answers with (default: the pipeline's, `serving.model`); `secret`: the
+        pipeline's (pipespec.transport.auth); a `Cancel` carrying it may cancel any request."""
+        self.serving = serving
+        self.name = serving.model if name is None else name
         self.secret = secret
-        self.limits = front_door.config.limits
+        self.limits = serving.front_door.config.limits
         self._in_flight: Counter[str] = Counter()  # per client connection (context.peer())
         self._opened_by: dict[str, str] = {}  # request id -> the connection that opened it
 
@@ -72,15 +75,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def _generate(self, request: pb.GenerateRequest, peer: str) -> AsyncIterator[pb.GenerateResponse]:
         try:
-            # off the loop: an image runs through the processor
-            spec, stop = await asyncio.to_thread(self.front_door.request, from_proto(request))
+            admitted = await self.serving.admit(from_proto(request))
         except ValueError as e:
             yield pb.GenerateResponse(error=pb.Error(message=str(e)))
             return
-        rid = spec.request_id
+        rid = admitted.spec.request_id
         self._opened_by[rid] = peer
         try:
-            async for delta in self.coordinator.generate(spec, stop):
+            async for delta in self.serving.stream(admitted):
                 for response in to_responses(rid, delta):
                     yield response
         finally:
@@ -89,21 +91,24 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     async def Cancel(self, request: pb.CancelRequest, context) -> pb.CancelReply:
         rid = request.request_id
         allowed = self._opened_by.get(rid) == context.peer() or (self.secret is not None and authorized(context, self.secret))
-        if not allowed or rid not in self.coordinator.live:
+        coordinator = self.serving.coordinator
+        if not allowed or rid not in coordinator.live:
             return pb.CancelReply(cancelled=False)
-        self.coordinator.abort(rid)
+        coordinator.abort(rid)
         return pb.CancelReply(cancelled=True)
 
     async def Health(self, request, context) -> pb.HealthReply:
-        trouble = self.coordinator.trouble()
-        status = health_status(trouble)
-        return pb.HealthReply(name=self.name, status=status, requests=len(self.coordinator.live))
+        status = health_status(self.serving.trouble())
+        return pb.HealthReply(name=self.name, status=status, requests=len(self.serving.coordinator.live))
 
 
 async def serve_coordinator(service: CoordinatorService, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """Serve `service` and grpc.health.v1 (ready while `service.serving.trouble()` is None) on host:port
+    (0: any free port). -> (server, bound port)."""
     most = ("grpc.max_receive_message_length", request_bytes(service.limits))
     server = grpc.aio.server(options=[option for option in SERVER_OPTIONS if option[0] != most[0]] + [most])
     pb_grpc.add_CoordinatorServicer_to_server(service, server)
+    add_health(server, COORDINATOR_SERVICE, service.serving.trouble)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind the coordinator's gRPC server to {host}:{port}")

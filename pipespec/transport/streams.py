@@ -7,7 +7,8 @@ event loop: it queues the frame and a writer awaits gRPC's flow control, so a sl
 the writer, not the runner; the queue stays small because the protocol bounds what is in flight
 (lookahead per request).
 
-Who may attach (design 5c): every call (Link, Control, Health) carries the pipeline's secret as
+Who may attach (design 5c): every call (Link, Control, Health, and grpc.health.v1's, which says
+SERVING once the stage is linked: pipespec.transport.health) carries the pipeline's secret as
 metadata (pipespec.transport.auth) and a call without it is refused with UNAUTHENTICATED before it
 reads or sends anything. One attachment per role: a second drafter or coordinator stream while one is
 live is refused with ALREADY_EXISTS (a stage whose drafter is linked in process, or that has none,
@@ -39,6 +40,7 @@ from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Ope
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.transport.auth import authorized, call_metadata
+from pipespec.transport.health import STAGE_SERVICE, add_health, health_status
 
 if TYPE_CHECKING:
     from pipespec.runner import StageRunner
@@ -82,11 +84,6 @@ def _keepalive(detect_s: float) -> list[tuple[str, int]]:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
     ]
-
-
-def health_status(trouble: str | None) -> str:
-    """What Health answers: "serving", or "not_serving: <why>" (an endpoint's `trouble()`)."""
-    return "serving" if trouble is None else f"not_serving: {trouble}"
 
 
 def _sizes(limits: LimitsSpec) -> list[tuple[str, int]]:
@@ -231,6 +228,19 @@ class StageService(pb_grpc.StageServicer):
         if self.drafter:
             await self.drafter_attached.wait()
 
+    def trouble(self) -> str | None:
+        """None when this stage is linked and answering: the coordinator's stream attached, its
+        drafter's too if it takes one, its verifier linked if it has one, and no link lost; else why
+        not. What grpc.health.v1 answers (pipespec.transport.health)."""
+        runner = self.runner
+        if (lost := runner.trouble()) is not None:
+            return lost
+        served = [COORDINATOR, DRAFTER] if self.drafter else [COORDINATOR]
+        missing = [role for role in served if role not in self.live]  # as the streams attach and end here
+        if runner.depth > 0 and runner.downstream is None:  # our own stream to the verifier, or an in-process link
+            missing.append("verifier")
+        return f"stage {runner.name!r}: its {' and '.join(missing)} not linked" if missing else None
+
     async def Health(self, request, context) -> pb.HealthReply:
         await self._admit(context, "health")
         trouble = self.runner.trouble()
@@ -271,6 +281,7 @@ async def serve_stage(
     service = StageService(runner, secret, limits, drafter)
     service.server = server
     pb_grpc.add_StageServicer_to_server(service, server)
+    add_health(server, STAGE_SERVICE, service.trouble, secret)
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
     except RuntimeError as e:  # grpc's "Failed to bind"
