@@ -25,6 +25,7 @@ import ray
 from pipespec.cluster.cores import CoreSlice, pin_process
 from pipespec.config import PipelineConfig
 from pipespec.frontdoor import TargetInfo
+from pipespec.logs import setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class DeviceActor:
     ):
         """`indices`: the stages on this device; `target_vocab_size`: the target's (None when the target
         is one of them: it is built first); `valid`: the shared tokenizer's size (pipespec.stages.vocabulary)."""
+        setup_logging()  # as the launcher does (its runtime_env: pipespec.logs.actor_env)
         import torch
 
         from pipespec.stages import build_stage
@@ -152,6 +154,9 @@ class DeviceActor:
 
 @ray.remote
 class CoordinatorActor:
+    def __init__(self) -> None:
+        setup_logging()  # as the launcher does (its runtime_env: pipespec.logs.actor_env)
+
     async def serve(
         self, config: PipelineConfig, stage_addresses: list[str], target: TargetInfo, host: str, port: int, secret: str
     ) -> str:

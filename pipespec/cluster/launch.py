@@ -1,6 +1,7 @@
 """Serve a pipeline on a Ray cluster: the `ray job submit` entrypoint, and `pipespec serve`.
 
     ray job submit --working-dir . -- python -m pipespec.cluster.launch CONFIG [--host H] [--port P] [--strategy pack|spread]
+                                                                       [--log-level LEVEL]
     pipespec serve CONFIG [--address RAY_ADDRESS]        # a local Ray unless --address
 
 Prints the address clients connect to (`pipespec generate --address ...`, `Client(address)`), then
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -24,6 +24,7 @@ from pipespec.cluster.bundles import STRATEGIES
 from pipespec.cluster.pipeline import ray_env, start_pipeline
 from pipespec.config import ConfigError, load_config
 from pipespec.examples import config_path
+from pipespec.logs import LoggingConfigError, add_log_level, setup_logging
 
 
 def serve(config_arg: str | Mapping[str, Any], ray_address: str | None, host: str | None, port: int | None, strategy: str) -> int:
@@ -78,8 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", help="interface the gRPC servers bind (default: the config's server.host)")
     parser.add_argument("--port", type=int, help="coordinator port (default: the config's server.port; 0 = any)")
     parser.add_argument("--strategy", default="pack", choices=list(STRATEGIES), help="how devices are placed on nodes")
+    add_log_level(parser, default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        setup_logging(args.log_level)
+    except LoggingConfigError as e:
+        print(f"pipespec: {e}", file=sys.stderr)
+        return 2
     return serve(args.config, args.address, args.host, args.port, args.strategy)
 
 
