@@ -1,12 +1,20 @@
-"""The LLaVA-1.5 conversation format as a Jinja chat template: the demo target's, and the small
-random LLaVA fixtures' (tests.fixtures.vlm_zoo.llava)."""
+"""The LLaVA-1.5 conversation format as a Jinja chat template: the demo models' (models/demo/*/chat_template.jinja
+hold this text), and the small random LLaVA fixtures' (tests.fixtures.vlm_zoo.llava).
+
+Each message is its role's prefix, then its content: a list of parts (the image's placeholder, text),
+or a string (as text models' templates are given it: pipespec.tokenization), the same as one text
+part. A system message has its own prefix, "SYSTEM: "; the user's and the assistant's turns render
+as the shipped models were trained on them.
+"""
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
-    "{% if message['role'] == 'user' %}USER: {% else %}ASSISTANT: {% endif %}"
+    "{% if message['role'] == 'user' %}USER: {% elif message['role'] == 'system' %}SYSTEM: {% else %}ASSISTANT: {% endif %}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
     "{% for part in message['content'] %}"
     "{% if part['type'] == 'image' %}<image>\n{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}\n"
+    "{% endfor %}"
+    "{% endif %}\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
 )

@@ -36,6 +36,7 @@ from tqdm import tqdm
 from demo.tower import pretrain_tower
 from demo.llava_template import CHAT_TEMPLATE
 from pipespec.stages.dream.training.optimiser import Optimiser
+from pipespec.logs import add_log_level, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -303,10 +304,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--held-out", type=int, default=200)
     parser.add_argument("--resume", action="store_true", help="target: continue from the saved model (a second phase)")
+    add_log_level(parser, default="INFO")
     args = parser.parse_args(argv)
     if args.resume and args.step != "target":
         parser.error(f"--resume continues the target's training, not step {args.step!r} (all runs both phases)")
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    setup_logging(args.log_level, fmt="%(message)s")
     torch.manual_seed(args.seed)
     steps = (
         [args.step] if args.step != "all" else ["tokenizer", "target", "target-resume", "tiny", "dream", "evaluate", "picture"]

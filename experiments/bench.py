@@ -51,6 +51,7 @@ from pipespec.messages import RequestSpec
 from pipespec.stats import PairStats
 from pipespec import trace
 from pipespec.synchronous import generate_sync
+from pipespec.logs import add_log_level, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -488,8 +489,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--backend", choices=["ray", "local"], default="ray", help="where the asynchronous pipelines run")
     parser.add_argument("--no-pin", action="store_true", help="leave the device actors' threads unpinned")
     parser.add_argument("--only", nargs="+", default=(), help="run only methods whose names contain one of these")
+    add_log_level(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level)
     config = load_config(args.config)
     prompts = load_prompts(args.prompts, args.limit)
     out = args.out or Path("experiments/results/bench") / config.name

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import statistics
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from pipespec.messages import RequestSpec
 from pipespec.params import SamplingParams
 from pipespec.synchronous import generate_sync
 from pipespec.stages import load_stages
+from pipespec.logs import add_log_level, setup_logging
 
 PROMPTS = [(1, 2, 3), (7, 5, 9, 4), (11, 3)]
 SYNC_WINDOWS = (2, 4, 8)
@@ -176,8 +176,9 @@ def main() -> None:
     parser.add_argument("--agreements", default="0.5,0.7,0.9")
     parser.add_argument("--lookahead", type=int, default=16, help="drafters' max_lookahead (verify window: half)")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    add_log_level(parser)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    setup_logging(args.log_level)
     results = []
     for profile in args.profiles:
         latencies = [float(x) for x in profile.split(",")]

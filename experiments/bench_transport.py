@@ -19,6 +19,7 @@ import tempfile
 import time
 
 from pipespec import LocalPipeline, load_config
+from pipespec.logs import add_log_level, setup_logging
 
 
 def per_token_us(config, over_grpc: bool, tokens: int, runs: int, stages=None) -> float:
@@ -55,7 +56,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray column")
+    add_log_level(parser)
     args = parser.parse_args()
+    setup_logging(args.log_level)
     with ExitStack() as stack:
         if not args.no_ray:
             from pipespec.cluster.pipeline import local_ray

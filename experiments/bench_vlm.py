@@ -26,6 +26,7 @@ from PIL import Image
 
 from tests.fixtures.vlm_zoo import family_tokenizer
 from demo.llava_template import CHAT_TEMPLATE
+from pipespec.logs import add_log_level, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +127,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("experiments/results/bench_vlm.json"))
     parser.add_argument("--model-dir", type=Path, default=MODEL_DIR)
     parser.add_argument("--repeats", type=int, default=3)
+    add_log_level(parser, default="INFO")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    setup_logging(args.log_level, fmt="%(message)s")
     torch.set_num_threads(torch.get_num_threads())
     model_dir = build(args.model_dir)
     rows = [measure(model_dir, dtype, args.repeats) for dtype in ("bfloat16", "float32")]

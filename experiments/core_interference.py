@@ -14,7 +14,6 @@ a neighbour process pinned to the first core decodes without pause
 from __future__ import annotations
 
 import argparse
-import logging
 import multiprocessing
 import os
 import statistics
@@ -23,6 +22,7 @@ from collections.abc import Sequence
 from experiments.prompt_sets import load_prompts
 from pipespec import LocalPipeline, load_config
 from pipespec.config import sub_pipeline
+from pipespec.logs import add_log_level, setup_logging
 
 PROMPTS = "experiments/prompts/world_held_out.jsonl"
 
@@ -44,8 +44,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--config", default="pipespec/configs/demo_two_cores.yaml")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--runs", type=int, default=3)
+    add_log_level(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    setup_logging(args.log_level)
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         raise SystemExit("needs two cores")

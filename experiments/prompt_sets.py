@@ -23,6 +23,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipespec.logs import add_log_level, setup_logging
+
 WORLD_PROMPTS = Path(__file__).resolve().parent / "prompts" / "world_held_out.jsonl"
 
 
@@ -101,7 +103,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=24)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--out", type=Path, default=WORLD_PROMPTS)
+    add_log_level(parser)
     args = parser.parse_args()
+    setup_logging(args.log_level)
     print(f"wrote {write_world_prompts(args.out, args.n, args.seed)}")
 
 

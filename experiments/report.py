@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.bench import hardware
+from pipespec.logs import add_log_level, setup_logging
 
 RESULTS = Path("experiments/results")
 PAGE = Path("experiments/RESULTS.md")
@@ -321,8 +321,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--render-only", action="store_true", help="render from the results already written")
+    add_log_level(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    setup_logging(args.log_level)
     if not args.render_only:
         run_all(args.runs)
     PAGE.write_text(render())

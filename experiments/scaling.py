@@ -55,6 +55,7 @@ from pipespec.outputs import Generation
 from pipespec.stage import Stage
 from pipespec.stats import PairStats
 from pipespec.synchronous import generate_sync
+from pipespec.logs import add_log_level, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -450,8 +451,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--real-tokens", type=int, default=48)
     parser.add_argument("--dtype", default="float32", help="real models' dtype")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    add_log_level(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    setup_logging(args.log_level)
     if not 1 <= args.devices <= len(CHAIN):
         parser.error(f"--devices must be in 1..{len(CHAIN)}")
     if args.time_scale <= 0:

@@ -24,8 +24,9 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from pipespec import Client, LocalPipeline, load_config
+from pipespec import Client, GenerationError, LocalPipeline, load_config
 from pipespec.config import sub_pipeline
+from pipespec.logs import add_log_level, setup_logging
 
 log = logging.getLogger("soak")
 CONFIG = "pipespec/configs/mock3.yaml"
@@ -57,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hang-s", type=float, default=120.0)
     parser.add_argument("--sample-s", type=float, default=30.0)
     parser.add_argument("--out", default="experiments/results/soak")
-    parser.add_argument("--log-level", default="WARNING")
+    add_log_level(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level, fmt="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from pipespec.cluster.pipeline import local_ray, start_pipeline
 
@@ -86,19 +87,21 @@ def main(argv: list[str] | None = None) -> int:
             while time.monotonic() < end:
                 req = request(rng)
                 leave_after = rng.randrange(1, 6) if rng.random() < args.drop else None
-                ids, last = [], None
-                for n, delta in enumerate(client.stream(**req)):
-                    ids.extend(delta.token_ids)
-                    last = delta
-                    if leave_after is not None and n + 1 >= leave_after:
-                        break
+                ids, last, error = [], None, None
+                try:
+                    for n, delta in enumerate(client.stream(**req)):
+                        ids.extend(delta.token_ids)
+                        last = delta
+                        if leave_after is not None and n + 1 >= leave_after:
+                            break
+                except GenerationError as e:
+                    error = str(e)
                 with lock:
-                    if last is not None and last.finish_reason is None:
-                        counts["dropped"] += 1
-                    elif last is None or last.finish_reason == "error":
-                        error = last.error if last is not None else "no delta"
+                    if error is not None:
                         counts["hung" if "DEADLINE_EXCEEDED" in error else "errors"] += 1
                         problems.append(error)
+                    elif last.finish_reason is None:
+                        counts["dropped"] += 1
                     elif ids != alone.generate(**req).token_ids:
                         counts["inexact"] += 1
                         problems.append(f"inexact: {req}")

@@ -15,7 +15,6 @@ place), and the ratio to one token at that thread count.
 from __future__ import annotations
 
 import argparse
-import logging
 from collections.abc import Sequence
 
 import torch
@@ -24,6 +23,7 @@ from experiments.prompt_sets import load_prompts
 from pipespec import LocalPipeline, load_config
 from pipespec.config import sub_pipeline
 from pipespec.profiling import time_forwards
+from pipespec.logs import add_log_level, setup_logging
 
 PROMPTS = "experiments/prompts/world_held_out.jsonl"
 
@@ -34,8 +34,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--blocks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 8])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=15)
+    add_log_level(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    setup_logging(args.log_level)
     config = load_config(args.config)
     prompt = load_prompts(PROMPTS, 1)[0]
     with LocalPipeline(sub_pipeline(config, [config.target.name]), torch_threads=None) as pipe:

@@ -4,19 +4,23 @@
                   [--json FILE]
     pipespec serve CONFIG [--address RAY_ADDRESS] [--host H] [--port P] [--strategy pack|spread|strict-pack|strict-spread]
                    [--http-port N [--http-host H] [--allowed-local-media-path DIR]] [--plan auto [--devices N] [--image FILE]]
-    pipespec generate --address HOST:PORT --prompt TEXT [--image FILE] [--max-new-tokens N]
-                      [--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT ...]
+    pipespec generate --address HOST:PORT --prompt TEXT [--system TEXT] [--image FILE] [--max-new-tokens N]
+                      [--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT ...] [--logprobs K]
     pipespec plan CONFIG [--devices N] [--prompt TEXT ...] [--image FILE] [--max-new-tokens N] [--json FILE]
                   [--write-config FILE] [--threads N]
+
+Every command takes `--log-level LEVEL` (DEBUG, INFO, WARNING, ERROR, CRITICAL; default WARNING, INFO
+for `plan`), or a logging config file named by $PIPESPEC_LOGGING_CONFIG (pipespec.logs).
 
 `demo` runs the embedded default on a local Ray (see pipespec.cluster.demo): the shipped models (tiny -> dream
 -> VLM target, trained on the generated visual world) answer a question about a picture, streamed
 token by token; then pipeline and target-alone runs alternate, and a table shows each stage pair's
 acceptance, the median tokens per second of each side and their median ratio, and whether the answers match.
 
-`generate` refuses a bad value with one line on stderr: exit 2 when this side sees it (a value out
-of range, a missing image file: nothing is sent), exit 1 when the server refuses it (one of its
-pipeline's limits) or the request fails there. The messages are `LocalPipeline`'s.
+`generate` sends the prompt as the user's message, after `--system`'s when given. It refuses a bad
+value with one line on stderr: exit 2 when this side sees it (a value out of range, a missing image
+file: nothing is sent), exit 1 when the server refuses it (one of its pipeline's limits), the request
+fails there or the server cannot be reached. The messages are `LocalPipeline`'s.
 
 `plan` profiles each stage's forward latency and each pair's acceptance on a few prompts, in this
 process, and recommends which stages to use, their placement on the devices and each drafter's
@@ -28,7 +32,6 @@ recommendation and why, and runs it.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -91,6 +94,7 @@ def generate(args: argparse.Namespace) -> int:
     from pipespec.client import Client
     from pipespec.generate_args import GenerateArgs
     from pipespec.images import image_bytes
+    from pipespec.outputs import GenerationError
 
     request = dict(
         max_new_tokens=args.max_new_tokens,
@@ -99,21 +103,29 @@ def generate(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         seed=args.seed,
         stop=args.stop,
+        logprobs=args.logprobs,
     )
+    if args.system is None:
+        request["prompt"] = args.prompt
+    else:  # a conversation: the system message, then the prompt (after the image, if any)
+        user = [{"type": "image"}] if args.image is not None else []
+        user.append({"type": "text", "text": args.prompt})
+        request["messages"] = [{"role": "system", "content": args.system}, {"role": "user", "content": user}]
     try:  # what this side can check, checked here: exit 2 like a usage error, nothing sent
-        GenerateArgs(args.prompt, **request).checked()
+        GenerateArgs(**request, image=args.image).checked()
         if args.image is not None:
             request["image"] = image_bytes(args.image)[0]  # read once, named if it is missing
     except ValueError as e:
         return _fail("generate", e)
-    last = None
-    for delta in Client(args.address).stream(args.prompt, **request):
-        print(_printable(delta.text), end="", flush=True)
-        last = delta
+    with Client(args.address) as client:
+        try:
+            for last in client.stream(**request):  # the last delta: the finish reason and the statistics
+                print(_printable(last.text), end="", flush=True)
+        except GenerationError as e:  # refused by the server's front door, failed there, or not reached
+            print()
+            print(f"pipespec generate: {e}", file=sys.stderr)
+            return 1
     print()
-    if last is None or last.finish_reason == "error":  # refused by the server's front door, or failed there
-        print(f"pipespec generate: {last.error if last else 'no answer'}", file=sys.stderr)
-        return 1
     pairs = ", ".join(f"{p.drafter}->{p.verifier} {p.mean_acceptance_length:.2f}" for p in last.stats.pairs)
     print(f"[{last.finish_reason}; {last.stats.generated_tokens} tokens; mean acceptance length {pairs or '-'}]", file=sys.stderr)
     return 0
@@ -126,7 +138,6 @@ def plan(args: argparse.Namespace) -> int:
     from pipespec.plan import format_plan, recommend, write_config
     from pipespec.profiling import profile, read_config
 
-    logging.getLogger("pipespec.profiling").setLevel(logging.INFO)  # progress on stderr: profiling real models takes a while
     try:
         devices = Devices.of_this_machine(args.devices)
         threads = devices.threads if args.threads is None else args.threads
@@ -148,6 +159,7 @@ def plan(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from pipespec.cluster.bundles import STRATEGIES
+    from pipespec.logs import LoggingConfigError, add_log_level, setup_logging
 
     parser = argparse.ArgumentParser(prog="pipespec", description="Asynchronous hierarchical speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -171,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         "--devices", type=int, help="with --plan auto: split this machine's cores into N devices (default: one per core)"
     )
     d.add_argument("--json", help="also write the figures as JSON to this file")
+    add_log_level(d)
     d.set_defaults(run=demo)
     s = sub.add_parser("serve", help="start a pipeline on Ray (a local one by default) and serve it")
     s.add_argument("config", help="a pipeline YAML file, or the name of an example shipped in pipespec/configs (e.g. mock3)")
@@ -188,10 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         "--devices", type=int, help="with --plan auto: split this machine's cores into N devices (default: one per core)"
     )
     s.add_argument("--image", help="with --plan auto: a picture to profile a VLM target on")
+    add_log_level(s)
     s.set_defaults(run=serve)
     g = sub.add_parser("generate", help="stream a generation from a running pipeline")
     g.add_argument("--address", required=True, help="HOST:PORT printed by serve")
-    g.add_argument("--prompt", required=True)
+    g.add_argument("--prompt", required=True, help="the user's message")
+    g.add_argument("--system", help="a system message, sent before the prompt")
     g.add_argument("--image")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float)
@@ -199,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--top-k", type=int)
     g.add_argument("--seed", type=int)
     g.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    g.add_argument("--logprobs", type=int, metavar="K", help="ask for each token's logprob and its K top alternatives")
+    add_log_level(g)
     g.set_defaults(run=generate)
     p = sub.add_parser("plan", help="profile a config's stages and recommend the chain and lookaheads to use")
     p.add_argument("config")
@@ -211,9 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, help="torch threads to profile at (default: the cores of one device)")
     p.add_argument("--json", help="also write the profile and the plan as JSON to this file")
     p.add_argument("--write-config", help="write the recommended config (YAML) to this file")
+    add_log_level(p, default="INFO")  # profiling's progress: real models take a while
     p.set_defaults(run=plan)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        setup_logging(args.log_level)
+    except LoggingConfigError as e:
+        return _fail(args.command, e)
     return args.run(args)
 
 

@@ -1,20 +1,29 @@
 """`Client`: stream generations from a running pipeline (`pipespec serve` / `pipespec.cluster.launch`).
 
     from pipespec import Client
-    client = Client("127.0.0.1:50051")
-    for delta in client.stream("Describe the image.", max_new_tokens=64):
-        print(delta.text, end="", flush=True)
-    print(delta.finish_reason, delta.stats.pairs)
+    with Client("127.0.0.1:50051") as client:
+        for delta in client.stream("Describe the image.", image="cat.png", max_new_tokens=64):
+            print(delta.text, end="", flush=True)
+        print(delta.finish_reason, delta.stats.pairs)
+        answer = client.generate(messages=[{"role": "system", "content": "Be brief."},
+                                           {"role": "user", "content": "What is red?"}])
 
 `stream` yields true deltas (new text, new token ids); the last one has the finish reason and the
 request's statistics. Leaving the loop early cancels the request on every stage. `astream` is the
-async twin, `generate` collects a whole `Generation`. Sampling values left as None take the
-pipeline config's defaults.
+async twin, `generate` collects a whole `Generation`. The keywords are `GenerateArgs`' (those of
+`LocalPipeline.generate`): `prompt` or `messages` (a conversation; an image in one of its parts is
+sent like `image=`) or `prompt_token_ids`; sampling values left as None take the pipeline config's
+defaults.
 
-A refused request ends in one delta with `finish_reason="error"` and the message `LocalPipeline`
-raises for it (`generate` raises GenerationError with it): what the Client can see itself (a bad
-type or range, a missing image file: `GenerateArgs.checked()`) is refused before anything is sent,
-what needs the pipeline (its limits, its tokenizer) by the server's front door.
+A request that fails raises `GenerationError`, from `stream` after the deltas committed before it,
+with the message `LocalPipeline` gives: what the Client can see itself (a bad type or range, a
+missing image file: `GenerateArgs.checked()`) before anything is sent, what needs the pipeline (its
+limits, its tokenizer) from the server's front door, and a coordinator that cannot be reached or
+is lost, naming its address. A loop over `stream` never ends without a finish reason or an error.
+
+A Client holds one gRPC channel (one connection), made on its first request and reused by every
+request after it, from any thread; `astream` holds one per event loop. `close()` (`aclose()` in
+async code) or leaving a `with` (`async with`) block closes them.
 """
 
 from __future__ import annotations
@@ -25,49 +34,62 @@ from typing import Any
 
 from pipespec.generate_args import GenerateArgs
 from pipespec.images import image_bytes
-from pipespec.outputs import Delta, Generation
+from pipespec.outputs import Delta, Generation, GenerationError
 
 
 class Client:
     def __init__(self, address: str, timeout: float | None = None):
+        """`timeout`: seconds a request may take in all (None: no limit). No channel is opened here."""
+        from pipespec.transport.generate_client import CoordinatorClient  # grpc: imported with the first Client
+
         self.address = address
         self.timeout = timeout
+        self.coordinator = CoordinatorClient(address)
 
     @staticmethod
-    def _args(prompt: str | None, **kwargs: Any) -> GenerateArgs | Delta:
-        """The request's keywords (`GenerateArgs`, the same as `LocalPipeline.generate`'s) checked, the image
-        encoded; or the error delta refusing them."""
+    def _args(prompt: str | None, **kwargs: Any) -> GenerateArgs:
+        """The request's keywords checked, the image encoded; a GenerationError naming a bad value."""
         try:
             args = GenerateArgs(prompt, **kwargs).checked()
             return replace(args, image=image_bytes(args.image)[0]) if args.image is not None else args
         except ValueError as e:
-            return Delta("", (), "error", error=str(e))
+            raise GenerationError(str(e)) from None
 
     def stream(self, prompt: str | None = None, **kwargs: Any) -> Iterator[Delta]:
         """Yield deltas as they are committed; keywords as in `GenerateArgs`."""
-        from pipespec.transport.generate_client import stream
-
         args = self._args(prompt, **kwargs)
-        if isinstance(args, Delta):
-            yield args
-            return
-        yield from stream(self.address, args, self.timeout)
+        yield from self.coordinator.stream(args, self.timeout)
 
     async def astream(self, prompt: str | None = None, **kwargs: Any) -> AsyncIterator[Delta]:
         """The async twin of `stream`."""
-        from pipespec.transport.generate_client import astream
-
         args = self._args(prompt, **kwargs)
-        if isinstance(args, Delta):
-            yield args
-            return
-        async for delta in astream(self.address, args, self.timeout):
+        async for delta in self.coordinator.astream(args, self.timeout):
             yield delta
 
     def generate(self, prompt: str | None = None, **kwargs: Any) -> Generation:
         return Generation.from_deltas(self.stream(prompt, **kwargs))
 
     def health(self) -> str:
-        from pipespec.transport.generate_client import health
+        return self.coordinator.health().status
 
-        return health(self.address).status
+    # ---- lifetime -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the channels; a later request opens new ones."""
+        self.coordinator.close()
+
+    async def aclose(self) -> None:
+        """Close the channels, this event loop's once its calls are closed."""
+        await self.coordinator.aclose()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()

@@ -25,7 +25,7 @@ from pipespec.frontdoor import TargetInfo
 from pipespec.generate_args import GenerateArgs
 from pipespec.links import Inbox, InProcessLink, Link
 from pipespec.messages import RequestSpec
-from pipespec.outputs import Delta, Generation
+from pipespec.outputs import Delta, Generation, raise_error
 from pipespec.runner import StageRunner
 from pipespec.scheduler import schedulers_for
 from pipespec.serving.serving import Serving
@@ -163,7 +163,9 @@ class LocalPipeline:
         return self.front_door.request(GenerateArgs(prompt, **kwargs))
 
     def stream(self, prompt: str | None = None, **kwargs: Any) -> Iterator[Delta]:
-        """Yield deltas as the target commits them; leaving the loop early aborts the request."""
+        """Yield deltas as the target commits them; leaving the loop early aborts the request. A bad
+        request is a ValueError (the front door's); one that fails once started raises GenerationError
+        after the deltas committed before it."""
         spec, stop = self.request(prompt, **kwargs)
         out: queue.Queue = queue.Queue()
 
@@ -177,7 +179,7 @@ class LocalPipeline:
             while not finished:
                 delta = out.get()
                 finished = delta.finish_reason is not None
-                yield delta
+                yield raise_error(delta)
         finally:
             if not finished:
                 self.loop.call_soon_threadsafe(self.coordinator.abort, spec.request_id)

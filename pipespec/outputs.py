@@ -42,8 +42,13 @@ class Generation:
             ids.extend(d.token_ids)
             text.append(d.text)
             logprobs.extend(d.logprobs)
-            if d.finish_reason is not None:
-                if d.finish_reason == "error":
-                    raise GenerationError(d.error)
+            if raise_error(d).finish_reason is not None:
                 return cls(ids, "".join(text), d.finish_reason, d.stats, logprobs)
         raise GenerationError("the stream ended without a finish reason")
+
+
+def raise_error(delta: Delta) -> Delta:
+    """`delta`, unless it ends its request with an error: then the GenerationError with its message."""
+    if delta.finish_reason == "error":
+        raise GenerationError(delta.error)
+    return delta

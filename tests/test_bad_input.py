@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipespec import Client, LocalPipeline, load_config
+from pipespec import Client, GenerationError, LocalPipeline, load_config
 from pipespec.cli import main as cli
 from pipespec.generate_args import GenerateArgs
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
@@ -184,9 +184,11 @@ def refused_locally(door: Door, kwargs: dict[str, Any]) -> str:
 
 
 def refused_by_client(door: Door, kwargs: dict[str, Any]) -> str:
-    deltas = list(Client(door.address).stream(**kwargs))
-    assert [d.finish_reason for d in deltas] == ["error"]
-    return deltas[0].error
+    deltas = []
+    with Client(door.address) as client, pytest.raises(GenerationError) as refused:
+        deltas.extend(client.stream(**kwargs))
+    assert deltas == []
+    return str(refused.value)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])

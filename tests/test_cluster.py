@@ -8,12 +8,13 @@ client that goes away is dropped on every stage within a second.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
 import pytest
 
-from pipespec import Client, ConfigError, LocalPipeline, load_config
+from pipespec import Client, ConfigError, GenerationError, LocalPipeline, load_config
 
 pytestmark = pytest.mark.ray
 
@@ -103,8 +104,8 @@ def test_a_disconnected_client_is_dropped_everywhere_within_a_second(ray_session
 
 
 def test_bad_request_is_an_error_naming_the_value(mock_pipeline):
-    deltas = list(Client(mock_pipeline.address).stream(prompt_token_ids=[1, 2], max_new_tokens=8, temperature=-1.0))
-    assert deltas[-1].finish_reason == "error" and "temperature must be >= 0, got -1.0" in deltas[-1].error
+    with pytest.raises(GenerationError, match=re.escape("temperature must be >= 0, got -1.0")):
+        list(Client(mock_pipeline.address).stream(prompt_token_ids=[1, 2], max_new_tokens=8, temperature=-1.0))
 
 
 def test_real_models_in_actors_equal_target_alone(ray_session, family):

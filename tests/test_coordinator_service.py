@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from pipespec import Client, load_config
+from pipespec import Client, GenerationError, load_config
 from pipespec.frontdoor import FrontDoor, TargetInfo, new_request_id
 from pipespec.generate_args import GenerateArgs
 from pipespec.messages import RequestSpec
@@ -103,9 +103,9 @@ def test_requests_in_flight_per_connection_are_bounded(served):
     client = Client(served.address)
     first, second = client.stream(prompt_token_ids=[1]), client.stream(prompt_token_ids=[2])
     assert next(first).token_ids == next(second).token_ids == (1,)  # both in flight on this process's connection
-    refused = list(client.stream(prompt_token_ids=[3]))
-    assert [d.finish_reason for d in refused] == ["error"]
-    assert "RESOURCE_EXHAUSTED" in refused[0].error and "limits.requests_per_client (2)" in refused[0].error
+    with pytest.raises(GenerationError) as refused:
+        list(client.stream(prompt_token_ids=[3]))
+    assert "RESOURCE_EXHAUSTED" in str(refused.value) and "limits.requests_per_client (2)" in str(refused.value)
     with served.connection() as other:  # another connection has its own count
         elsewhere = pb_grpc.CoordinatorStub(other).Generate(REQUEST, timeout=30)
         assert next(elsewhere).WhichOneof("kind") == "chunk"

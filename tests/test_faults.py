@@ -90,9 +90,13 @@ def test_a_restored_stage_rejoins_running_requests_exactly(reference, stage):
 
 def test_a_lost_target_fails_its_requests_naming_it_and_refuses_new_ones():
     with LocalPipeline(mock3(restore_s=0.2)) as pipe:
-        deltas, rest = first_tokens_then(pipe, lambda: kill_stage(pipe, 2))
+        head = pipe.stream(prompt_token_ids=PROMPTS[0], max_new_tokens=TOKENS)
+        rest = [pipe.submit(prompt_token_ids=p, max_new_tokens=TOKENS) for p in PROMPTS[1:]]
+        assert next(d for d in head if d.token_ids)
+        kill_stage(pipe, 2)
         why = "stage 'target' was lost and not restored within 0.2 s"
-        assert deltas[-1].finish_reason == "error" and why in deltas[-1].error
+        with pytest.raises(GenerationError, match=why):  # the stream raises it after its first tokens
+            list(head)
         for future in rest:
             with pytest.raises(GenerationError, match=why):
                 future.result(timeout=60)

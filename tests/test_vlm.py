@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from tests.fixtures.vlm_zoo import FAMILIES, build_zoo_family
-from pipespec import LocalPipeline, load_config
+from pipespec import GenerationError, LocalPipeline, load_config
 from pipespec.stages.causal_lm import CausalLMStage
 from pipespec.stages.vlm import VLMStage
 
@@ -311,7 +311,7 @@ def test_images_through_grpc_generate_and_client(llava, tmp_path):
             url = "data:image/png;base64," + base64.b64encode(png).decode()
             for image in (str(tmp_path / "b.png"), png, IMAGES[1], url):
                 assert client.generate(PROMPTS[0], image=image, max_new_tokens=NEW_TOKENS).token_ids == expected
-            bad = list(client.stream(PROMPTS[0], image=b"junk", max_new_tokens=4))
-            assert bad[-1].finish_reason == "error" and "image of 4 bytes does not decode" in bad[-1].error
+            with pytest.raises(GenerationError, match="image of 4 bytes does not decode"):
+                list(client.stream(PROMPTS[0], image=b"junk", max_new_tokens=4))
         finally:
             asyncio.run_coroutine_threadsafe(server.stop(grace=None), pipe.loop).result()

@@ -31,6 +31,7 @@ import ray
 from pipespec.cluster.cores import CoreSlice, pin_process
 from pipespec.config import PipelineConfig
 from pipespec.frontdoor import TargetInfo
+from pipespec.logs import setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class DeviceActor:
     ):
         """`indices`: the stages on this device; `target_vocab_size`: the target's (None when the target
         is one of them: it is built first); `valid`: the shared tokenizer's size (pipespec.stages.vocabulary)."""
+        setup_logging()  # as the launcher does (its runtime_env: pipespec.logs.actor_env)
         import torch
 
         from pipespec.stages import build_stage
@@ -172,6 +174,9 @@ class DeviceActor:
 
 @ray.remote
 class CoordinatorActor:
+    def __init__(self) -> None:
+        setup_logging()  # as the launcher does (its runtime_env: pipespec.logs.actor_env)
+
     async def serve(
         self,
         config: PipelineConfig,

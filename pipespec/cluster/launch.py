@@ -1,7 +1,7 @@
 """Serve a pipeline on a Ray cluster: the `ray job submit` entrypoint, and `pipespec serve`.
 
     ray job submit --working-dir . -- python -m pipespec.cluster.launch CONFIG [--host H] [--port P] [--strategy pack|spread]
-                                      [--http-port N [--http-host H] [--allowed-local-media-path DIR]]
+                                      [--http-port N [--http-host H] [--allowed-local-media-path DIR]] [--log-level LEVEL]
     pipespec serve CONFIG [--address RAY_ADDRESS]        # a local Ray unless --address
 
 Prints the address clients connect to (`pipespec generate --address ...`, `Client(address)`) and,
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -29,6 +28,7 @@ from pipespec.cluster.bundles import STRATEGIES
 from pipespec.cluster.pipeline import ray_env, start_pipeline
 from pipespec.config import ConfigError, load_config
 from pipespec.examples import config_path
+from pipespec.logs import LoggingConfigError, add_log_level, setup_logging
 
 
 def serve(
@@ -115,8 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-port", type=int, help="also serve OpenAI-compatible HTTP on this port (0 = any; default: none)")
     parser.add_argument("--http-host", help="interface the HTTP server binds (default: the coordinator's host)")
     parser.add_argument("--allowed-local-media-path", help="a directory whose files image_url may name (default: none)")
+    add_log_level(parser, default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        setup_logging(args.log_level)
+    except LoggingConfigError as e:
+        print(f"pipespec: {e}", file=sys.stderr)
+        return 2
     http = (args.http_port, args.http_host, args.allowed_local_media_path)
     return serve(args.config, args.address, args.host, args.port, args.strategy, *http)
 

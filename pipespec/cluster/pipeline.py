@@ -45,6 +45,7 @@ from pipespec.cluster.cores import slices
 from pipespec.cluster.supervisor import Supervisor
 from pipespec.config import ConfigError, PipelineConfig
 from pipespec.frontdoor import TargetInfo
+from pipespec.logs import actor_env
 from pipespec.stages import check_vocabularies
 from pipespec.transport.auth import new_secret
 
@@ -247,6 +248,7 @@ def start_pipeline(
     # else each binds and advertises its own node's address, the one its neighbours can reach
     stage_host = host if all(n == here for n in nodes) or host in WILDCARDS else None
     secret = new_secret()
+    runtime_env = {"env_vars": env} if (env := actor_env()) else None  # the actors log as this process does
 
     def actor(k: int, target_vocab: int | None):
         resources = dict(specs[devices[k][0]].resources)
@@ -258,6 +260,7 @@ def start_pipeline(
             "resources": resources or None,
             "max_concurrency": 1000,
             "max_restarts": config.faults.max_restarts,
+            "runtime_env": runtime_env,
         }
         return DeviceActor.options(**options).remote(
             config, devices[k], target_vocab, valid, threads, cores[k] if pin_cores else None
@@ -276,7 +279,11 @@ def start_pipeline(
         info = ray.get(actors[last].target_info.remote())
         on_this_node = NodeAffinitySchedulingStrategy(here, soft=False)
         coordinator = CoordinatorActor.options(
-            num_cpus=0, max_concurrency=1000, scheduling_strategy=on_this_node, max_restarts=config.faults.max_restarts
+            num_cpus=0,
+            max_concurrency=1000,
+            scheduling_strategy=on_this_node,
+            max_restarts=config.faults.max_restarts,
+            runtime_env=runtime_env,
         ).remote()
         running = RunningPipeline(
             address(host, port), actors, coordinator, group, secret, config, host, stage_host, served, info, http

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from pipespec.stages.dream.training.evaluation import mean_acceptance_length
 from pipespec.stages.dream.training.loop import train
 from pipespec.stages.dream.training.variants import VARIANTS, Variant
 from pipespec.stages.vlm import VLMStage
+from pipespec.logs import add_log_level, setup_logging
 
 
 def load_samples(spec: str) -> Samples:
@@ -83,13 +83,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seeds", type=int, default=1, help="--ablations: train each variant with this many seeds from --seed")
     parser.add_argument("--jobs", type=int, default=1, help="--ablations: train this many cells at once, in worker processes")
+    add_log_level(parser, default="INFO")
     args = parser.parse_args()
     for flag in ("seeds", "jobs"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     if args.samples is None:
         parser.error("--samples MODULE:FUNCTION is required (e.g. demo.world:samples for the demo's world)")
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    setup_logging(args.log_level, fmt="%(message)s")
     torch.manual_seed(args.seed)
     stage = VLMStage("target", args.target, "float32")
     processor = load_processor(args.target, "--target")

@@ -1,0 +1,93 @@
+"""Logging, set up the same way by every command: `--log-level`, or a config file named by an environment variable.
+
+    parser = argparse.ArgumentParser()
+    add_log_level(parser, default="INFO")
+    args = parser.parse_args()
+    setup_logging(args.log_level)
+
+`--log-level` takes DEBUG, INFO, WARNING, ERROR or CRITICAL, in any case: the level of the root
+logger, whose records go to stderr. When `PIPESPEC_LOGGING_CONFIG` names a file (JSON, or YAML, in
+the form `logging.config.dictConfig` takes) that file configures logging instead, and a file that
+does not load is a `LoggingConfigError` naming it.
+
+Ray actors run in processes of their own: `actor_env()` is what to put in their `runtime_env`
+env_vars (the level as `PIPESPEC_LOG_LEVEL`, the config file as an absolute path), and each actor
+calls `setup_logging()`, which reads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import logging.config
+import os
+from pathlib import Path
+
+import yaml
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+DEFAULT_LEVEL = "WARNING"  # Python's own
+CONFIG_ENV = "PIPESPEC_LOGGING_CONFIG"
+LEVEL_ENV = "PIPESPEC_LOG_LEVEL"
+FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+class LoggingConfigError(ValueError):
+    """The logging config file cannot be read or applied (the message names it)."""
+
+
+def add_log_level(parser: argparse.ArgumentParser, default: str = DEFAULT_LEVEL) -> None:
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LEVELS,
+        default=default,
+        metavar="LEVEL",
+        help=f"what to log on stderr: {', '.join(LEVELS)} (default {default}); ${CONFIG_ENV}, a logging config file, overrides it",
+    )
+
+
+def setup_logging(level: str | None = None, fmt: str = FORMAT) -> None:
+    """Configure this process's logging: from the file `$PIPESPEC_LOGGING_CONFIG` names, else records
+    at `level` and above (None: `$PIPESPEC_LOG_LEVEL`, else WARNING) to stderr, in `fmt`. Raises
+    LoggingConfigError for a config file that does not load."""
+    path = os.environ.get(CONFIG_ENV)
+    if path:
+        apply_config_file(path)
+        return
+    logging.basicConfig(format=fmt)  # a handler on stderr, unless logging has one already
+    logging.getLogger().setLevel(level or os.environ.get(LEVEL_ENV, DEFAULT_LEVEL))
+
+
+def apply_config_file(path: str) -> None:
+    """Configure logging from a JSON or YAML file in `logging.config.dictConfig` form."""
+    where = f"the logging config {path!r} (${CONFIG_ENV})"
+    try:
+        config = yaml.safe_load(Path(path).read_text())  # YAML reads JSON too
+    except OSError as e:
+        raise LoggingConfigError(f"{where} cannot be read: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise LoggingConfigError(f"{where} is neither JSON nor YAML: {_where_wrong(e)}") from None
+    if not isinstance(config, dict):
+        raise LoggingConfigError(f"{where} must hold a mapping (logging.config.dictConfig's form), got {type(config).__name__}")
+    try:
+        logging.config.dictConfig(config)
+    except (ValueError, TypeError, AttributeError, ImportError) as e:
+        raise LoggingConfigError(f"{where} does not configure logging: {e}") from None
+
+
+def _where_wrong(e: yaml.YAMLError) -> str:
+    """A YAML error on one line."""
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+        return f"{e.problem} at line {e.problem_mark.line + 1}, column {e.problem_mark.column + 1}"
+    return " ".join(str(e).split())
+
+
+def actor_env() -> dict[str, str]:
+    """The environment a Ray actor needs to log as this process does (for its runtime_env's env_vars):
+    the config file, or the root logger's level when it is not the default."""
+    path = os.environ.get(CONFIG_ENV)
+    if path:
+        return {CONFIG_ENV: str(Path(path).resolve())}
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    return {LEVEL_ENV: level} if level != DEFAULT_LEVEL else {}

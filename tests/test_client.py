@@ -1,0 +1,247 @@
+"""Tests for pipespec/client.py (and its gRPC side, pipespec/transport/generate_client.py).
+
+A `Client` holds one channel: many requests, from several threads, cross one connection, counted
+on the server side by `context.peer()`; `close()` and `with` close it; `astream` holds one per event
+loop. `stream` yields what was committed and then raises the same `GenerationError` as `generate`:
+a request that fails mid-stream, one refused by the Client's own checks (nothing is sent), and an
+address where nothing listens (naming it). A message's image part is sent as encoded bytes.
+
+The server: a small mock pipeline (`LocalPipeline`) behind the coordinator's gRPC service on
+127.0.0.1, the service recording each `Generate`'s connection and request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import re
+import socket
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import grpc
+import pytest
+from PIL import Image
+
+from pipespec import Client, GenerationError, LocalPipeline, load_config
+from pipespec.chat import IMAGE, ChatMessage, Part
+from pipespec.images import image_bytes
+from pipespec.protos import pipespec_pb2 as pb
+from pipespec.protos import pipespec_pb2_grpc as pb_grpc
+from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
+from pipespec.transport.generate_request import from_proto
+from tests.fixtures.faults import kill_stage
+
+REQUESTS = [dict(prompt_token_ids=[5, 9, 1 + i], max_new_tokens=6) for i in range(12)]
+
+
+class Recorded(CoordinatorService):
+    """The coordinator's service, recording the connection (`context.peer()`) and request of each `Generate`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.peers: list[str] = []
+        self.requests: list[pb.GenerateRequest] = []
+
+    async def Generate(self, request, context):
+        self.peers.append(context.peer())
+        self.requests.append(request)
+        async for response in super().Generate(request, context):
+            yield response
+
+
+@dataclass
+class Served:
+    pipe: LocalPipeline
+    service: Recorded
+    address: str
+
+    def connections(self) -> int:
+        return len(set(self.service.peers))
+
+
+def mock2(restore_s: float = 30.0):
+    stage = {"kind": "mock", "vocab_size": 64, "max_lookahead": 4}
+    stages = [{"name": "drafter", "agreement": 0.7, **stage}, {"name": "target", **stage}]
+    return load_config({"stages": stages, "faults": {"restore_s": restore_s}})
+
+
+@contextmanager
+def serve(pipe: LocalPipeline) -> Iterator[Served]:
+    service = Recorded(pipe.coordinator, pipe.front_door, "client-test")
+    server, port = asyncio.run_coroutine_threadsafe(serve_coordinator(service, "127.0.0.1", 0), pipe.loop).result()
+    try:
+        yield Served(pipe, service, f"127.0.0.1:{port}")
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(grace=None), pipe.loop).result()
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    with LocalPipeline(mock2()) as pipe, serve(pipe) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def expected(served) -> list[list[int]]:
+    return [served.pipe.generate(**r).token_ids for r in REQUESTS]
+
+
+def nowhere() -> str:
+    """An address on 127.0.0.1 where nothing listens."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.fixture
+def channels(monkeypatch) -> dict[str, list]:
+    """The gRPC channels made while a test runs, sync and aio."""
+    made: dict[str, list] = {"sync": [], "aio": []}
+
+    def recording(factory, kind):
+        def make(*args, **kwargs):
+            made[kind].append(factory(*args, **kwargs))
+            return made[kind][-1]
+
+        return make
+
+    monkeypatch.setattr(grpc, "insecure_channel", recording(grpc.insecure_channel, "sync"))
+    monkeypatch.setattr(grpc.aio, "insecure_channel", recording(grpc.aio.insecure_channel, "aio"))
+    return made
+
+
+def is_closed(channel: grpc.Channel) -> bool:
+    try:
+        pb_grpc.CoordinatorStub(channel).Health(pb.HealthRequest(), timeout=10)
+    except ValueError:  # "Cannot invoke RPC on closed channel!"
+        return True
+    return False
+
+
+async def is_closed_aio(channel: grpc.aio.Channel) -> bool:
+    try:
+        await pb_grpc.CoordinatorStub(channel).Health(pb.HealthRequest(), timeout=10)
+    except grpc.aio.UsageError:  # "Channel is closed."
+        return True
+    return False
+
+
+def test_one_client_holds_one_connection_until_closed(served, expected, channels):
+    served.service.peers.clear()
+    client = Client(served.address)
+    assert [client.generate(**r).token_ids for r in REQUESTS] == expected
+    with ThreadPoolExecutor(4) as pool:  # from several threads at once too
+        assert list(pool.map(lambda r: client.generate(**r).token_ids, REQUESTS)) == expected
+    assert client.health() == "serving"
+    assert len(served.service.peers) == 2 * len(REQUESTS) and served.connections() == 1
+    assert len(channels["sync"]) == 1
+    client.close()
+    assert is_closed(channels["sync"][0])
+    assert client.generate(**REQUESTS[0]).token_ids == expected[0]  # on a new channel
+    client.close()
+    with Client(served.address) as other:
+        assert [other.generate(**r).token_ids for r in REQUESTS[:3]] == expected[:3]
+    assert len(channels["sync"]) == 3 and all(is_closed(c) for c in channels["sync"])
+
+
+def test_astream_holds_one_connection_per_event_loop(served, expected, channels):
+    served.service.peers.clear()
+    client = Client(served.address)
+
+    async def answers() -> list[list[int]]:
+        async def one(request: dict) -> list[int]:
+            return [t async for d in client.astream(**request) for t in d.token_ids]
+
+        sequential = [await one(r) for r in REQUESTS[:4]]
+        return sequential + list(await asyncio.gather(*(one(r) for r in REQUESTS[4:])))
+
+    async def answers_then_close() -> tuple[list[list[int]], bool]:
+        async with client:
+            got = await answers()
+        return got, await is_closed_aio(channels["aio"][-1])
+
+    assert asyncio.run(answers()) == expected
+    assert len(channels["aio"]) == 1 and served.connections() == 1
+    assert asyncio.run(answers_then_close()) == (expected, True)  # another loop: its own channel, closed on leaving
+    assert len(channels["aio"]) == 2
+    assert channels["sync"] == []
+
+
+def test_a_failure_mid_stream_raises_after_the_committed_deltas():
+    with LocalPipeline(mock2(restore_s=0.2)) as pipe, serve(pipe) as served:
+        with Client(served.address) as client:
+            stream = client.stream(prompt_token_ids=[3, 5, 7], max_new_tokens=48)
+            first = next(d for d in stream if d.token_ids)
+            kill_stage(pipe, 1)
+            why = "stage 'target' was lost and not restored within 0.2 s"
+            with pytest.raises(GenerationError, match=why):
+                list(stream)
+            assert first.token_ids
+            with pytest.raises(GenerationError, match="stage 'target' was lost") as refused:
+                client.generate(prompt_token_ids=[3, 5, 7], max_new_tokens=4)
+            with pytest.raises(GenerationError) as streamed:
+                list(client.stream(prompt_token_ids=[3, 5, 7], max_new_tokens=4))
+            assert str(streamed.value) == str(refused.value)
+
+
+def test_nothing_listening_raises_naming_the_address():
+    address = nowhere()
+    deltas = []
+    with Client(address) as client:
+        with pytest.raises(GenerationError, match=re.escape(f"the coordinator at {address}: UNAVAILABLE")):
+            deltas.extend(client.stream(prompt_token_ids=[1, 2], max_new_tokens=4))
+        with pytest.raises(GenerationError, match=re.escape(address)):
+            client.generate(prompt_token_ids=[1, 2], max_new_tokens=4)
+
+        async def astream() -> None:
+            async with client:
+                deltas.extend([d async for d in client.astream(prompt_token_ids=[1, 2], max_new_tokens=4)])
+
+        with pytest.raises(GenerationError, match=re.escape(f"the coordinator at {address}: UNAVAILABLE")):
+            asyncio.run(astream())
+    assert deltas == []
+
+
+def test_a_value_the_client_refuses_raises_before_anything_is_sent(served):
+    sent = len(served.service.requests)
+    with Client(served.address) as client:
+        with pytest.raises(GenerationError, match=re.escape("temperature must be >= 0, got -1.0")):
+            list(client.stream(prompt_token_ids=[1, 2], temperature=-1.0))
+
+        async def astream() -> None:
+            [d async for d in client.astream(prompt_token_ids=[1, 2], max_new_tokens=0)]
+
+        with pytest.raises(GenerationError, match="max_new_tokens must be a positive integer, got 0"):
+            asyncio.run(astream())
+    assert len(served.service.requests) == sent
+
+
+def test_an_image_in_a_message_part_is_sent_as_encoded_bytes(served, tmp_path):
+    picture = Image.new("RGB", (12, 9), (200, 30, 40))
+    png, _ = image_bytes(picture)
+    path = tmp_path / "picture.png"
+    path.write_bytes(png)
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    parts = {
+        "a path": {"type": "image_url", "image_url": {"url": str(path)}},
+        "a data URL": {"type": "image_url", "image_url": {"url": url}},
+        "a PIL image": {"type": "image", "image": picture},
+    }
+    with Client(served.address) as client:
+        for what, part in parts.items():
+            messages = [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [part, {"type": "text", "text": "What colour is it?"}]},
+            ]
+            with pytest.raises(GenerationError, match="does not take images"):  # the mock target's front door
+                client.generate(messages=messages, max_new_tokens=4)
+            args = from_proto(served.service.requests[-1])
+            assert Image.open(io.BytesIO(args.image)).tobytes() == picture.tobytes(), what
+            assert args.messages == (
+                ChatMessage("system", (Part("Be brief."),)),
+                ChatMessage("user", (IMAGE, Part("What colour is it?"))),
+            )
