@@ -40,6 +40,7 @@ import yaml
 
 from experiments.prompt_sets import WORLD_PROMPTS, Prompt, load_prompts
 from experiments.serving_load import run_load, summarize
+from pipespec.logs import add_log_level, setup_logging
 
 log = logging.getLogger(__name__)
 FIGURES = ("ttft", "tpot", "itl", "e2el")
@@ -194,9 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("experiments/results/bench_http"))
-    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
+    add_log_level(parser, default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level, fmt="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts(args.prompts)
     requests = bodies(prompts, args.max_tokens, args.requests)
