@@ -16,7 +16,8 @@ import concurrent.futures
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pipespec.assembly import Entrance, link_coordinator, link_in_process, link_to_verifier, serve_runner
 from pipespec.config import PipelineConfig
@@ -28,7 +29,11 @@ from pipespec.messages import RequestSpec
 from pipespec.outputs import Delta, Generation
 from pipespec.runner import StageRunner
 from pipespec.scheduler import schedulers_for
+from pipespec.serving.serving import Serving
 from pipespec.stage import Stage
+
+if TYPE_CHECKING:
+    from pipespec.serving.http_server import HttpServer
 
 
 class LocalPipeline:
@@ -68,7 +73,9 @@ class LocalPipeline:
         self.thread: threading.Thread | None = None
         self.runners: list[StageRunner] = []
         self.coordinator: Coordinator | None = None
+        self.serving: Serving | None = None
         self._tasks: list[asyncio.Task] = []
+        self._http: list[HttpServer] = []
 
     @property
     def tokenizer(self) -> Any | None:
@@ -94,6 +101,7 @@ class LocalPipeline:
         devices = schedulers_for(self.config.devices(), [s.name for s in self.config.stages])
         self.runners = [StageRunner.for_config(stage, self.config, i, devices[i]) for i, stage in enumerate(self.stages)]
         self.coordinator = self.entrance.coordinator()
+        self.serving = Serving(self.coordinator, self.front_door)
         if self.over_grpc:
             await self._wire_grpc()
         else:
@@ -119,6 +127,9 @@ class LocalPipeline:
             return
 
         async def stop() -> None:
+            for server in self._http:
+                await server.stop()
+            self._http = []
             for t in self._tasks:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -136,6 +147,17 @@ class LocalPipeline:
         self.thread.join()
         self.loop.close()
         self.loop = None
+
+    def serve_http(self, host: str = "127.0.0.1", port: int = 0, allowed_media: str | Path | None = None) -> int:
+        """Serve the OpenAI-compatible HTTP API (pipespec.serving.openai_app) on `host`:`port` (0: a free
+        port) until `close()`; -> the port. `allowed_media`: the directory `image_url` file paths may
+        name (None: data URLs only)."""
+        from pipespec.serving.http_server import serve_http  # fastapi and uvicorn, when asked for
+
+        media = Path(allowed_media) if allowed_media is not None else None
+        server = asyncio.run_coroutine_threadsafe(serve_http(self.serving, host, port, media), self.loop).result()
+        self._http.append(server)
+        return server.port
 
     # ---- tracing (pipespec.trace) ---------------------------------------------------------------
 
