@@ -16,7 +16,8 @@ import concurrent.futures
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pipespec.assembly import Entrance, link_coordinator, link_in_process, link_to_verifier, serve_runner
 from pipespec.config import PipelineConfig
@@ -30,6 +31,9 @@ from pipespec.runner import StageRunner
 from pipespec.scheduler import schedulers_for
 from pipespec.serving.serving import Serving
 from pipespec.stage import Stage
+
+if TYPE_CHECKING:
+    from pipespec.serving.http_server import HttpServer
 
 
 class LocalPipeline:
@@ -71,6 +75,7 @@ class LocalPipeline:
         self.coordinator: Coordinator | None = None
         self.serving: Serving | None = None  # every way in to the coordinator (pipespec.serving), once started
         self._tasks: list[asyncio.Task] = []
+        self._http: list[HttpServer] = []
 
     @property
     def tokenizer(self) -> Any | None:
@@ -122,6 +127,9 @@ class LocalPipeline:
             return
 
         async def stop() -> None:
+            for server in self._http:
+                await server.stop()
+            self._http = []
             for t in self._tasks:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -139,6 +147,17 @@ class LocalPipeline:
         self.thread.join()
         self.loop.close()
         self.loop = None
+
+    def serve_http(self, host: str = "127.0.0.1", port: int = 0, allowed_media: str | Path | None = None) -> int:
+        """Serve the OpenAI-compatible HTTP API (pipespec.serving.openai_app) on `host`:`port` (0: a free
+        port) until `close()`; -> the port. `allowed_media`: the directory `image_url` file paths may
+        name (None: data URLs only)."""
+        from pipespec.serving.http_server import serve_http  # fastapi and uvicorn, when asked for
+
+        media = Path(allowed_media) if allowed_media is not None else None
+        server = asyncio.run_coroutine_threadsafe(serve_http(self.serving, host, port, media), self.loop).result()
+        self._http.append(server)
+        return server.port
 
     # ---- tracing (pipespec.trace) ---------------------------------------------------------------
 

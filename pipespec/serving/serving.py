@@ -15,14 +15,16 @@ event loop; torch-free.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pipespec.coordinator import Coordinator
 from pipespec.frontdoor import FrontDoor
 from pipespec.generate_args import GenerateArgs
 from pipespec.messages import RequestSpec
 from pipespec.outputs import Delta
+from pipespec.serving.metrics import Metrics
 
 
 @dataclass(frozen=True)
@@ -31,12 +33,15 @@ class Admitted:
 
     spec: RequestSpec
     stop: tuple[str, ...]
+    arrived: float = field(default_factory=time.perf_counter)  # when it came to the front door: latencies count from here
 
 
 class Serving:
     def __init__(self, coordinator: Coordinator, front_door: FrontDoor):
         self.coordinator = coordinator
         self.front_door = front_door
+        names = coordinator.stage_names
+        self.metrics = Metrics(pairs=list(zip(names[:-1], names[1:])))  # each stage drafts for the next
 
     @property
     def model(self) -> str:
@@ -46,13 +51,19 @@ class Serving:
     async def admit(self, args: GenerateArgs) -> Admitted:
         """Validate `args` at the front door, off the loop (an image runs through the processor).
         Raises ValueError naming the bad value or the limit."""
+        arrived = time.perf_counter()
         spec, stop = await asyncio.to_thread(self.front_door.request, args)
-        return Admitted(spec, stop)
+        return Admitted(spec, stop, arrived)
 
     async def stream(self, admitted: Admitted) -> AsyncIterator[Delta]:
         """Run an admitted request: its deltas as the target commits them; closing early aborts it."""
-        async for delta in self.coordinator.generate(admitted.spec, admitted.stop):
-            yield delta
+        record = self.metrics.request(len(admitted.spec.prompt_token_ids), admitted.arrived)
+        try:
+            async for delta in self.coordinator.generate(admitted.spec, admitted.stop):
+                record.observe(delta)
+                yield delta
+        finally:
+            record.close()
 
     def trouble(self) -> str | None:
         """None when every stage is linked and answering; else why not."""
