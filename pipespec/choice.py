@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from pipespec import noise
+from pipespec.logprobs import TokenLogprobs
 from pipespec.params import SamplingParams
 from pipespec.sampling import log_processed
 
@@ -34,6 +35,7 @@ class Decision:
     accepted: int  # number of leading draft tokens accepted
     tokens: tuple[int, ...]  # drafts[:accepted] + (own token,)
     probs: torch.Tensor | None  # [accepted + 1, V] float64: this stage's p' at those positions (rejection only)
+    logprobs: tuple[TokenLogprobs, ...] | None = None  # one per token: the target's, when the request asks (pipespec.step)
 
 
 def rejection_streams(depth: int) -> tuple[int, int, int]:

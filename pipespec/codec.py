@@ -1,11 +1,12 @@
 """Pipeline messages <-> msgpack bytes, exactly: the payload of every gRPC frame.
 
-Messages are frozen dataclasses (pipespec.messages, pipespec.stats, pipespec.params); each becomes a
-msgpack map tagged with its class name. Tuples, frozensets and enums keep their types. Tensors (q
-rows, hidden states) and numpy arrays (image pixels) travel as raw bytes with dtype and shape and
-come back bit for bit, bf16 included; torch is imported only when a tensor is met, so the
-coordinator stays torch-free. A tensor on a GPU is copied to the CPU to be framed; every tensor
-comes back on the CPU, and the stage receiving it moves it to its own device (pipespec.stages.device).
+Messages are frozen dataclasses (pipespec.messages, pipespec.stats, pipespec.params, pipespec.logprobs);
+each becomes a msgpack map tagged with its class name. Tuples, frozensets and enums keep their types;
+floats are float64, infinities included (a logprob of -inf). Tensors (q rows, hidden states) and
+numpy arrays (image pixels) travel as raw bytes with dtype and shape and come back bit for bit,
+bf16 included; torch is imported only when a tensor is met, so the coordinator stays torch-free. A
+tensor on a GPU is copied to the CPU to be framed; every tensor comes back on the CPU, and the stage
+receiving it moves it to its own device (pipespec.stages.device).
 
 A frame from a peer is decoded with `limits` and trusted for nothing: its kind (the class tag the
 encoder writes first) is read before the body and the frame refused if it is over that kind's size
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Union, get_args, get_origin, get_type_hin
 import msgpack
 import numpy as np
 
-from pipespec import messages, params, stats
+from pipespec import logprobs, messages, params, stats
 
 if TYPE_CHECKING:
     import torch
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 _CLASSES: dict[str, type] = {
     cls.__name__: cls
-    for module in (messages, stats, params)
+    for module in (messages, stats, params, logprobs)
     for cls in vars(module).values()
     if isinstance(cls, type)
     and (dataclasses.is_dataclass(cls) or issubclass(cls, enum.Enum))

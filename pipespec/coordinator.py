@@ -1,9 +1,10 @@
 """The coordinator: opens requests on every stage, turns the target's commits into a client stream.
 
-It holds the ledger of committed prefixes, applies the stop rules at commit time, streams deltas,
-and on finish sends Close to every stage; each stage answers Closed with its statistics, and the
-last delta of a request carries them all. A commit that does not continue the ledger exactly, or a
-stage reporting a failure, ends that request (and only that request) with an error.
+It holds the ledger of committed prefixes, applies the stop rules at commit time, streams deltas
+(with the target's logprobs of their tokens, when the request asks for them), and on finish sends
+Close to every stage; each stage answers Closed with its statistics, and the last delta of a request
+carries them all. A commit that does not continue the ledger exactly (or lacks the logprobs asked
+for), or a stage reporting a failure, ends that request (and only that request) with an error.
 
 Faults (design 5c). When the link to a stage is lost (`lost`), no request waits for that stage's
 Closed. A lost drafter costs speed only: its verifier goes on alone. A lost target stalls its
@@ -200,11 +201,17 @@ class Coordinator:
         if live.finish_reason is not None:
             return  # the target ran past a stop before hearing of it
         rid = live.spec.request_id
-        try:
-            self.ledger.append(rid, commit.start, commit.tokens)
-        except LedgerError as e:
-            log.error("%s", e)
-            live.error = str(e)
+        error = None
+        if live.spec.logprobs is not None and len(commit.logprobs or ()) != len(commit.tokens):
+            error = f"request {rid!r}: a commit of {len(commit.tokens)} tokens has {len(commit.logprobs or ())} logprobs"
+        else:
+            try:
+                self.ledger.append(rid, commit.start, commit.tokens)
+            except LedgerError as e:
+                error = str(e)
+        if error is not None:
+            log.error("%s", error)
+            live.error = error
             self._finish(live, "error")
             return
         if live.first_commit is None:
@@ -217,7 +224,8 @@ class Coordinator:
             if outcome.finish_reason is not None:
                 reason = outcome.finish_reason
                 break
-        live.queue.put_nowait(Delta("".join(text), tuple(ids)))
+        logprobs = commit.logprobs[: len(ids)] if live.spec.logprobs is not None else ()  # none past a stop
+        live.queue.put_nowait(Delta("".join(text), tuple(ids), logprobs=logprobs))
         if reason is not None:
             self._finish(live, reason)
 

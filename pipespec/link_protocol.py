@@ -9,7 +9,8 @@ sends them back, on the state it keeps per request (pipespec.request_state).
 - As a drafter of its verifier: a verdict confirms what came before its position; one that
   contradicts our token there truncates our tokens (a rollback), and if we had already drafted on
   them, our own drafter hears of it in turn.
-- Either way, what downstream has not seen is published: a Draft to our verifier, or a Commit (target).
+- Either way, what downstream has not seen is published: a Draft to our verifier, or a Commit (target),
+  with the logprobs of its tokens when the request asks for them.
 
 A peer's message is checked before it changes anything, and an error fails only the request it is
 about, never the runner:
@@ -175,5 +176,8 @@ class LinkProtocol:
             probs = torch.stack(req.probs[down.sent :]) if req.spec.params.rejection else None
             self._send(self.downstream, Draft(rid, down.epoch, down.sent, tuple(tokens[down.sent :]), probs, self.token_s))
         else:
-            self._send(self.coordinator, Commit(rid, down.sent, tuple(tokens[down.sent :])))
+            logprobs = None
+            if req.spec.logprobs is not None:  # those of tokens[down.sent:], computed with them (pipespec.step)
+                logprobs, req.logprobs = tuple(req.logprobs), []
+            self._send(self.coordinator, Commit(rid, down.sent, tuple(tokens[down.sent :]), logprobs))
         down.sent = len(tokens)

@@ -11,6 +11,10 @@ bookkeeping over them (`RequestState`). Beside them, each role it plays has its 
 
 Rejection sampling adds the processed distributions: ours per token (`RequestState.probs`, sent with
 drafts) and the drafter's per pending draft (`VerifierSide.pending_probs`).
+
+A request that asks for logprobs has the target hold those of its tokens not yet committed
+(`RequestState.logprobs`, sent with the next Commit); the tokens a rejoin opens with were committed,
+their logprobs sent, before.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipespec.logprobs import TokenLogprobs
 from pipespec.messages import RequestSpec, TargetFeatures
 from pipespec.stage import Session
 from pipespec.stats import PairStats, StageStats
@@ -88,6 +93,7 @@ class RequestState:
     tokens: list[int] = field(default_factory=list)  # generated tokens: committed + speculative tail
     probs: list[torch.Tensor | None] = field(default_factory=list)  # our p' per token (rejection), None once verified
     probs_kept_from: int = 0  # probs before this position were freed (the verifier has them)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # the target's, of tokens[down.sent:] (if asked for)
     fed: int = 0  # context tokens (prompt + generated) in the cache still valid for `tokens`
     rev: int = 0  # bumped whenever a verdict changes `tokens`
     touched: int = NOTHING_TOUCHED  # smallest position a verdict changed since the step in flight began

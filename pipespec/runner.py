@@ -442,6 +442,8 @@ class StageRunner(LinkProtocol):
                 break
         req.tokens.extend(tokens)
         req.probs.extend(decision.probs[: len(tokens)] if decision.probs is not None else [None] * len(tokens))
+        if decision.logprobs is not None:  # the target's, for the next Commit
+            req.logprobs.extend(decision.logprobs[: len(tokens)])
         req.fed = req.prompt_len + min(plan.start + decision.accepted, len(req.tokens) - 1)
         if req.up is not None:
             req.up.pair.record(len(plan.drafts), decision.accepted)

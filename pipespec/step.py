@@ -5,6 +5,8 @@ cache, its own unfed tokens, the drafts to verify (with their q rows under rejec
 the target features to apply first (a DREAM stage). `compute` runs a plan on the device's compute
 thread (pipespec.scheduler): one forward, then the choice at every position (pipespec.choice), timed
 for the trace (pipespec.trace); an error is caught and returned, so it fails only its own request.
+The target of a request that asks for logprobs computes them here, from the same rows it decided on
+(pipespec.sampling.token_logprobs); no other stage does.
 Tensors that leave the stage (q rows, hidden states for a DREAM drafter) are copied to the CPU here,
 not on the event loop.
 """
@@ -18,6 +20,7 @@ import torch
 
 from pipespec.choice import Decision, decide
 from pipespec.messages import RequestSpec, TargetFeatures
+from pipespec.sampling import token_logprobs
 from pipespec.stage import Session, Stage
 from pipespec.trace import Timing
 
@@ -89,7 +92,7 @@ def _open(stage: Stage, spec: RequestSpec, sends_features: bool) -> Session:
 def _step(
     plan: StepPlan, session: Session, spec: RequestSpec, depth: int, sends_features: bool
 ) -> tuple[Decision, torch.Tensor | None]:
-    """One forward over our unfed tokens and the drafts, then decide."""
+    """One forward over our unfed tokens and the drafts, then decide (the target: and the logprobs asked for)."""
     for features in plan.features:
         session.add_features(features)
     logits = session.forward(plan.keep, plan.feed + plan.drafts)  # [F + n, V]
@@ -97,5 +100,8 @@ def _step(
     decision = decide(rows, plan.drafts, plan.draft_probs, spec.params, plan.start, depth)
     if decision.probs is not None:
         decision = replace(decision, probs=decision.probs.cpu())
+    if depth == 0 and spec.logprobs is not None:  # rows of the tokens decided: positions start .. start + accepted
+        lp = token_logprobs(rows[: len(decision.tokens)], decision.tokens, spec.params, spec.logprobs)
+        decision = replace(decision, logprobs=lp)
     hidden = session.hidden.cpu() if sends_features else None
     return decision, hidden

@@ -14,6 +14,7 @@ import torch
 
 from pipespec import codec
 from pipespec.config import LimitsSpec
+from pipespec.logprobs import TokenLogprobs
 from pipespec.messages import (
     Close,
     Closed,
@@ -143,6 +144,14 @@ def test_cuda_tensors_cross_the_wire_and_arrive_on_the_cpu():
 LIMITS = LimitsSpec()
 
 
+LOGPROBS_COMMIT = Commit(
+    "r",
+    5,
+    (10, 11),
+    (TokenLogprobs(10, -0.25, (10, 3), (-0.25, -1.5)), TokenLogprobs(11, -2.0, (4, 11, 7), (-0.5, -2.0, -float("inf")))),
+)
+
+
 def every_message() -> list:
     """One of every pipeline message kind, every field set, tensors and arrays included."""
     arrays = {"pixel_values": np.arange(24, dtype=np.float32).reshape(2, 3, 4), "image_grid_thw": np.array([[1, 2, 2]])}
@@ -153,6 +162,7 @@ def every_message() -> list:
         Close("r1"),
         Verdict("r1", 4, 17, 99),
         Commit("r1", 5, (10, 11, 12)),
+        LOGPROBS_COMMIT,
         Closed("r1", "target", StageStats("target", 3, 10, 1, 2, 0.5), PairStats("tiny", "target", 3, 9, 5, 2, [3, 2])),
         Closed("r1", "tiny", StageStats("tiny"), None),
         Failed("r1", "tiny", "RuntimeError: boom"),
@@ -294,6 +304,10 @@ TENSOR = {"__tensor": "float32", "shape": [2, 3], "data": bytes(24)}
         (Commit("r", 0, (1,)), "tokens", {"__tuple": [[1]]}, r"Commit\.tokens\[0\]: expected int, got list"),
         (Commit("r", 0, (1,)), "start", DELETE, r"Commit: missing field 'start'"),
         (Commit("r", 0, (1,)), "extra", 1, r"Commit: unknown field 'extra'"),
+        (LOGPROBS_COMMIT, "logprobs", [], r"Commit\.logprobs: expected tuple\[.*TokenLogprobs.*\], got list"),
+        (LOGPROBS_COMMIT, "logprobs.__tuple", [1], r"Commit\.logprobs\[0\]: expected TokenLogprobs, got int"),
+        (LOGPROBS_COMMIT, "logprobs.__tuple", [raw(Close("r"))], r"Commit\.logprobs\[0\]: expected TokenLogprobs, got a Close"),
+        (LOGPROBS_COMMIT, "logprobs", None, None),  # a request that asked for none
     ],
 )
 def test_a_mistyped_field_is_refused_naming_it(message, path, value, error):
@@ -350,3 +364,20 @@ def test_a_bulky_frame_may_be_larger_than_a_small_one():
     payload = codec.encode(Draft("r", 0, 0, tuple(range(8)), torch.rand(8, 50_000)))
     assert len(payload) > codec.SMALL_FRAME_BYTES
     assert codec.decode(payload, LIMITS).probs.shape == (8, 50_000)
+
+
+def test_logprobs_cross_the_wire_in_a_small_frame_from_a_peer():
+    tokens = tuple(range(100_000, 100_400))  # a long commit of a large vocabulary, 5 alternatives a token
+    top = (-0.1234567890123, -1.5, -2.25, -float("inf"), -float("inf"))
+    commit = Commit("r", 0, tokens, tuple(TokenLogprobs(t, -1.0 / (t - 99_999), tokens[:5], top) for t in tokens))
+    payload = codec.encode(commit)
+    assert len(payload) < codec.SMALL_FRAME_BYTES / 4
+    assert codec.decode(payload, LIMITS) == commit  # floats exactly, -inf included
+    body = raw(commit)
+    body["logprobs"]["__tuple"][7]["top_ids"] = {"__tuple": [1, 2.5]}
+    with pytest.raises(codec.FrameError, match=r"Commit\.logprobs\[7\]\.top_ids\[1\]: expected int, got float"):
+        codec.decode(frame(body), LIMITS)
+    body["logprobs"]["__tuple"][7]["top_ids"] = {"__tuple": [1]}
+    body["logprobs"]["__tuple"][8]["logprob"] = "-1"
+    with pytest.raises(codec.FrameError, match=r"Commit\.logprobs\[8\]\.logprob: expected float, got str"):
+        codec.decode(frame(body), LIMITS)

@@ -1,5 +1,6 @@
-"""Tests for pipespec/sampling.py `log_processed` (temperature, then top-k, then top-p) and for the
-validation and derived properties of pipespec/params.py `SamplingParams`."""
+"""Tests for pipespec/sampling.py `log_processed` (temperature, then top-k, then top-p) and
+`token_logprobs` (the logprobs a request gets), and for the validation and derived properties of
+pipespec/params.py `SamplingParams`."""
 
 import math
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from pipespec.params import SamplingParams, VerifyMode
-from pipespec.sampling import log_processed
+from pipespec.sampling import log_processed, token_logprobs
 
 PROBS = [0.5, 0.3, 0.15, 0.05]
 
@@ -81,6 +82,41 @@ def test_top_p_works_row_by_row():
     peaked = torch.tensor([[math.log(p) for p in PROBS]], dtype=torch.float32)
     logp = log_processed(torch.cat([flat, peaked]), SamplingParams(temperature=1.0, top_p=0.7))
     assert kept(logp) == [3, 2]
+
+
+# --- token_logprobs ---------------------------------------------------------------------------
+
+
+def test_greedy_logprobs_are_the_log_softmax_of_the_raw_logits():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(3))
+    params = SamplingParams(temperature=0.0, top_p=0.5, top_k=3)  # top-k / top-p do not apply to greedy
+    out = token_logprobs(logits, [7, 0, 49], params, 4)
+    want = torch.log_softmax(logits.double(), dim=-1)
+    for row, lp, token in zip(want, out, [7, 0, 49]):
+        assert lp.token == token and lp.logprob == float(row[token])
+        values, ids = torch.topk(row, 4)
+        assert lp.top_ids == tuple(ids.tolist()) and lp.top_logprobs == tuple(values.tolist())
+        assert type(lp.logprob) is float and all(type(v) is float for v in lp.top_logprobs)
+
+
+def test_sampled_logprobs_are_those_of_the_processed_distribution():
+    logits = torch.tensor([[math.log(p) for p in PROBS]], dtype=torch.float32)
+    params = SamplingParams(temperature=1.0, top_k=2, seed=5)
+    (lp,) = token_logprobs(logits, [1], params, 4)
+    assert lp.logprob == float(log_processed(logits, params)[0, 1]) == pytest.approx(math.log(0.3 / 0.8))
+    assert lp.top_ids == (0, 1, 2, 3) and lp.top_logprobs[2:] == (-math.inf, -math.inf)  # removed: -inf, ties to the lower id
+    (removed,) = token_logprobs(logits, [3], params, 1)
+    assert removed.logprob == -math.inf and removed.top_ids == (0,)
+
+
+def test_no_alternatives_for_zero_and_ties_to_the_lower_id():
+    logits = torch.zeros(2, 6)
+    out = token_logprobs(logits, [4, 5], SamplingParams(), 0)
+    assert [(lp.top_ids, lp.top_logprobs) for lp in out] == [((), ())] * 2
+    assert all(lp.logprob == pytest.approx(-math.log(6)) for lp in out)
+    assert token_logprobs(logits[:1], [4], SamplingParams(), 3)[0].top_ids == (0, 1, 2)
+    with pytest.raises(ValueError, match="logprobs must be >= 0"):
+        token_logprobs(logits[:1], [4], SamplingParams(), -1)
 
 
 # --- SamplingParams ----------------------------------------------------------------------------
