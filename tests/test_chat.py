@@ -272,7 +272,7 @@ def test_a_client_sending_messages_gets_the_in_process_answer(demo_alone, tmp_pa
     path = tmp_path / "picture.png"
     path.write_bytes(image_bytes(image)[0])
     expected = demo_alone.generate(messages=CHAT, image=image, max_new_tokens=TOKENS).token_ids
-    service = CoordinatorService(demo_alone.coordinator, demo_alone.front_door, "chat")
+    service = CoordinatorService(demo_alone.serving, "chat")
     server, port = asyncio.run_coroutine_threadsafe(serve_coordinator(service, "127.0.0.1", 0), demo_alone.loop).result()
     try:
         with Client(f"127.0.0.1:{port}") as client:
@@ -295,7 +295,7 @@ def test_the_command_line_sends_a_system_message_before_the_prompt(demo_alone, t
     path.write_bytes(image_bytes(picture())[0])
     messages = [CHAT[0], CHAT[1]]
     expected = demo_alone.generate(messages=messages, image=picture(), max_new_tokens=TOKENS).text
-    service = CoordinatorService(demo_alone.coordinator, demo_alone.front_door, "chat")
+    service = CoordinatorService(demo_alone.serving, "chat")
     server, port = asyncio.run_coroutine_threadsafe(serve_coordinator(service, "127.0.0.1", 0), demo_alone.loop).result()
     try:
         prompt = ["--prompt", CHAT[1]["content"][1]["text"], "--image", str(path), "--max-new-tokens", str(TOKENS)]

@@ -71,7 +71,7 @@ def mock2(restore_s: float = 30.0):
 
 @contextmanager
 def serve(pipe: LocalPipeline) -> Iterator[Served]:
-    service = Recorded(pipe.coordinator, pipe.front_door, "client-test")
+    service = Recorded(pipe.serving, "client-test")
     server, port = asyncio.run_coroutine_threadsafe(serve_coordinator(service, "127.0.0.1", 0), pipe.loop).result()
     try:
         yield Served(pipe, service, f"127.0.0.1:{port}")

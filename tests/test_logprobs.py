@@ -171,7 +171,7 @@ def test_the_client_receives_them_over_grpc(family, loaded, prompts, alone, targ
 
     params = SamplingParams(temperature=0.8, top_k=2, seed=4)  # 3 of the 5 alternatives have no mass: -inf on the wire
     with text_pipeline(family, loaded, CHAIN, over_grpc=True) as p:
-        service = CoordinatorService(p.coordinator, p.front_door, "logprobs")
+        service = CoordinatorService(p.serving, "logprobs")
         server, port = asyncio.run_coroutine_threadsafe(serve_coordinator(service, "127.0.0.1", 0), p.loop).result()
         try:
             client = Client(f"127.0.0.1:{port}")
