@@ -39,6 +39,7 @@ class HeldCoordinator:
     released or aborted."""
 
     def __init__(self) -> None:
+        self.stage_names = ["m"]
         self.stages = ["m"]  # linked
         self.live: dict[str, asyncio.Event] = {}
         self.aborted: list[str] = []
