@@ -113,6 +113,17 @@ class FrontDoor:
         return spec, args.stop
 
 
+def request_bytes(limits: LimitsSpec) -> int:
+    """The largest `GenerateRequest` the coordinator reads: an image at `limits.image_bytes`, a prompt
+    at `limits.prompt_tokens` (text of up to CHARS_PER_TOKEN characters of up to 4 bytes a token, or
+    ids of up to 10 bytes), stop strings at theirs, and 64 KiB for the rest. The coordinator's gRPC
+    server and HTTP server read nothing larger (pipespec.transport.coordinator_service,
+    pipespec.serving.body_limit)."""
+    prompt = limits.prompt_tokens * max(4 * CHARS_PER_TOKEN, 10)
+    stops = limits.stop_strings * (4 * limits.stop_chars + 8)
+    return limits.image_bytes + prompt + stops + 64 * 2**10
+
+
 def new_request_id() -> str:
     """A request id no one can guess (128 random bits), so that no one can name another's request."""
     return f"req-{secrets.token_hex(16)}"

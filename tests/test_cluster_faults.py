@@ -23,6 +23,8 @@ import os
 import signal
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -130,9 +132,10 @@ def serving_again(client: Client, deadline_s: float = 30.0) -> float:
 
 @pytest.fixture(scope="module")
 def pipeline(ray_session):
+    from pipespec.cluster.actors import HttpSpec
     from pipespec.cluster.pipeline import start_pipeline
 
-    running = start_pipeline(mock3(), port=0)
+    running = start_pipeline(mock3(), port=0, http=HttpSpec(0))  # with the OpenAI-compatible HTTP server
     failures: list[str] = []
     running.supervise(failures.append)
     yield running, failures
@@ -151,9 +154,18 @@ def test_a_killed_drafter_costs_no_stream(pipeline, reference, killed):
     assert not failures
 
 
+def http_health(running) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"{running.http_address}/health", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
 def test_grpc_health_follows_a_killed_stage(pipeline):
-    """Watched on the coordinator: NOT_SERVING once the middle stage's actor is killed, SERVING once the
-    supervisor restored it; then each stage's own health (it takes the secret) says SERVING."""
+    """Watched on the coordinator: NOT_SERVING once the middle stage's actor is killed (and HTTP /health
+    503 naming it), SERVING once the supervisor restored it (/health 200); then each stage's own health
+    (it takes the secret) says SERVING."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -165,9 +177,14 @@ def test_grpc_health_follows_a_killed_stage(pipeline):
         watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=RESTORE_S + 60)
         while next(watch).status != serving:  # each message is a transition: a test before may still be restoring
             pass
+        assert http_health(running)[0] == 200
         os.kill(pid_of(running, "mid"), signal.SIGKILL)
-        assert [next(watch).status, next(watch).status] == [not_serving, serving]
+        assert next(watch).status == not_serving
+        status, body = http_health(running)  # the restart of an actor takes seconds: still lost
+        assert status == 503 and "stage 'mid' was lost" in body, (status, body)
+        assert next(watch).status == serving
         watch.cancel()
+    assert http_health(running)[0] == 200
     for address in running.addresses.values():  # relinked from both sides: wait for each to say so
         with grpc.insecure_channel(address) as channel:
             stage = health_pb2_grpc.HealthStub(channel).Watch(

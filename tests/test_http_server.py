@@ -9,9 +9,11 @@ with an error event, and a bug is a 500 in OpenAI's shape.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,9 @@ import pytest
 import pipespec
 from pipespec import LocalPipeline, load_config
 from pipespec.coordinator import Coordinator
+from pipespec.frontdoor import FrontDoor
 from pipespec.outputs import Delta
+from pipespec.serving.body_limit import body_bytes
 from pipespec.serving.http_server import HttpServer, serve_http
 from pipespec.serving.serving import Serving
 from tests.fixtures.openai_http import events, get, increase, post, scrape
@@ -147,3 +151,28 @@ def test_a_failure_in_the_pipeline_ends_the_stream_with_an_error_and_a_bug_is_a_
     finally:
         stop(pipe, failing)
         stop(pipe, buggy)
+
+
+def test_a_body_over_the_limits_is_refused_before_it_is_read(mock):
+    """A body over twice the largest request the limits allow is a 413 naming both sizes, whether its
+    Content-Length says so or it streams in chunked; a request within them is served by the same server."""
+    pipe, _ = mock
+    limits = replace(pipe.config.limits, image_bytes=1000, prompt_tokens=64)
+    door = FrontDoor(replace(pipe.config, limits=limits), pipe.front_door.target, None)
+    server = start(pipe, Serving(pipe.coordinator, door))
+    most = body_bytes(limits)
+    try:
+        status, answer = post(server.port, "/v1/completions", completion(pipe, user="x" * most))
+        assert status == 413 and f"over the {most} bytes" in answer["error"]["message"], answer
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        chunks = iter([b'{"prompt": "', *[b"x" * 4096] * (most // 4096 + 2), b'"}'])
+        connection.request(
+            "POST", "/v1/completions", body=chunks, encode_chunked=True, headers={"Content-Type": "application/json"}
+        )
+        response = connection.getresponse()
+        assert response.status == 413 and f"over the {most} bytes" in json.loads(response.read())["error"]["message"]
+        connection.close()
+        status, answer = post(server.port, "/v1/completions", completion(pipe, max_tokens=4))
+        assert status == 200 and answer["usage"]["completion_tokens"] == 4, answer
+    finally:
+        stop(pipe, server)

@@ -31,6 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pipespec.generate_args import GenerateArgs
+from pipespec.serving.body_limit import BodyLimit, body_bytes
 from pipespec.serving.fan_in import fan_in
 from pipespec.serving.openai_errors import ApiError, install_error_handlers
 from pipespec.serving.openai_protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
@@ -51,6 +52,7 @@ def build_app(serving: Serving, allowed_media: Path | None = None) -> FastAPI:
     app.add_api_route("/v1/models", api.models, methods=["GET"])
     app.add_api_route("/health", api.health, methods=["GET"])
     app.add_api_route("/metrics", api.metrics, methods=["GET"])
+    app.add_middleware(BodyLimit, most=body_bytes(serving.front_door.config.limits))
     return app
 
 

@@ -2,7 +2,8 @@
 
 400 for a bad value, naming it: a body that is not JSON, a field of the wrong type, an unknown field
 (by name), and every refusal of the front door (a value out of range, an image that does not decode,
-a prompt too long, a file outside the allowed directory). 404 for a model or path not served, 503
+a prompt too long, a file outside the allowed directory). 413 for a body over the size the limits allow
+(pipespec.serving.body_limit). 404 for a model or path not served, 503
 while the pipeline is not ready (`Serving.trouble()`), 500 only for a bug (logged with its traceback).
 """
 
@@ -18,7 +19,13 @@ from starlette.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
 
-TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable_error", 500: "server_error"}
+TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    503: "service_unavailable_error",
+    500: "server_error",
+}
 
 
 class ApiError(Exception):

@@ -24,8 +24,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from pipespec.config import LimitsSpec
-from pipespec.frontdoor import CHARS_PER_TOKEN
+from pipespec.frontdoor import request_bytes
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.serving.serving import Serving
@@ -34,16 +33,6 @@ from pipespec.transport.generate_request import from_proto
 from pipespec.transport.generate_response import to_responses
 from pipespec.transport.health import COORDINATOR_SERVICE, add_health, health_status
 from pipespec.transport.streams import SERVER_OPTIONS
-
-
-def request_bytes(limits: LimitsSpec) -> int:
-    """The largest `GenerateRequest` the coordinator reads: an image at `limits.image_bytes`, a prompt
-    at `limits.prompt_tokens` (text of up to CHARS_PER_TOKEN characters of up to 4 bytes a token, or
-    ids of up to 10 bytes), stop strings at theirs, and 64 KiB for the rest. Anything larger is
-    refused by gRPC (RESOURCE_EXHAUSTED, naming both sizes) before it is read."""
-    prompt = limits.prompt_tokens * max(4 * CHARS_PER_TOKEN, 10)
-    stops = limits.stop_strings * (4 * limits.stop_chars + 8)
-    return limits.image_bytes + prompt + stops + 64 * 2**10
 
 
 class CoordinatorService(pb_grpc.CoordinatorServicer):
