@@ -32,10 +32,11 @@ PROMPTS = "experiments/prompts/world_held_out.jsonl"
 BENCH = RESULTS / "bench" / "demo-two-cores"
 PLAN = RESULTS / "plan" / "demo.json"
 SCALING = RESULTS / "scaling"
+SERVING = RESULTS / "bench_http"
 
 
 def run_all(runs: int) -> None:
-    from experiments import bench, scaling
+    from experiments import bench, bench_http, scaling
     from pipespec.cli import main as pipespec
 
     bench.main([CONFIG, "--prompts", PROMPTS, "--runs", str(runs), "--out", str(BENCH)])
@@ -44,6 +45,7 @@ def run_all(runs: int) -> None:
     if code:
         raise SystemExit(f"pipespec plan failed with exit code {code}")
     scaling.main(["--out", str(SCALING), "--runs", str(runs)])
+    bench_http.main(["--demo", "--runs", str(runs), "--out", str(SERVING)])
 
 
 def _read(path: Path) -> dict | None:
@@ -304,6 +306,37 @@ def section_vlm() -> str:
     return "\n".join(lines)
 
 
+def section_serving() -> str:
+    from experiments.bench_http import table
+
+    title = "## Serving over HTTP: latency at each concurrency (vLLM's definitions)"
+    result = _read(SERVING / "bench_http.json")
+    command = "python -m experiments.bench_http --demo"
+    if result is None:
+        return f"{title}\n\n{_missing(command)}"
+    settings = result["settings"]
+    levels = " ".join(str(c) for c in settings["concurrency"])
+    lines = [
+        title,
+        "",
+        f"`{command} --runs {settings['runs']} --concurrency {levels} --requests {settings['requests']} "
+        f"--max-tokens {settings['max_tokens']}` ({settings['cores']} cores). Each side is served as users run it, "
+        "`pipespec serve CONFIG --http-port P` (a local Ray, an actor per device, the coordinator's uvicorn), started "
+        "afresh per run; the sides alternate, their order flipping every run, on the same cores (the pipeline's tiny, "
+        "dream and target on a third of them each, the target alone on all). Greedy chat requests (the demo world's "
+        "held-out questions, each picture an `image_url` data URL) timed by `experiments/serving_load.py`: TTFT "
+        "(send to the first content chunk), TPOT ((E2EL - TTFT) / (tokens - 1), per request), ITL (every gap "
+        "between content chunks; a pipeline's chunk carries a whole committed block), E2EL; medians over runs "
+        f"([{_link(SERVING / 'bench_http.json')}]({_link(SERVING / 'bench_http.json')})).",
+        "",
+        table(result).strip(),
+    ]
+    if "same_answers" in result:
+        same = ", ".join(f"{n}/{settings['requests']} at {c}" for c, n in result["same_answers"].items())
+        lines += ["", f"Answers identical on both sides (first run): {same}."]
+    return "\n".join(lines)
+
+
 def render() -> str:
     header = [
         "# Results",
@@ -312,7 +345,7 @@ def render() -> str:
         "tokens per second are medians of several runs, and ratios are measured side by side in one run.",
         "Emulated rows (mock stages sleeping published or assumed per-forward latencies) are labelled as such.",
     ]
-    sections = [section_models(), section_bench(), section_standing(), section_plan(), section_scaling(), section_vlm()]
+    sections = [section_models(), section_bench(), section_standing(), section_plan(), section_scaling(), section_serving(), section_vlm()]
     sections = [s for s in sections if s]
     return "\n\n".join(["\n".join(header), *sections]) + "\n"
 
