@@ -10,7 +10,10 @@ message's content is text, or a list of parts in the OpenAI shape:
 A request carries at most one image (the pipeline's target takes one per request): an `image` or
 `image_url` part marks where it goes, and the image itself travels once, as the request's `image`.
 `conversation` turns what a user gave into `ChatMessage`s and that image, or a ValueError naming
-the bad message or part. Torch-free.
+the bad message or part; it is the one parser of OpenAI-shaped messages (the HTTP server hands it
+the request's messages as they came). A conversation has at most MAX_MESSAGES messages of at most
+MAX_PARTS parts each, whichever way it came in (the front door also charges each message against
+`limits.prompt_tokens`, pipespec.frontdoor). Torch-free.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 ROLES = ("system", "user", "assistant")
+MAX_MESSAGES = 4096  # messages of one conversation (each costs at least a few tokens of the chat template)
+MAX_PARTS = 16  # content parts of one message (text pieces and at most one image)
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,7 @@ def conversation(messages: Any) -> tuple[tuple[ChatMessage, ...], Any]:
     Raises ValueError naming the first bad message or part."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise ValueError(f"messages must be a list of messages, got {_short(messages)}")
-    if not messages:
-        raise ValueError("messages is empty: give at least one message")
+    _within_shape(messages)
     out, images = [], []
     for i, message in enumerate(messages):
         if isinstance(message, ChatMessage):
@@ -94,6 +98,7 @@ def conversation(messages: Any) -> tuple[tuple[ChatMessage, ...], Any]:
         if isinstance(content, str):
             parts.append(Part(content))
         elif isinstance(content, Sequence) and not isinstance(content, bytes) and content:
+            _within_parts(len(content), i)
             for j, raw in enumerate(content):
                 part, image = _part(raw, f"messages[{i}].content[{j}]")
                 parts.append(part)
@@ -108,10 +113,11 @@ def conversation(messages: Any) -> tuple[tuple[ChatMessage, ...], Any]:
 
 
 def check(messages: tuple[ChatMessage, ...]) -> None:
-    """Roles known, text that is text, at most one image part; a ValueError naming the first bad one."""
-    if not messages:
-        raise ValueError("messages is empty: give at least one message")
+    """Roles known, text that is text, at most one image part, within MAX_MESSAGES and MAX_PARTS; a
+    ValueError naming the first bad one."""
+    _within_shape(messages)
     for i, message in enumerate(messages):
+        _within_parts(len(message.parts), i)
         if message.role not in ROLES:
             raise ValueError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {_short(message.role)}")
         for j, part in enumerate(message.parts):
@@ -128,8 +134,20 @@ def check(messages: tuple[ChatMessage, ...]) -> None:
         raise ValueError("the messages hold no text: give some")
 
 
-def characters(messages: tuple[ChatMessage, ...]) -> int:
-    return sum(len(p.text) for m in messages for p in m.parts)
+def _within_shape(messages: Sequence) -> None:
+    if not messages:
+        raise ValueError("messages is empty: give at least one message")
+    if len(messages) > MAX_MESSAGES:
+        raise ValueError(
+            f"{len(messages)} messages are over the {MAX_MESSAGES} a conversation may have (pipespec.chat.MAX_MESSAGES)"
+        )
+
+
+def _within_parts(parts: int, i: int) -> None:
+    if parts > MAX_PARTS:
+        raise ValueError(
+            f"messages[{i}] has {parts} content parts, over the {MAX_PARTS} a message may have (pipespec.chat.MAX_PARTS)"
+        )
 
 
 def _part(raw: Any, where: str) -> tuple[Part, Any]:

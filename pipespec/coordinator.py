@@ -80,9 +80,9 @@ class Coordinator:
 
     async def generate(self, spec: RequestSpec, stop: Sequence[str] = ()) -> AsyncIterator[Delta]:
         """Open `spec` on every stage and yield its deltas; closing the iterator early aborts it."""
-        target = len(self.stage_names) - 1
-        if target in self.lost_at:
-            yield Delta("", (), "error", None, f"{self._lost_text(target)}; the pipeline is restoring it")
+        refusal = self.refusal()
+        if refusal is not None:
+            yield Delta("", (), "error", None, refusal)
             return
         detok = self.detokenizer_factory() if self.detokenizer_factory else None
         live = _Live(spec, StopRules(spec.max_new_tokens, spec.stop_token_ids, stop, detok), asyncio.Queue(), time.perf_counter())
@@ -181,8 +181,17 @@ class Coordinator:
                 self._open(live, f"{live.spec.request_id}/{live.rejoins}")
 
     def trouble(self) -> str | None:
-        """None while the pipeline can serve; else why not (which stages are lost), for health checks."""
+        """None while every stage is linked; else which stages are lost, for health checks. A lost
+        drafter costs speed only: new requests are still served (see `refusal`)."""
         return "; ".join(self._lost_text(i) for i in sorted(self.lost_at)) or None
+
+    def refusal(self) -> str | None:
+        """Why a new request is refused now (the target is lost), or None: the one rule `generate` and
+        the ways in (pipespec.serving.Serving.refusal) follow."""
+        target = len(self.stage_names) - 1
+        if target in self.lost_at:
+            return f"{self._lost_text(target)}; the pipeline is restoring it"
+        return None
 
     def _lost_text(self, i: int) -> str:
         return f"stage {self.stage_names[i]!r} was lost {time.monotonic() - self.lost_at[i]:.1f} s ago"

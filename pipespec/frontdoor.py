@@ -6,9 +6,11 @@ reaches a stage, and never disturbs running requests. First `GenerateArgs.checke
 ranges), then the config's `limits`, each checked before the work it bounds: the request's own
 values before anything is done, an image's bytes before it is read and its pixels (from its header)
 before it is decoded (pipespec.images), the prompt's characters before it is tokenized and its
-tokens after. An image is decoded and run through the target's processor here, once per request.
-Request ids are random, so that no one can name another's request. Torch-free: it knows the target
-through a `TargetInfo`, not the model.
+tokens after. `max_new_tokens=None` asks for as many tokens as `limits.max_new_tokens` and the
+target's context leave room for (what the OpenAI API means by leaving `max_tokens` out). An image is
+decoded and run through the target's processor here, once per request. Request ids are random, so
+that no one can name another's request. Torch-free: it knows the target through a `TargetInfo`, not
+the model.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipespec import chat
 from pipespec.config import LimitsSpec, PipelineConfig, StageSpec
 from pipespec.generate_args import GenerateArgs
 from pipespec.images import encode_image_prompt, encode_text_prompt, load_image
@@ -92,11 +93,7 @@ class FrontDoor:
         bad = [t for t in ids if not 0 <= t < target.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary of {target.vocab_size}")
-        if target.max_context is not None and len(ids) + args.max_new_tokens > target.max_context:
-            raise ValueError(
-                f"prompt of {len(ids)} tokens + max_new_tokens {args.max_new_tokens} exceeds the context of "
-                f"{target.max_context} tokens of target {target.name!r}"
-            )
+        max_new_tokens = self._max_new_tokens(args.max_new_tokens, len(ids))
         if args.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this pipeline has none (mock stages)")
         params = self.config.sampling.params(**args.sampling())
@@ -104,13 +101,44 @@ class FrontDoor:
             request_id=new_request_id(),
             prompt_token_ids=tuple(ids),
             params=params,
-            max_new_tokens=args.max_new_tokens,
+            max_new_tokens=max_new_tokens,
             stop_token_ids=target.eos_token_ids,
             image=image_prompt.image if image_prompt else None,
             text_prompt_token_ids=image_prompt.text_prompt_token_ids if image_prompt else None,
             logprobs=args.logprobs,
         )
         return spec, args.stop
+
+    def _max_new_tokens(self, asked: int | None, prompt: int) -> int:
+        """What a request of `prompt` tokens may generate: `asked`, or (None) as many as
+        `limits.max_new_tokens` and the target's context allow. A ValueError if the context has no room."""
+        target, most = self.target, self.config.limits.max_new_tokens
+        if asked is None and target.max_context is None:
+            return most
+        if asked is None:
+            if prompt < target.max_context:
+                return min(most, target.max_context - prompt)
+            raise ValueError(
+                f"prompt of {prompt} tokens + 1 new token exceeds the context of {target.max_context} tokens of "
+                f"target {target.name!r}"
+            )
+        if target.max_context is not None and prompt + asked > target.max_context:
+            raise ValueError(
+                f"prompt of {prompt} tokens + max_new_tokens {asked} exceeds the context of "
+                f"{target.max_context} tokens of target {target.name!r}"
+            )
+        return asked
+
+    def plain_text_ids(self, text: str) -> list[int]:
+        """`text` tokenized as it is, without the chat template (the tokenizer's own special tokens
+        added, as vLLM's completions do), after the same character check as a prompt: a text too long
+        is refused before it is tokenized. Its tokens are counted by `request`, as `prompt_token_ids`."""
+        _within_characters(len(text), self.config.limits)
+        if not text:
+            raise ValueError("the prompt is empty: give some text")
+        if self.tokenizer is None:
+            raise ValueError("this pipeline has no tokenizer (mock stages): give the prompt as token ids")
+        return list(self.tokenizer.encode(text))
 
 
 def request_bytes(limits: LimitsSpec) -> int:
@@ -131,7 +159,7 @@ def new_request_id() -> str:
 
 def _within_limits(args: GenerateArgs, limits: LimitsSpec) -> None:
     """The limits a checked request's own values can break, before any work is done on it."""
-    if args.max_new_tokens > limits.max_new_tokens:
+    if args.max_new_tokens is not None and args.max_new_tokens > limits.max_new_tokens:
         raise ValueError(f"max_new_tokens {args.max_new_tokens} is over limits.max_new_tokens ({limits.max_new_tokens})")
     if len(args.stop) > limits.stop_strings:
         raise ValueError(f"{len(args.stop)} stop strings are over limits.stop_strings ({limits.stop_strings})")
@@ -140,9 +168,25 @@ def _within_limits(args: GenerateArgs, limits: LimitsSpec) -> None:
             raise ValueError(f"stop[{i}] of {len(stop)} characters is over limits.stop_chars ({limits.stop_chars})")
     if args.prompt_token_ids is not None and len(args.prompt_token_ids) > limits.prompt_tokens:
         raise ValueError(f"prompt of {len(args.prompt_token_ids)} tokens is over limits.prompt_tokens ({limits.prompt_tokens})")
-    chars = len(args.prompt) if args.prompt is not None else chat.characters(args.messages) if args.messages else 0
-    if chars > CHARS_PER_TOKEN * limits.prompt_tokens:
-        raise ValueError(
-            f"prompt of {chars} characters is over limits.prompt_tokens ({limits.prompt_tokens}): a text of "
-            f"more than {CHARS_PER_TOKEN} characters a token is refused before it is tokenized"
-        )
+    if args.prompt is not None:
+        _within_characters(len(args.prompt), limits)
+    elif args.messages is not None:
+        _within_characters(sum(max(len(m.text), CHARS_PER_TOKEN) for m in args.messages), limits, len(args.messages))
+
+
+def _within_characters(chars: int, limits: LimitsSpec, messages: int | None = None) -> None:
+    """A prompt's text, before it is tokenized: at most CHARS_PER_TOKEN characters a token of
+    `limits.prompt_tokens`; each of a conversation's `messages` counts as at least CHARS_PER_TOKEN
+    characters (it costs at least a token of the chat template), so that no flood of empty messages
+    is rendered."""
+    if chars <= CHARS_PER_TOKEN * limits.prompt_tokens:
+        return
+    what = (
+        f"prompt of {chars} characters is"
+        if messages is None
+        else f"{messages} messages counted as {chars} characters (each at least {CHARS_PER_TOKEN}) are"
+    )
+    raise ValueError(
+        f"{what} over limits.prompt_tokens ({limits.prompt_tokens}): a text of more than {CHARS_PER_TOKEN} "
+        "characters a token is refused before it is tokenized"
+    )

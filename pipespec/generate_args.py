@@ -36,14 +36,17 @@ class GenerateArgs:
     one of `prompt` (one user turn), `messages` (a conversation, pipespec.chat) and `prompt_token_ids`
     (which bypasses tokenizer and chat template). `prompt_token_ids`, `messages` and `stop` may be
     any sequence; they are kept as tuples (`stop` may also be one string). `logprobs=k` asks for each
-    generated token's log-probability under the target and its k most likely alternatives."""
+    generated token's log-probability under the target and its k most likely alternatives.
+    `max_new_tokens=None` asks for as many tokens as the config's limits and the target's context allow
+    (pipespec.frontdoor; the OpenAI server's `max_tokens` left out); the gRPC wire reads an unset
+    `max_new_tokens` as the default, 64."""
 
     prompt: str | None = None
     _: KW_ONLY
     prompt_token_ids: tuple[int, ...] | None = None
     messages: tuple[ChatMessage, ...] | None = None  # checked: ChatMessages; given: also OpenAI-shaped mappings
     image: Any = None  # a PIL image, encoded bytes, a path or a URL (pipespec.images); encoded bytes on the wire
-    max_new_tokens: int = 64
+    max_new_tokens: int | None = 64
     temperature: float | None = None  # None: the config's default
     top_p: float | None = None
     top_k: int | None = None
@@ -102,7 +105,7 @@ class GenerateArgs:
         else:
             ids = _token_ids(ids)
         max_new_tokens = _integer("max_new_tokens", self.max_new_tokens, "a positive integer")
-        if max_new_tokens is None or max_new_tokens < 1:
+        if max_new_tokens is not None and max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {_short(self.max_new_tokens)}")
         sampling = {
             "temperature": _number("temperature", self.temperature),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import stat
 import struct
 import zlib
 from dataclasses import dataclass
@@ -42,16 +43,28 @@ class ImagePrompt:
     image: ImageInputs
 
 
-def image_bytes(image: Any) -> tuple[bytes, str]:
+def image_bytes(image: Any, limits: LimitsSpec | None = None) -> tuple[bytes, str]:
     """A path, bytes, PIL image or data URL -> (encoded bytes, how to name it in an error).
 
-    What a client sends over the wire (once per request); raises ValueError naming a bad input.
+    What a client sends over the wire (once per request; no `limits`: the server checks them), and
+    what the front door reads within `limits.image_bytes` (a file's size checked before it is read).
+    Raises ValueError naming a bad input, a file that cannot be read, or the limit.
     """
+    most = None if limits is None else limits.image_bytes
+    if isinstance(image, (str, Path)) and not (isinstance(image, str) and image.startswith("data:")):
+        return _file_bytes(Path(image), most)
+    data, what = _encoded(image)
+    if most is not None and len(data) > most:
+        raise ValueError(f"{what} is over limits.image_bytes ({most})")
+    return data, what
+
+
+def _encoded(image: Any) -> tuple[bytes, str]:
     if type(image).__module__.startswith("PIL.") and hasattr(image, "save"):
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
         return buffer.getvalue(), f"PIL image {image.width}x{image.height}"
-    if isinstance(image, str) and image.startswith("data:"):
+    if isinstance(image, str):  # a data URL
         header, _, payload = image.partition(",")
         if ";base64" not in header or not payload:
             raise ValueError(f"image data URL {image[:40]!r}... is not a base64 data URL")
@@ -59,28 +72,42 @@ def image_bytes(image: Any) -> tuple[bytes, str]:
             return base64.b64decode(payload, validate=True), f"image data URL {header!r}"
         except binascii.Error as e:
             raise ValueError(f"image data URL {header!r}: invalid base64 ({e})") from e
-    if isinstance(image, (str, Path)):
-        path = Path(image)
-        if not path.is_file():
-            raise ValueError(f"image file {str(path)!r} does not exist")
-        return path.read_bytes(), f"image file {str(path)!r}"
     if isinstance(image, (bytes, bytearray, memoryview)):
         return bytes(image), f"image of {len(image)} bytes"
     raise ValueError(f"image must be a file path, bytes, a PIL image or a data URL, got {type(image).__name__}")
 
 
+def _file_bytes(path: Path, most: int | None) -> tuple[bytes, str]:
+    """A file's bytes, its size checked against `most` (None: any) before it is read."""
+    what = f"image file {str(path)!r}"
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{what} is not a regular file")
+        if most is not None and info.st_size > most:
+            raise ValueError(f"{what} of {info.st_size} bytes is over limits.image_bytes ({most})")
+        with path.open("rb") as file:
+            data = file.read() if most is None else file.read(most + 1)  # it may have grown since
+    except FileNotFoundError:
+        raise ValueError(f"{what} does not exist") from None
+    except OSError as e:  # permission denied, a directory, an I/O error
+        raise ValueError(f"{what} cannot be read: {e.strerror or e}") from None
+    if most is not None and len(data) > most:
+        raise ValueError(f"{what} is over limits.image_bytes ({most})")
+    return data, what
+
+
 def load_image(image: Any, limits: LimitsSpec = LimitsSpec()) -> Any:
     """A path, bytes, PIL image or data URL -> an RGB PIL image, within `limits`. Raises ValueError
-    naming the input and the limit: its bytes are counted before it is opened, its pixels read from
-    its header before it is decoded, so an image over a limit costs no more than its bytes."""
+    naming the input and the limit: its bytes are counted before it is opened (a file's before it is
+    read), its pixels read from its header before it is decoded, so an image over a limit costs no
+    more than its bytes."""
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(image, Image.Image):
         _check_pixels(image.size, "PIL image", limits)
         return image.convert("RGB")
-    data, what = image_bytes(image)
-    if len(data) > limits.image_bytes:
-        raise ValueError(f"{what} is over limits.image_bytes ({limits.image_bytes})")
+    data, what = image_bytes(image, limits)
     try:
         opened = Image.open(io.BytesIO(data), formats=FORMATS)  # reads the header only
     except Image.DecompressionBombError as e:  # PIL's own bound (2 x Image.MAX_IMAGE_PIXELS), from the header too

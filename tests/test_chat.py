@@ -23,7 +23,7 @@ from PIL import Image
 
 from demo.llava_template import CHAT_TEMPLATE
 from pipespec import Client, LocalPipeline, load_config
-from pipespec.chat import IMAGE, ChatMessage, Part, check, conversation
+from pipespec.chat import IMAGE, MAX_MESSAGES, MAX_PARTS, ChatMessage, Part, check, conversation
 from pipespec.generate_args import GenerateArgs
 from pipespec.images import image_bytes, load_processor
 from pipespec.protos import pipespec_pb2 as pb
@@ -119,6 +119,14 @@ REFUSED = {
         "messages carry 2 image parts; a request takes at most one image",
     ),
     "no text at all": ([{"role": "user", "content": " "}], "the messages hold no text: give some"),
+    "too many messages": (
+        [USER] * (MAX_MESSAGES + 1),
+        f"{MAX_MESSAGES + 1} messages are over the {MAX_MESSAGES} a conversation may have (pipespec.chat.MAX_MESSAGES)",
+    ),
+    "too many parts": (
+        [USER, {"role": "user", "content": [{"type": "text", "text": "x"}] * (MAX_PARTS + 1)}],
+        f"messages[1] has {MAX_PARTS + 1} content parts, over the {MAX_PARTS} a message may have (pipespec.chat.MAX_PARTS)",
+    ),
 }
 
 
@@ -131,6 +139,13 @@ def test_bad_messages_are_refused_naming_them(case):
     with pytest.raises(ValueError) as refused_too:
         GenerateArgs(messages=messages).checked()  # what every way in runs
     assert str(refused_too.value) == why
+
+
+def test_the_caps_hold_for_chat_messages_as_the_wire_gives_them():
+    with pytest.raises(ValueError, match=rf"messages\[0\] has {MAX_PARTS + 1} content parts, over the {MAX_PARTS}"):
+        check((ChatMessage("user", (Part("x"),) * (MAX_PARTS + 1)),))
+    with pytest.raises(ValueError, match=rf"{MAX_MESSAGES + 1} messages are over the {MAX_MESSAGES}"):
+        check((ChatMessage("user", (Part("x"),)),) * (MAX_MESSAGES + 1))
 
 
 def test_an_image_needs_its_place_and_a_place_its_image():

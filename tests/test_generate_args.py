@@ -55,6 +55,7 @@ def test_checked_gives_plain_python_values():
         int,
     ]
     assert GenerateArgs("hi").checked() == GenerateArgs("hi")  # None stays None: the config's default
+    assert GenerateArgs("hi", max_new_tokens=None).checked().max_new_tokens is None  # as many as allowed (the front door)
 
 
 @pytest.mark.parametrize(
@@ -66,7 +67,7 @@ def test_checked_gives_plain_python_values():
         (GenerateArgs(prompt_token_ids=5), "prompt_token_ids must be a sequence of token ids, got 5"),
         (GenerateArgs(prompt_token_ids=[1, True]), r"prompt_token_ids\[1\] must be a token id .* got True"),
         (GenerateArgs("hi", max_new_tokens=2**63), r"max_new_tokens must be a positive integer below 2\*\*63"),
-        (GenerateArgs("hi", max_new_tokens=None), "max_new_tokens must be a positive integer, got None"),
+        (GenerateArgs("hi", max_new_tokens=0), "max_new_tokens must be a positive integer, got 0"),
         (GenerateArgs("hi", temperature=10**400), "temperature must be finite"),
         (GenerateArgs("hi", temperature=float("nan")), "temperature must be finite, got nan"),
         (GenerateArgs("hi", seed=-1), r"seed must be in \[0, 2\*\*64\), got -1"),

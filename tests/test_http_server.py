@@ -3,7 +3,9 @@ against three mock stages (no tokenizer, no end of sequence, 20 ms a target step
 long as a test needs), served once for the module: it binds loopback only by default, a port in use
 is an error naming it, `/health` is 503 until the stages are linked, a client that drops its
 connection aborts its request on every stage within a second, a failure in the pipeline ends a stream
-with an error event, and a bug is a 500 in OpenAI's shape.
+with an error event, a bug is a 500 in OpenAI's shape that tells nothing of it but its id, a client
+over `limits.requests_per_client` requests in flight gets a 429, and `max_tokens` left out is as
+many tokens as the limits and the context allow.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 import socket
 import time
 from dataclasses import replace
@@ -147,7 +150,9 @@ def test_a_failure_in_the_pipeline_ends_the_stream_with_an_error_and_a_bug_is_a_
         assert post(failing.port, "/v1/completions", completion(pipe)) == (500, {"error": broke})
         wait_for(lambda: nothing_open(pipe), 1.0, "the failed requests closed on every stage")
         status, answer = post(buggy.port, "/v1/completions", completion(pipe))
-        assert status == 500 and answer["error"]["message"] == "internal error: RuntimeError: a bug"
+        assert status == 500 and re.fullmatch(
+            r"internal error [0-9a-f]{8} \(the server's log has it\)", answer["error"]["message"]
+        )
     finally:
         stop(pipe, failing)
         stop(pipe, buggy)
@@ -176,3 +181,44 @@ def test_a_body_over_the_limits_is_refused_before_it_is_read(mock):
         assert status == 200 and answer["usage"]["completion_tokens"] == 4, answer
     finally:
         stop(pipe, server)
+
+
+def served_with(pipe: LocalPipeline, target=None, **limits) -> HttpServer:
+    """A second server of `pipe`'s coordinator, its front door with these `limits` (and `target`)."""
+    config = replace(pipe.config, limits=replace(pipe.config.limits, **limits))
+    return start(pipe, Serving(pipe.coordinator, FrontDoor(config, target or pipe.front_door.target, None)))
+
+
+def test_requests_in_flight_per_client_are_bounded(mock):
+    pipe, _ = mock
+    server = served_with(pipe, requests_per_client=2)
+    try:
+        status, answer = post(server.port, "/v1/completions", completion(pipe, n=3, max_tokens=2))
+        assert status == 429 and answer["error"]["code"] == "rate_limit_exceeded", answer
+        assert "has 0 requests in flight and asks for 3 more: over limits.requests_per_client (2)" in answer["error"]["message"]
+        sock = send(server.port, completion(pipe, n=2, stream=True))  # two choices: two requests in flight
+        received = b""
+        while b"data: " not in received:
+            received += sock.recv(65536)
+        status, answer = post(server.port, "/v1/completions", completion(pipe, max_tokens=2))
+        assert status == 429 and "has 2 requests in flight and asks for 1 more" in answer["error"]["message"]
+        sock.close()  # its requests end
+        wait_for(lambda: post(server.port, "/v1/completions", completion(pipe, max_tokens=2))[0] == 200, 30, "served again")
+        for stream in (False, True):  # a request answered, streamed or whole, holds nothing after
+            assert post(server.port, "/v1/completions", completion(pipe, n=2, max_tokens=2, stream=stream))[0] == 200
+        assert post(server.port, "/v1/completions", completion(pipe, n=2, max_tokens=2))[0] == 200
+    finally:
+        stop(pipe, server)
+
+
+def test_max_tokens_left_out_is_as_many_as_the_limits_and_the_context_allow(mock):
+    pipe, _ = mock
+    few = served_with(pipe, max_new_tokens=6)
+    narrow = served_with(pipe, target=replace(pipe.front_door.target, max_context=5))  # room for 2 after 3
+    body = {"model": pipe.serving.model, "prompt": [1, 2, 3]}
+    try:
+        spent = [post(server.port, "/v1/completions", body)[1]["usage"]["completion_tokens"] for server in (few, narrow)]
+        assert spent == [6, 2]
+    finally:
+        stop(pipe, few)
+        stop(pipe, narrow)

@@ -50,3 +50,8 @@ def test_remote_urls_are_not_fetched(allowed, url):
 def test_a_path_with_a_nul_byte_is_refused(allowed):
     with pytest.raises(ValueError, match="not a usable file path"):
         media_image("a\x00b.png", allowed)
+
+
+def test_an_image_that_is_not_a_url_is_refused():  # {"type": "image", "image": {...}} in a message
+    with pytest.raises(ValueError, match=r"an image is given as an image_url's url .* got \{'a': 1\}"):
+        media_image({"a": 1}, None)

@@ -1,13 +1,17 @@
 """The OpenAI-compatible API (pipespec.serving.openai_app, served by pipespec.serving.http_server),
 driven by the official `openai` client, curl and raw HTTP against two pipelines, each served once for
 the module: a random-weight fp32 text chain (tiny -> mid -> target) and the shipped demo models (tiny ->
-dream -> target, pictures in `image_url` parts). Every answer equals `LocalPipeline.generate` and the
-target alone; bad requests are 400s naming the value while a stream runs on undisturbed. The server
-itself (binding, health before the stages are linked, a client that leaves): tests/test_http_server.py.
+dream -> target, pictures in `image_url` parts). Every answer equals `LocalPipeline.generate`, the
+gRPC `Client` and the target alone, logprobs included (within 1e-5); `n` choices are admitted once;
+bad requests are 400s naming the value as the request named it while a stream runs on undisturbed;
+a lost drafter makes /health 503 while requests are still answered exactly. The server itself
+(binding, health before the stages are linked, a client that leaves, the in-flight limit, a bug):
+tests/test_http_server.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import shutil
@@ -16,10 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from pipespec import LocalPipeline
+from pipespec import Client, LocalPipeline
+from pipespec.chat import MAX_MESSAGES
 from pipespec.cluster.demo import DEMO_MODELS, demo_config
 from pipespec.stages.causal_lm import CausalLMStage
+from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 from tests.fixtures.exactness import text_pipeline
+from tests.fixtures.faults import kill_stage
 from tests.fixtures.openai_http import chat_text, client, events, get, post
 
 CONVERSATION = [
@@ -51,6 +58,20 @@ def text(family, loaded):
 def text_alone(family, loaded):
     with text_pipeline(family, loaded, ["target"]) as pipe:
         yield pipe
+
+
+@pytest.fixture
+def admissions(text, monkeypatch) -> list:
+    """The arguments the text chain's front door admits, as it admits them."""
+    door = text[0].serving.front_door
+    admitted, request = [], door.request
+
+    def counted(args):
+        admitted.append(args)
+        return request(args)
+
+    monkeypatch.setattr(door, "request", counted)
+    return admitted
 
 
 @pytest.mark.parametrize("sampling", SAMPLING)
@@ -88,22 +109,76 @@ def test_the_whole_answer_equals_the_streamed_one(text):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_n_choices_each_equal_the_target_alone_with_seed_plus_i(text, text_alone, stream):
+def test_n_choices_each_equal_the_target_alone_with_seed_plus_i(text, text_alone, admissions, stream):
     pipe, port = text
     answer = client(port).chat.completions.create(
-        model=pipe.serving.model, messages=CONVERSATION, max_tokens=TOKENS, temperature=0.9, seed=11, n=3, stream=stream
+        model=pipe.serving.model,
+        messages=CONVERSATION,
+        max_tokens=TOKENS,
+        temperature=0.9,
+        seed=11,
+        n=3,
+        stream=stream,
+        **({"stream_options": {"include_usage": True}} if stream else {}),
     )
     if stream:
         chunks = list(answer)
         assert {c.index for chunk in chunks for c in chunk.choices} == {0, 1, 2}
         texts = [chat_text(chunks, i) for i in range(3)]
+        spent = chunks[-1].usage
     else:
         texts = [c.message.content for c in sorted(answer.choices, key=lambda c: c.index)]
-    want = [
-        text_alone.generate(messages=CONVERSATION, max_new_tokens=TOKENS, temperature=0.9, seed=11 + i).text for i in range(3)
-    ]
-    assert texts == want
-    assert len(set(want)) > 1, "three seeds gave one answer: the test would not tell them apart"
+        spent = answer.usage
+    want = [text_alone.generate(messages=CONVERSATION, max_new_tokens=TOKENS, temperature=0.9, seed=11 + i) for i in range(3)]
+    assert texts == [w.text for w in want]
+    assert len(set(texts)) > 1, "three seeds gave one answer: the test would not tell them apart"
+    assert len(admissions) == 1  # admitted once (rendered, tokenized) for the three choices
+    assert spent.completion_tokens == sum(len(w.token_ids) for w in want)  # every choice's tokens
+    assert spent.total_tokens == spent.prompt_tokens + spent.completion_tokens  # the prompt counted once
+    assert spent.prompt_tokens == len(text_alone.front_door.request(admissions[0])[0].prompt_token_ids)
+
+
+def test_without_a_seed_each_request_draws_its_own(text, admissions):
+    pipe, port = text
+    ask = dict(model=pipe.serving.model, messages=CONVERSATION, max_tokens=2, temperature=0.9)
+    client(port).chat.completions.create(**ask)
+    client(port).chat.completions.create(**ask)
+    seeds = [args.seed for args in admissions]
+    assert None not in seeds and seeds[0] != seeds[1] and seeds[0] != pipe.config.sampling.seed
+
+
+def test_the_http_stream_equals_the_grpc_client(text):
+    """The same pipeline served over gRPC (pipespec.transport) and HTTP gives the same text."""
+    pipe, port = text
+    service = CoordinatorService(pipe.serving, "x")
+    server, grpc_port = asyncio.run_coroutine_threadsafe(serve_coordinator(service, "127.0.0.1", 0), pipe.loop).result()
+    ask = dict(temperature=0.8, seed=5)
+    try:
+        with Client(f"127.0.0.1:{grpc_port}") as grpc_client:
+            want = grpc_client.generate(messages=CONVERSATION, max_new_tokens=TOKENS, **ask).text
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(grace=None), pipe.loop).result()
+    stream = client(port).chat.completions.create(
+        model=pipe.serving.model, messages=CONVERSATION, max_tokens=TOKENS, stream=True, **ask
+    )
+    assert chat_text(list(stream)) == want
+
+
+def test_max_completion_tokens_come_first_and_stop_strings_end_the_answer(text, text_alone):
+    pipe, port = text
+    openai = client(port)
+    short = openai.chat.completions.create(
+        model=pipe.serving.model, messages=CONVERSATION, max_tokens=TOKENS, max_completion_tokens=5
+    )
+    want = text_alone.generate(messages=CONVERSATION, max_new_tokens=5)
+    assert short.choices[0].message.content == want.text and short.usage.completion_tokens == 5
+    whole = text_alone.generate(messages=CONVERSATION, max_new_tokens=TOKENS).text
+    stop = whole[len(whole) // 2 :][:2]
+    assert stop.strip(), f"no stop string to cut {whole!r} with"
+    cut = text_alone.generate(messages=CONVERSATION, max_new_tokens=TOKENS, stop=[stop])
+    answer = openai.chat.completions.create(model=pipe.serving.model, messages=CONVERSATION, max_tokens=TOKENS, stop=[stop])
+    assert answer.choices[0].message.content == cut.text and stop not in cut.text
+    assert answer.choices[0].finish_reason == cut.finish_reason == "stop"
 
 
 def test_completions_take_text_without_a_template_and_token_ids(text, text_alone):
@@ -120,28 +195,70 @@ def test_completions_take_text_without_a_template_and_token_ids(text, text_alone
     assert by_text.usage.completion_tokens == len(want.token_ids)
 
 
-def test_logprobs_come_in_the_openai_shapes(text):
+def test_logprobs_are_the_target_alones_in_the_openai_shapes(text, text_alone):
     pipe, port = text
-    openai = client(port)
+    openai, names = client(port), text_alone.tokenizer
     chat = openai.chat.completions.create(
-        model=pipe.serving.model, messages=CONVERSATION, max_tokens=4, logprobs=True, top_logprobs=2
+        model=pipe.serving.model, messages=CONVERSATION, max_tokens=TOKENS, logprobs=True, top_logprobs=2
     )
-    for entry in chat.choices[0].logprobs.content:  # as many as the target sent (pipespec.logprobs)
-        assert isinstance(entry.token, str) and entry.bytes == list(entry.token.encode())
-        assert len(entry.top_logprobs) == 2 and entry.logprob <= 0.0
-    completion = openai.completions.create(model=pipe.serving.model, prompt=[5, 6, 7], max_tokens=4, logprobs=2)
+    want = text_alone.generate(messages=CONVERSATION, max_new_tokens=TOKENS, logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens == len(want.logprobs) == len(want.token_ids)
+    for entry, token in zip(content, want.logprobs):
+        assert entry.token == names.decode([token.token]) and entry.bytes == list(entry.token.encode())
+        assert entry.logprob == pytest.approx(token.logprob, abs=1e-5)
+        assert [t.token for t in entry.top_logprobs] == [names.decode([t]) for t in token.top_ids]
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(token.top_logprobs, abs=1e-5)
+    completion = openai.completions.create(model=pipe.serving.model, prompt=[5, 6, 7], max_tokens=TOKENS, logprobs=2)
     logprobs = completion.choices[0].logprobs
-    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == len(logprobs.text_offset)
-    status, answer = post(
-        port, "/v1/chat/completions", {"model": pipe.serving.model, "messages": CONVERSATION, "top_logprobs": 2}
-    )
-    assert status == 400 and "top_logprobs needs logprobs" in answer["error"]["message"]
-    status, answer = post(
-        port,
-        "/v1/chat/completions",
-        {"model": pipe.serving.model, "messages": CONVERSATION, "logprobs": True, "top_logprobs": 6},
-    )
-    assert status == 400 and "logprobs must be in [0, 5]" in answer["error"]["message"]
+    want = text_alone.generate(prompt_token_ids=[5, 6, 7], max_new_tokens=TOKENS, logprobs=2).logprobs
+    assert len(logprobs.tokens) == len(logprobs.top_logprobs) == len(logprobs.text_offset) == completion.usage.completion_tokens
+    assert logprobs.token_logprobs == pytest.approx([t.logprob for t in want], abs=1e-5)
+    assert logprobs.top_logprobs == [{names.decode([t]): pytest.approx(lp, abs=1e-5) for t, lp in t.top} for t in want]
+
+
+def test_bad_values_are_named_as_the_request_names_them(text):
+    pipe, port = text
+    ask = {"model": pipe.serving.model, "messages": CONVERSATION}
+    refused = [  # (the body's extra fields, the field named, what the message says)
+        ({"top_logprobs": 2}, "top_logprobs", "top_logprobs needs logprobs"),
+        ({"logprobs": True, "top_logprobs": 6}, "top_logprobs", "top_logprobs: Input should be less than or equal to 5"),
+        ({"max_tokens": 0}, "max_tokens", "max_tokens: Input should be greater than or equal to 1"),
+        ({"max_tokens": 10**6}, "max_tokens", "max_tokens 1000000 is over limits.max_new_tokens (8192)"),
+        (
+            {"max_completion_tokens": 10**6},
+            "max_completion_tokens",
+            "max_completion_tokens 1000000 is over limits.max_new_tokens",
+        ),
+        ({"max_tokens": 505}, "max_tokens", "+ max_tokens 505 exceeds the context of 512 tokens"),
+        ({"temperature": -1}, "temperature", "temperature must be >= 0, got -1"),
+        ({"stop": ["x" * 300]}, "stop[0]", "stop[0] of 300 characters is over limits.stop_chars (256)"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role", "messages[0].role must be one of"),
+        ({"messages": [{"role": "user", "content": "x"}] * (MAX_MESSAGES + 1)}, "messages", "at most 4096 items"),
+    ]
+    for extra, param, named in refused:
+        status, answer = post(port, "/v1/chat/completions", {**ask, **extra})
+        assert status == 400 and answer["error"]["param"] == param and named in answer["error"]["message"], (extra, answer)
+    status, answer = post(port, "/v1/completions", {"model": pipe.serving.model, "prompt": [], "max_tokens": 0})
+    assert status == 400 and answer["error"]["param"] == "max_tokens"
+    status, answer = post(port, "/v1/completions", {"model": pipe.serving.model, "prompt": [], "max_tokens": 2})
+    assert status == 400 and answer["error"] == {
+        "message": "prompt is empty: at least one token is needed",
+        "type": "invalid_request_error",
+        "param": "prompt",
+        "code": None,
+    }
+
+
+def test_a_lost_drafter_costs_speed_not_service(family, loaded, text_alone):
+    """/health is 503 naming the lost drafter, while requests are still answered as the target alone."""
+    with text_pipeline(family, loaded, ["tiny", "target"]) as pipe:
+        port = pipe.serve_http()
+        kill_stage(pipe, 0)
+        status, body = get(port, "/health")
+        assert status == 503 and "stage 'tiny' was lost" in json.loads(body)["error"]["message"]
+        answer = client(port).chat.completions.create(model=pipe.serving.model, messages=CONVERSATION, max_tokens=TOKENS)
+        assert answer.choices[0].message.content == text_alone.generate(messages=CONVERSATION, max_new_tokens=TOKENS).text
 
 
 def test_models_health_and_errors_in_the_openai_shape(text):

@@ -1,17 +1,22 @@
 """The OpenAI shapes of pipespec's outputs (pipespec.serving.openai_responses): logprobs as chat and
-completions take them, and the per-pair speculative-decoding block of the usage (vLLM's fields)."""
+completions take them (always valid JSON), one head per request's chunks, and the per-pair
+speculative-decoding block of the usage (vLLM's fields)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 from pipespec.logprobs import TokenLogprobs
 from pipespec.outputs import Delta
 from pipespec.serving.openai_responses import (
+    ChatShape,
     ChoiceTally,
+    Head,
     TokenNames,
     chat_logprobs,
     completion_logprobs,
+    envelope,
     speculative_decoding,
     usage,
 )
@@ -49,6 +54,24 @@ def test_completion_logprobs_and_token_ids_without_a_tokenizer():
         "top_logprobs": [{"token_id:7": -0.5, "token_id:3": -1.5}, {"token_id:9": -0.1}],
         "text_offset": [4, 4 + len("token_id:7")],
     }
+
+
+def test_logprobs_that_are_not_numbers_json_takes_are_sent_within_its_range():
+    odd = [TokenLogprobs(1, math.nan, (1, 2), (math.inf, -math.inf))]
+    chat = chat_logprobs(odd, TokenNames(None))
+    completion = completion_logprobs(odd, TokenNames(None), 0)
+    assert [chat["content"][0]["logprob"], *(t["logprob"] for t in chat["content"][0]["top_logprobs"])] == [-9999.0, 0.0, -9999.0]
+    assert completion["token_logprobs"] == [-9999.0]
+    json.dumps([chat, completion], allow_nan=False)  # raises on NaN or an infinity
+
+
+def test_every_chunk_of_a_request_carries_its_head():
+    shape, head = ChatShape(TokenNames(None), False), Head("chatcmpl-1", 1700000000, "m")
+    chunks = [envelope(shape, head, [shape.opening(0)], True), envelope(shape, head, [], True, {"total_tokens": 1})]
+    assert {(c["id"], c["created"], c["model"], c["object"]) for c in chunks} == {
+        ("chatcmpl-1", 1700000000, "m", "chat.completion.chunk")
+    }
+    assert "usage" not in chunks[0] and chunks[1]["usage"] == {"total_tokens": 1}
 
 
 def pair(drafter: str, steps: list[tuple[int, int]]) -> PairStats:

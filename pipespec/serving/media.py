@@ -12,15 +12,20 @@ The image itself is decoded by the front door (pipespec.images), within the conf
 
 from __future__ import annotations
 
+import reprlib
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 REMOTE = ("http://", "https://")
 
 
-def media_image(url: str, allowed: Path | None) -> str | Path:
-    """`url` of an `image_url` part -> what the front door may read: the data URL itself, or the
-    resolved path of a file under `allowed`. Raises ValueError naming the URL or path refused."""
+def media_image(url: Any, allowed: Path | None) -> str | Path:
+    """`url` of an `image_url` part (the image pipespec.chat.conversation found) -> what the front door
+    may read: the data URL itself, or the resolved path of a file under `allowed`. Raises ValueError
+    naming the URL or path refused."""
+    if not isinstance(url, str):
+        raise ValueError(f"an image is given as an image_url's url (a data URL or a file path), got {reprlib.repr(url)}")
     if url.startswith("data:"):
         return url
     if url.lower().startswith(REMOTE):

@@ -1,16 +1,21 @@
 """Errors of the OpenAI-compatible server, in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 
-400 for a bad value, naming it: a body that is not JSON, a field of the wrong type, an unknown field
-(by name), and every refusal of the front door (a value out of range, an image that does not decode,
-a prompt too long, a file outside the allowed directory). 413 for a body over the size the limits allow
-(pipespec.serving.body_limit). 404 for a model or path not served, 503
-while the pipeline is not ready (`Serving.trouble()`), 500 only for a bug (logged with its traceback).
+400 for a bad value, naming it (the field in `param`, by the name the request gave it): a body that
+is not JSON, a field of the wrong type, an unknown field (by name), and every refusal of the front
+door (a value out of range, an image that does not decode, a prompt too long, a file outside the
+allowed directory). 413 for a body over the size the limits allow (pipespec.serving.body_limit). 429
+for a client over `limits.requests_per_client` requests in flight (pipespec.serving.in_flight). 404 for
+a model or path not served, 503 while the pipeline refuses requests (`Serving.refusal()`), 500 only
+for a bug: logged with its traceback under a short id, which the answer names (and nothing else of it).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import reprlib
+import secrets
+from collections.abc import Collection, Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,6 +28,7 @@ TYPES = {
     400: "invalid_request_error",
     404: "not_found_error",
     413: "invalid_request_error",
+    429: "rate_limit_error",
     503: "service_unavailable_error",
     500: "server_error",
 }
@@ -55,13 +61,25 @@ def install_error_handlers(app: FastAPI) -> None:
         return ApiError(error.status_code, str(error.detail)).response()
 
     async def bug(request: Request, error: Exception) -> JSONResponse:
-        log.error("bug while serving %s %s", request.method, request.url.path, exc_info=error)
-        return ApiError(500, f"internal error: {type(error).__name__}: {error}").response()
+        incident = secrets.token_hex(4)
+        log.error("bug %s while serving %s %s", incident, request.method, request.url.path, exc_info=error)
+        return ApiError(500, f"internal error {incident} (the server's log has it)").response()
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(Exception, bug)
+
+
+def bad_value(message: str, renamed: Mapping[str, str], fields: Collection[str]) -> ApiError:
+    """The front door's refusal as a 400: its names of fields as the request named them (`renamed`:
+    GenerateArgs' name -> the request's; a config limit, `limits.<name>`, keeps its name), and the
+    first of the request's `fields` it names (`stop[0]`, `messages[1].role`) as `param`."""
+    for ours, theirs in renamed.items():
+        message = re.sub(rf"(?<![\w.]){ours}\b", theirs, message)
+    named = (m.group(0) for m in re.finditer(r"(?<![\w.'])[a-z_]+(?:\[\d+\]|\.[a-z_]+)*", message))
+    param = next((name for name in named if re.split(r"[\[.]", name)[0] in fields), None)
+    return ApiError(400, message, param)
 
 
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:

@@ -2,11 +2,12 @@
 
 `ChoiceTally` adds up one choice's deltas. A `Shape` (`ChatShape` for /v1/chat/completions,
 `CompletionShape` for /v1/completions) says how a choice looks streamed (`opening`, `piece`,
-`finish`) and whole (`choice`); `envelope` wraps choices into a response or chunk.
+`finish`) and whole (`choice`); `envelope` wraps choices into a response or chunk under the request's
+`Head` (its id, `created` and model: the same on every chunk of a request).
 
 Logprobs come as the target computed them (pipespec.logprobs.TokenLogprobs), each token named by the
-tokenizer's decoding of its id alone (`token_id:N` without a tokenizer); -inf is sent as -9999.0, as
-vLLM does, since JSON has no infinity. Chat: `{"content": [{token, logprob, bytes, top_logprobs}]}`;
+tokenizer's decoding of its id alone (`token_id:N` without a tokenizer); -inf (and NaN) is sent as
+-9999.0, as vLLM does, and anything above 0 as 0, so that the JSON is valid (it has no infinity). Chat: `{"content": [{token, logprob, bytes, top_logprobs}]}`;
 completions: `{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}`.
 
 `usage` holds `prompt_tokens`, `completion_tokens` (the tokens streamed, over every choice) and
@@ -21,7 +22,7 @@ Summed over requests, the blocks equal the `/metrics` counters' increase (pipesp
 
 from __future__ import annotations
 
-import time
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -68,7 +69,8 @@ class TokenNames:
 
 
 def _logprob(value: float) -> float:
-    return max(value, FLOOR)
+    """A logprob JSON can carry: in [FLOOR, 0], NaN as FLOOR."""
+    return FLOOR if math.isnan(value) else min(max(value, FLOOR), 0.0)
 
 
 def chat_logprobs(entries: Sequence[TokenLogprobs], names: TokenNames) -> dict:
@@ -164,12 +166,21 @@ class CompletionShape:
         }
 
 
-def envelope(shape: Shape, request_id: str, model: str, choices: list[dict], chunk: bool, usage: dict | None = None) -> dict:
+@dataclass(frozen=True)
+class Head:
+    """What every chunk of one request's answer carries the same."""
+
+    id: str
+    created: int  # seconds since the epoch, when the request was admitted
+    model: str
+
+
+def envelope(shape: Shape, head: Head, choices: list[dict], chunk: bool, usage: dict | None = None) -> dict:
     out = {
-        "id": request_id,
+        "id": head.id,
         "object": shape.chunk_object if chunk else shape.object,
-        "created": int(time.time()),
-        "model": model,
+        "created": head.created,
+        "model": head.model,
         "choices": choices,
     }
     if usage is not None:

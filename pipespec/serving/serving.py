@@ -5,26 +5,34 @@
         ...
 
 `admit` validates a request at the front door off the event loop (an image runs through the
-processor); `stream` runs it on the coordinator and records it in the metrics (time to first token,
-inter-token latency, end-to-end latency, running requests, finish reasons, speculative-decoding
-counters per drafter and verifier pair). `trouble()` is None when every stage is linked and
-answering, else why not: readiness for `/health` and grpc.health.v1. Runs on the coordinator's
-event loop; torch-free.
+processor); `admit_choices` does it once for several choices of one request (OpenAI's `n`), each
+its own request with its own seed. `stream` runs a request on the coordinator and records it in the
+metrics (time to first token, inter-token latency, end-to-end latency, running requests, finish
+reasons, speculative-decoding counters per drafter and verifier pair).
+
+Two questions with two answers: `trouble()` is None when every stage is linked and answering, else
+why not: readiness for `/health` and grpc.health.v1 (a lost drafter shows there). `refusal()` is
+None while new requests are served, else why not: the stages not linked yet, or the target lost (the
+coordinator's own rule, `Coordinator.refusal`); a lost drafter costs speed only, so it refuses
+nothing. Runs on the coordinator's event loop; torch-free.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from pipespec.coordinator import Coordinator
-from pipespec.frontdoor import FrontDoor
+from pipespec.frontdoor import FrontDoor, new_request_id
 from pipespec.generate_args import GenerateArgs
 from pipespec.messages import RequestSpec
 from pipespec.outputs import Delta
 from pipespec.serving.metrics import Metrics
+
+NOT_LINKED = "the stages are not linked yet"
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,13 @@ class Serving:
         spec, stop = await asyncio.to_thread(self.front_door.request, args)
         return Admitted(spec, stop, arrived)
 
+    async def admit_choices(self, args: GenerateArgs, seeds: Sequence[int]) -> list[Admitted]:
+        """`args` admitted once (its image decoded and processed once) as `len(seeds)` choices: choice i
+        its own request (a fresh id) seeded `seeds[i]`. Raises ValueError as `admit` does, or naming a
+        seed out of range."""
+        first = await self.admit(dataclasses.replace(args, seed=seeds[0]))
+        return [first, *(_choice(first, seed) for seed in seeds[1:])]
+
     async def stream(self, admitted: Admitted) -> AsyncIterator[Delta]:
         """Run an admitted request: its deltas as the target commits them; closing early aborts it."""
         record = self.metrics.request(len(admitted.spec.prompt_token_ids), admitted.arrived)
@@ -66,7 +81,19 @@ class Serving:
             record.close()
 
     def trouble(self) -> str | None:
-        """None when every stage is linked and answering; else why not."""
+        """None when every stage is linked and answering; else why not (readiness)."""
         if not self.coordinator.stages:
-            return "the stages are not linked yet"
+            return NOT_LINKED
         return self.coordinator.trouble()
+
+    def refusal(self) -> str | None:
+        """None while new requests are served; else why not (not linked yet, the target lost)."""
+        if not self.coordinator.stages:
+            return NOT_LINKED
+        return self.coordinator.refusal()
+
+
+def _choice(first: Admitted, seed: int) -> Admitted:
+    """Another choice of `first`'s request: the same admitted prompt, its own id and seed."""
+    params = dataclasses.replace(first.spec.params, seed=seed)  # SamplingParams checks the seed's range
+    return dataclasses.replace(first, spec=dataclasses.replace(first.spec, request_id=new_request_id(), params=params))
