@@ -66,6 +66,9 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: dict) -> S
                 if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
+                if "error" in chunk:  # the request failed mid-stream: not a success
+                    sample.error = f"stream error: {chunk['error'].get('message')}"
+                    break
                 if chunk.get("usage"):
                     sample.output_tokens = chunk["usage"]["completion_tokens"]
                 content = "".join((c.get("delta") or {}).get("content") or "" for c in chunk.get("choices", []))

@@ -117,15 +117,20 @@ def generate(args: argparse.Namespace) -> int:
             request["image"] = image_bytes(args.image)[0]  # read once, named if it is missing
     except ValueError as e:
         return _fail("generate", e)
+    logprobs = []
     with Client(args.address) as client:
         try:
             for last in client.stream(**request):  # the last delta: the finish reason and the statistics
                 print(_printable(last.text), end="", flush=True)
+                logprobs.extend(last.logprobs)
         except GenerationError as e:  # refused by the server's front door, failed there, or not reached
             print()
             print(f"pipespec generate: {e}", file=sys.stderr)
             return 1
     print()
+    for i, lp in enumerate(logprobs):  # asked for with --logprobs: one line per token on stderr
+        top = " ".join(f"{t}:{v:.4f}" for t, v in lp.top)
+        print(f"[{i}] token {lp.token} logprob {lp.logprob:.4f}" + (f" top {top}" if top else ""), file=sys.stderr)
     pairs = ", ".join(f"{p.drafter}->{p.verifier} {p.mean_acceptance_length:.2f}" for p in last.stats.pairs)
     print(f"[{last.finish_reason}; {last.stats.generated_tokens} tokens; mean acceptance length {pairs or '-'}]", file=sys.stderr)
     return 0
@@ -214,7 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--top-k", type=int)
     g.add_argument("--seed", type=int)
     g.add_argument("--stop", action="append", help="a stop string (repeatable)")
-    g.add_argument("--logprobs", type=int, metavar="K", help="ask for each token's logprob and its K top alternatives")
+    g.add_argument(
+        "--logprobs",
+        type=int,
+        metavar="K",
+        help="print each token's logprob and its K top alternatives (stderr, one line a token)",
+    )
     add_log_level(g)
     g.set_defaults(run=generate)
     p = sub.add_parser("plan", help="profile a config's stages and recommend the chain and lookaheads to use")

@@ -316,9 +316,13 @@ def test_the_command_line_sends_a_system_message_before_the_prompt(demo_alone, t
         prompt = ["--prompt", CHAT[1]["content"][1]["text"], "--image", str(path), "--max-new-tokens", str(TOKENS)]
         assert cli(["generate", "--address", f"127.0.0.1:{port}", "--system", CHAT[0]["content"], *prompt]) == 0
         assert capsys.readouterr().out == _printable(expected) + "\n"
-        assert cli(["generate", "--address", f"127.0.0.1:{port}", *prompt, "--logprobs", "2"]) == 0  # asked for, not printed
-        alone = demo_alone.generate(CHAT[1]["content"][1]["text"], image=picture(), max_new_tokens=TOKENS).text
-        assert capsys.readouterr().out == _printable(alone) + "\n"
+        assert cli(["generate", "--address", f"127.0.0.1:{port}", *prompt, "--logprobs", "2"]) == 0
+        alone = demo_alone.generate(CHAT[1]["content"][1]["text"], image=picture(), max_new_tokens=TOKENS, logprobs=2)
+        printed = capsys.readouterr()
+        assert printed.out == _printable(alone.text) + "\n"
+        lines = [line for line in printed.err.splitlines() if " logprob " in line]  # one a token, on stderr
+        assert len(lines) == len(alone.token_ids) and lines[0].startswith(f"[0] token {alone.token_ids[0]} logprob ")
+        assert lines[0].count(":") == 2  # the 2 top alternatives
     finally:
         asyncio.run_coroutine_threadsafe(server.stop(grace=None), demo_alone.loop).result()
 

@@ -243,8 +243,7 @@ class StageService(pb_grpc.StageServicer):
 
     async def Health(self, request, context) -> pb.HealthReply:
         await self._admit(context, "health")
-        trouble = self.runner.trouble()
-        status = health_status(trouble)
+        status = health_status(self.trouble())  # the readiness grpc.health.v1 answers with
         return pb.HealthReply(name=self.runner.name, status=status, requests=len(self.runner.requests))
 
     async def stop(self) -> None:
