@@ -17,7 +17,8 @@ defaults.
 
 A request that fails raises `GenerationError`, from `stream` after the deltas committed before it,
 with the message `LocalPipeline` gives: what the Client can see itself (a bad type or range, a
-missing image file: `GenerateArgs.checked()`) before anything is sent, what needs the pipeline (its
+missing image file: `GenerateArgs.checked()`) before anything is sent, as `RequestRefused` (also a
+ValueError), what needs the pipeline (its
 limits, its tokenizer) from the server's front door, and a coordinator that cannot be reached or
 is lost, naming its address. A loop over `stream` never ends without a finish reason or an error.
 
@@ -34,7 +35,7 @@ from typing import Any
 
 from pipespec.generate_args import GenerateArgs
 from pipespec.images import image_bytes
-from pipespec.outputs import Delta, Generation, GenerationError
+from pipespec.outputs import Delta, Generation, RequestRefused
 
 
 class Client:
@@ -48,12 +49,12 @@ class Client:
 
     @staticmethod
     def _args(prompt: str | None, **kwargs: Any) -> GenerateArgs:
-        """The request's keywords checked, the image encoded; a GenerationError naming a bad value."""
+        """The request's keywords checked, the image encoded; a RequestRefused naming a bad value."""
         try:
             args = GenerateArgs(prompt, **kwargs).checked()
             return replace(args, image=image_bytes(args.image)[0]) if args.image is not None else args
         except ValueError as e:
-            raise GenerationError(str(e)) from None
+            raise RequestRefused(str(e)) from None
 
     def stream(self, prompt: str | None = None, **kwargs: Any) -> Iterator[Delta]:
         """Yield deltas as they are committed; keywords as in `GenerateArgs`."""

@@ -10,7 +10,13 @@ from pipespec.stats import RequestStats
 
 
 class GenerationError(RuntimeError):
-    """A request ended with an error inside the pipeline (the message names the stage)."""
+    """A request failed: refused (a bad value, a limit), failed inside the pipeline (the message names
+    the stage), or the coordinator could not be reached (the message names its address)."""
+
+
+class RequestRefused(GenerationError, ValueError):
+    """A request refused for a value the caller gave, before anything was sent: a GenerationError like
+    every failure of a Client's request, and a ValueError like LocalPipeline's refusal of it."""
 
 
 @dataclass(frozen=True)

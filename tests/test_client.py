@@ -217,6 +217,8 @@ def test_a_value_the_client_refuses_raises_before_anything_is_sent(served):
 
         with pytest.raises(GenerationError, match="max_new_tokens must be a positive integer, got 0"):
             asyncio.run(astream())
+        with pytest.raises(ValueError, match="top_p"):  # a refusal is a ValueError too, as LocalPipeline's is
+            client.generate(prompt_token_ids=[1, 2], top_p=2.0)
     assert len(served.service.requests) == sent
 
 
