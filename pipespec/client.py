@@ -18,9 +18,8 @@ defaults.
 A request that fails raises `GenerationError`, from `stream` after the deltas committed before it,
 with the message `LocalPipeline` gives: what the Client can see itself (a bad type or range, a
 missing image file: `GenerateArgs.checked()`) before anything is sent, as `RequestRefused` (also a
-ValueError), what needs the pipeline (its
-limits, its tokenizer) from the server's front door, and a coordinator that cannot be reached or
-is lost, naming its address. A loop over `stream` never ends without a finish reason or an error.
+ValueError), what needs the pipeline (its limits, its tokenizer) from the server's front door, and
+a coordinator that cannot be reached or is lost, naming its address. A loop over `stream` never ends without a finish reason or an error.
 
 A Client holds one gRPC channel (one connection), made on its first request and reused by every
 request after it, from any thread; `astream` holds one per event loop. `close()` (`aclose()` in
