@@ -83,8 +83,8 @@ def test_health_reports_open_requests():
             await server.stop(grace=None)
         return reply
 
-    reply = asyncio.run(check())
-    assert (reply.name, reply.status, reply.requests) == ("m0", "serving", 0)
+    reply = asyncio.run(check())  # a lone runner: served, but no coordinator stream attached
+    assert (reply.name, reply.status, reply.requests) == ("m0", "not_serving: stage 'm0': its coordinator not linked", 0)
 
 
 # ---- the streams themselves, against a stand-in endpoint (tests.fixtures.recorder) --------------------
