@@ -20,7 +20,9 @@ acceptance, the median tokens per second of each side and their median ratio, an
 `generate` sends the prompt as the user's message, after `--system`'s when given. It refuses a bad
 value with one line on stderr: exit 2 when this side sees it (a value out of range, a missing image
 file: nothing is sent), exit 1 when the server refuses it (one of its pipeline's limits), the request
-fails there or the server cannot be reached. The messages are `LocalPipeline`'s.
+fails there or the server cannot be reached. The messages are `LocalPipeline`'s. With `--logprobs K`,
+each generated token's logprob and its K most likely alternatives follow the answer on stderr, one
+line per token (token id, logprob, then id:logprob for each alternative; tab-separated).
 
 `plan` profiles each stage's forward latency and each pair's acceptance on a few prompts, in this
 process, and recommends which stages to use, their placement on the devices and each drafter's
@@ -34,6 +36,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from pipespec.logprobs import TokenLogprobs
 
 
 def _printable(text: str) -> str:
@@ -117,18 +121,32 @@ def generate(args: argparse.Namespace) -> int:
             request["image"] = image_bytes(args.image)[0]  # read once, named if it is missing
     except ValueError as e:
         return _fail("generate", e)
+    logprobs: list[TokenLogprobs] = []
     with Client(args.address) as client:
         try:
             for last in client.stream(**request):  # the last delta: the finish reason and the statistics
                 print(_printable(last.text), end="", flush=True)
+                logprobs.extend(last.logprobs)
         except GenerationError as e:  # refused by the server's front door, failed there, or not reached
             print()
             print(f"pipespec generate: {e}", file=sys.stderr)
             return 1
     print()
+    for line in _logprob_lines(logprobs):
+        print(line, file=sys.stderr)
     pairs = ", ".join(f"{p.drafter}->{p.verifier} {p.mean_acceptance_length:.2f}" for p in last.stats.pairs)
     print(f"[{last.finish_reason}; {last.stats.generated_tokens} tokens; mean acceptance length {pairs or '-'}]", file=sys.stderr)
     return 0
+
+
+def _logprob_lines(logprobs: list[TokenLogprobs]) -> list[str]:
+    """`--logprobs K`'s table, one line per generated token: its id, its logprob, then the K most likely
+    ids with theirs (id:logprob, most likely first), tab-separated, under a header; nothing if not asked.
+    Ids, not text: the wire carries each token's id and logprobs, and a delta's text as a whole."""
+    if not logprobs:
+        return []
+    rows = (f"{t.token}\t{t.logprob:.6f}\t" + " ".join(f"{i}:{p:.6f}" for i, p in t.top) for t in logprobs)
+    return ["token\tlogprob\ttop", *rows]
 
 
 def plan(args: argparse.Namespace) -> int:

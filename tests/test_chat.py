@@ -301,9 +301,17 @@ def test_the_command_line_sends_a_system_message_before_the_prompt(demo_alone, t
         prompt = ["--prompt", CHAT[1]["content"][1]["text"], "--image", str(path), "--max-new-tokens", str(TOKENS)]
         assert cli(["generate", "--address", f"127.0.0.1:{port}", "--system", CHAT[0]["content"], *prompt]) == 0
         assert capsys.readouterr().out == _printable(expected) + "\n"
-        assert cli(["generate", "--address", f"127.0.0.1:{port}", *prompt, "--logprobs", "2"]) == 0  # asked for, not printed
-        alone = demo_alone.generate(CHAT[1]["content"][1]["text"], image=picture(), max_new_tokens=TOKENS).text
-        assert capsys.readouterr().out == _printable(alone) + "\n"
+        assert cli(["generate", "--address", f"127.0.0.1:{port}", *prompt, "--logprobs", "2"]) == 0
+        alone = demo_alone.generate(CHAT[1]["content"][1]["text"], image=picture(), max_new_tokens=TOKENS, logprobs=2)
+        printed = capsys.readouterr()
+        assert printed.out == _printable(alone.text) + "\n"
+        header, *rows = printed.err.splitlines()[:-1]  # after the answer, before the summary line
+        assert header == "token\tlogprob\ttop" and len(rows) == len(alone.token_ids) == len(alone.logprobs)
+        for row, want in zip(rows, alone.logprobs):
+            token, logprob, top = row.split("\t")
+            tops = [(int(i), float(p)) for i, p in (pair.split(":") for pair in top.split(" "))]
+            assert int(token) == want.token and float(logprob) == pytest.approx(want.logprob, abs=1e-5)
+            assert [i for i, _ in tops] == list(want.top_ids) and [p for _, p in tops] == pytest.approx(want.top_logprobs, abs=1e-5)
     finally:
         asyncio.run_coroutine_threadsafe(server.stop(grace=None), demo_alone.loop).result()
 
