@@ -16,10 +16,12 @@ sent like `image=`) or `prompt_token_ids`; sampling values left as None take the
 defaults.
 
 A request that fails raises `GenerationError`, from `stream` after the deltas committed before it,
-with the message `LocalPipeline` gives: what the Client can see itself (a bad type or range, a
-missing image file: `GenerateArgs.checked()`) before anything is sent, what needs the pipeline (its
-limits, its tokenizer) from the server's front door, and a coordinator that cannot be reached or
-is lost, naming its address. A loop over `stream` never ends without a finish reason or an error.
+with the message `LocalPipeline` gives. A refused one raises its subclass `RequestRefused`, also a
+ValueError as `LocalPipeline`'s refusal is: what the Client can see itself (a bad type or range, a
+missing image file: `GenerateArgs.checked()`) before anything is sent, and what needs the pipeline
+(its limits, its tokenizer) from the server's front door. A failure inside the pipeline, and a
+coordinator that cannot be reached or is lost (naming its address), raise `GenerationError`. A loop
+over `stream` never ends without a finish reason or an error.
 
 A Client holds one gRPC channel (one connection), made on its first request and reused by every
 request after it, from any thread; `astream` holds one per event loop. `close()` (`aclose()` in
@@ -34,7 +36,7 @@ from typing import Any
 
 from pipespec.generate_args import GenerateArgs
 from pipespec.images import image_bytes
-from pipespec.outputs import Delta, Generation, GenerationError
+from pipespec.outputs import Delta, Generation, RequestRefused
 
 
 class Client:
@@ -48,12 +50,12 @@ class Client:
 
     @staticmethod
     def _args(prompt: str | None, **kwargs: Any) -> GenerateArgs:
-        """The request's keywords checked, the image encoded; a GenerationError naming a bad value."""
+        """The request's keywords checked, the image encoded; RequestRefused naming a bad value."""
         try:
             args = GenerateArgs(prompt, **kwargs).checked()
             return replace(args, image=image_bytes(args.image)[0]) if args.image is not None else args
         except ValueError as e:
-            raise GenerationError(str(e)) from None
+            raise RequestRefused(str(e)) from None
 
     def stream(self, prompt: str | None = None, **kwargs: Any) -> Iterator[Delta]:
         """Yield deltas as they are committed; keywords as in `GenerateArgs`."""

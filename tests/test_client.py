@@ -4,7 +4,8 @@ A `Client` holds one channel: many requests, from several threads, cross one con
 on the server side by `context.peer()`; `close()` and `with` close it; `astream` holds one per event
 loop. `stream` yields what was committed and then raises the same `GenerationError` as `generate`:
 a request that fails mid-stream, one refused by the Client's own checks (nothing is sent), and an
-address where nothing listens (naming it). A message's image part is sent as encoded bytes.
+address where nothing listens (naming it). A refusal, the Client's or the server's front door's, is
+a `RequestRefused`: a ValueError too, as `LocalPipeline`'s is. A message's image part is sent as encoded bytes.
 
 The server: a small mock pipeline (`LocalPipeline`) behind the coordinator's gRPC service on
 127.0.0.1, the service recording each `Generate`'s connection and request.
@@ -26,7 +27,7 @@ import grpc
 import pytest
 from PIL import Image
 
-from pipespec import Client, GenerationError, LocalPipeline, load_config
+from pipespec import Client, GenerationError, LocalPipeline, RequestRefused, load_config
 from pipespec.chat import IMAGE, ChatMessage, Part
 from pipespec.images import image_bytes
 from pipespec.protos import pipespec_pb2 as pb
@@ -218,6 +219,30 @@ def test_a_value_the_client_refuses_raises_before_anything_is_sent(served):
         with pytest.raises(GenerationError, match="max_new_tokens must be a positive integer, got 0"):
             asyncio.run(astream())
     assert len(served.service.requests) == sent
+
+
+def test_a_refusal_is_a_value_error_as_in_process_and_a_failure_is_not(served):
+    """RequestRefused, a GenerationError and a ValueError, for what the Client or the server's front door
+    refuses, with `LocalPipeline`'s message; a coordinator that cannot be reached is no refusal."""
+    over = dict(prompt_token_ids=[1, 2], max_new_tokens=9000)  # over limits.max_new_tokens: the front door's to see
+    with Client(served.address) as client:
+        with pytest.raises(ValueError, match=re.escape("temperature must be >= 0, got -1.0")) as here:
+            client.generate(prompt_token_ids=[1, 2], temperature=-1.0)
+        with pytest.raises(ValueError) as there:
+            list(client.stream(**over))
+
+        async def astream() -> None:
+            [d async for d in client.astream(**over)]
+
+        with pytest.raises(ValueError) as there_async:
+            asyncio.run(astream())
+    with pytest.raises(ValueError) as in_process:
+        served.pipe.generate(**over)
+    with Client(nowhere()) as client, pytest.raises(GenerationError) as unreachable:
+        client.generate(prompt_token_ids=[1, 2], max_new_tokens=4)
+    assert all(type(e.value) is RequestRefused for e in (here, there, there_async))
+    assert str(there.value) == str(there_async.value) == str(in_process.value) == "max_new_tokens 9000 is over limits.max_new_tokens (8192)"
+    assert not isinstance(unreachable.value, RequestRefused)
 
 
 def test_an_image_in_a_message_part_is_sent_as_encoded_bytes(served, tmp_path):
