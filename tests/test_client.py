@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import io
 import re
 import socket
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -170,6 +172,31 @@ def test_astream_holds_one_connection_per_event_loop(served, expected, channels)
     assert asyncio.run(answers_then_close()) == (expected, True)  # another loop: its own channel, closed on leaving
     assert len(channels["aio"]) == 2
     assert channels["sync"] == []
+
+
+def test_a_channel_whose_event_loop_ended_is_closed_once_another_loop_asks(served, expected, monkeypatch):
+    """Its loop is gone, so `close()` cannot be awaited on it: dropped, the channel closes itself (grpc's finalizer)."""
+    made: list[tuple[weakref.ref, object]] = []  # each aio channel, weakly, and its core channel (grpc's, private)
+    real = grpc.aio.insecure_channel
+
+    def recording(*args, **kwargs):
+        channel = real(*args, **kwargs)
+        made.append((weakref.ref(channel), channel._channel))
+        return channel
+
+    monkeypatch.setattr(grpc.aio, "insecure_channel", recording)
+    client = Client(served.address)
+
+    async def answer() -> list[int]:
+        return [t async for d in client.astream(**REQUESTS[0]) for t in d.token_ids]
+
+    assert asyncio.run(answer()) == expected[0]
+    assert made[0][0]() is not None and not made[0][1].closed()  # held while no other loop asks
+    assert asyncio.run(answer()) == expected[0]  # another loop: the ended one's channel is dropped
+    gc.collect()  # (none is needed today: nothing else holds it)
+    assert made[0][0]() is None and made[0][1].closed()
+    assert made[1][0]() is not None and not made[1][1].closed()
+    client.close()
 
 
 def test_a_failure_mid_stream_raises_after_the_committed_deltas():

@@ -50,7 +50,7 @@ class CoordinatorClient:
         loop = asyncio.get_running_loop()
         with self._lock:
             for gone in [other for other in self._aio if other.is_closed()]:
-                del self._aio[gone]  # its loop is over, and its channel with it
+                del self._aio[gone]  # its loop is over: dropped, its channel closes itself (see `close`)
             if loop not in self._aio:
                 log.debug("opened a channel to the coordinator at %s for event loop %x", self.address, id(loop))
                 self._aio[loop] = grpc.aio.insecure_channel(self.address, options=OPTIONS)
@@ -91,7 +91,10 @@ class CoordinatorClient:
 
     def close(self) -> None:
         """Close the channel, and each event loop's aio channel: on its loop if that loop runs (in this
-        thread or another), else it is dropped (its loop is over)."""
+        thread or another), else by dropping it. An aio channel's `close()` is a coroutine for its own
+        loop, which cannot be awaited once that loop is over; dropped, the channel is collected at once
+        (nothing else holds it) and grpc's finalizer (`grpc.aio.Channel.__del__`) destroys its core
+        channel, which needs no loop. `_aio_stub` drops those of ended loops the same way."""
         with self._lock:
             channel, self._channel = self._channel, None
             aio, self._aio = self._aio, {}
