@@ -13,7 +13,17 @@ from pipespec.outputs import Delta, Generation, GenerationError, RequestRefused
 if TYPE_CHECKING:
     from pipespec.local import LocalPipeline
 
-__all__ = ["Client", "ConfigError", "Delta", "Generation", "GenerationError", "LocalPipeline", "PipelineConfig", "RequestRefused", "load_config"]
+__all__ = [
+    "Client",
+    "ConfigError",
+    "Delta",
+    "Generation",
+    "GenerationError",
+    "LocalPipeline",
+    "PipelineConfig",
+    "RequestRefused",
+    "load_config",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -311,7 +311,8 @@ def test_the_command_line_sends_a_system_message_before_the_prompt(demo_alone, t
             token, logprob, top = row.split("\t")
             tops = [(int(i), float(p)) for i, p in (pair.split(":") for pair in top.split(" "))]
             assert int(token) == want.token and float(logprob) == pytest.approx(want.logprob, abs=1e-5)
-            assert [i for i, _ in tops] == list(want.top_ids) and [p for _, p in tops] == pytest.approx(want.top_logprobs, abs=1e-5)
+            assert [i for i, _ in tops] == list(want.top_ids)
+            assert [p for _, p in tops] == pytest.approx(want.top_logprobs, abs=1e-5)
     finally:
         asyncio.run_coroutine_threadsafe(server.stop(grace=None), demo_alone.loop).result()
 

@@ -268,7 +268,8 @@ def test_a_refusal_is_a_value_error_as_in_process_and_a_failure_is_not(served):
     with Client(nowhere()) as client, pytest.raises(GenerationError) as unreachable:
         client.generate(prompt_token_ids=[1, 2], max_new_tokens=4)
     assert all(type(e.value) is RequestRefused for e in (here, there, there_async))
-    assert str(there.value) == str(there_async.value) == str(in_process.value) == "max_new_tokens 9000 is over limits.max_new_tokens (8192)"
+    why = "max_new_tokens 9000 is over limits.max_new_tokens (8192)"
+    assert str(there.value) == str(there_async.value) == str(in_process.value) == why
     assert not isinstance(unreachable.value, RequestRefused)
 
 
