@@ -14,7 +14,8 @@ figures `vllm bench serve` prints, with its definitions:
 
 each as mean, median and p99 (milliseconds), with the output token throughput over the whole run.
 Output tokens are the server's `usage.completion_tokens` (the request asks for
-`stream_options.include_usage`). Uses aiohttp, not the server's own client code.
+`stream_options.include_usage`). A request counts only if its stream ends with `data: [DONE]` and
+no error event (`record_line` reads each line). Uses aiohttp, not the server's own client code.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Sample:
     e2el: float = 0.0
     output_tokens: int = 0
     text: str = ""
+    done: bool = False  # the stream's `data: [DONE]` came
     error: str | None = None
 
     @property
@@ -51,8 +53,32 @@ class Sample:
         return (self.e2el - self.ttft) / (self.output_tokens - 1)
 
 
+def record_line(sample: Sample, line: bytes, at: float) -> None:
+    """Record one line of a streamed chat completion's server-sent events in `sample`, the line having
+    arrived `at` seconds after the send: a content chunk's time and text, the usage's token count,
+    `data: [DONE]` as `sample.done`, an error event (`data: {"error": {...}}`) as `sample.error`."""
+    line = line.strip()
+    if not line.startswith(b"data: "):
+        return
+    if line == b"data: [DONE]":
+        sample.done = True
+        return
+    chunk = json.loads(line[6:])
+    if (error := chunk.get("error")) is not None:
+        sample.error = f"error event: {error.get('message', error) if isinstance(error, dict) else error}"
+        return
+    if chunk.get("usage"):
+        sample.output_tokens = chunk["usage"]["completion_tokens"]
+    content = "".join((c.get("delta") or {}).get("content") or "" for c in chunk.get("choices", []))
+    if content:
+        sample.ttft = at if sample.ttft is None else sample.ttft
+        sample.chunk_times.append(at)
+        sample.text += content
+
+
 async def one_request(session: aiohttp.ClientSession, url: str, body: dict) -> Sample:
-    """Stream one chat completion; a failure is recorded in the sample, never raised."""
+    """Stream one chat completion; a failure is recorded in the sample, never raised: an HTTP error, an
+    error event mid-stream (the stream is left there), a stream that ends without `data: [DONE]`."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     sample = Sample()
     sent = time.perf_counter()
@@ -62,21 +88,11 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: dict) -> S
                 sample.error = f"HTTP {response.status}: {(await response.text())[:300]}"
                 return sample
             async for line in response.content:
-                line = line.strip()
-                if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:  # the request failed mid-stream: not a success
-                    sample.error = f"stream error: {chunk['error'].get('message')}"
+                record_line(sample, line, time.perf_counter() - sent)
+                if sample.error is not None:
                     break
-                if chunk.get("usage"):
-                    sample.output_tokens = chunk["usage"]["completion_tokens"]
-                content = "".join((c.get("delta") or {}).get("content") or "" for c in chunk.get("choices", []))
-                if content:
-                    now = time.perf_counter() - sent
-                    sample.ttft = now if sample.ttft is None else sample.ttft
-                    sample.chunk_times.append(now)
-                    sample.text += content
+        if sample.error is None and not sample.done:
+            sample.error = "the stream ended without data: [DONE]"
     except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as e:
         sample.error = f"{type(e).__name__}: {e}"
     sample.e2el = time.perf_counter() - sent

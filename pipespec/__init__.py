@@ -8,12 +8,22 @@ from typing import TYPE_CHECKING, Any
 
 from pipespec.client import Client
 from pipespec.config import ConfigError, PipelineConfig, load_config
-from pipespec.outputs import Delta, Generation, GenerationError
+from pipespec.outputs import Delta, Generation, GenerationError, RequestRefused
 
 if TYPE_CHECKING:
     from pipespec.local import LocalPipeline
 
-__all__ = ["Client", "ConfigError", "Delta", "Generation", "GenerationError", "LocalPipeline", "PipelineConfig", "load_config"]
+__all__ = [
+    "Client",
+    "ConfigError",
+    "Delta",
+    "Generation",
+    "GenerationError",
+    "LocalPipeline",
+    "PipelineConfig",
+    "RequestRefused",
+    "load_config",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -20,7 +20,9 @@ acceptance, the median tokens per second of each side and their median ratio, an
 `generate` sends the prompt as the user's message, after `--system`'s when given. It refuses a bad
 value with one line on stderr: exit 2 when this side sees it (a value out of range, a missing image
 file: nothing is sent), exit 1 when the server refuses it (one of its pipeline's limits), the request
-fails there or the server cannot be reached. The messages are `LocalPipeline`'s.
+fails there or the server cannot be reached. The messages are `LocalPipeline`'s. With `--logprobs K`,
+each generated token's logprob and its K most likely alternatives follow the answer on stderr, one
+line per token (token id, logprob, then id:logprob for each alternative; tab-separated).
 
 `plan` profiles each stage's forward latency and each pair's acceptance on a few prompts, in this
 process, and recommends which stages to use, their placement on the devices and each drafter's
@@ -34,6 +36,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from pipespec.logprobs import TokenLogprobs
 
 
 def _printable(text: str) -> str:
@@ -117,7 +121,7 @@ def generate(args: argparse.Namespace) -> int:
             request["image"] = image_bytes(args.image)[0]  # read once, named if it is missing
     except ValueError as e:
         return _fail("generate", e)
-    logprobs = []
+    logprobs: list[TokenLogprobs] = []
     with Client(args.address) as client:
         try:
             for last in client.stream(**request):  # the last delta: the finish reason and the statistics
@@ -128,12 +132,21 @@ def generate(args: argparse.Namespace) -> int:
             print(f"pipespec generate: {e}", file=sys.stderr)
             return 1
     print()
-    for i, lp in enumerate(logprobs):  # asked for with --logprobs: one line per token on stderr
-        top = " ".join(f"{t}:{v:.4f}" for t, v in lp.top)
-        print(f"[{i}] token {lp.token} logprob {lp.logprob:.4f}" + (f" top {top}" if top else ""), file=sys.stderr)
+    for line in _logprob_lines(logprobs):
+        print(line, file=sys.stderr)
     pairs = ", ".join(f"{p.drafter}->{p.verifier} {p.mean_acceptance_length:.2f}" for p in last.stats.pairs)
     print(f"[{last.finish_reason}; {last.stats.generated_tokens} tokens; mean acceptance length {pairs or '-'}]", file=sys.stderr)
     return 0
+
+
+def _logprob_lines(logprobs: list[TokenLogprobs]) -> list[str]:
+    """`--logprobs K`'s table, one line per generated token: its id, its logprob, then the K most likely
+    ids with theirs (id:logprob, most likely first), tab-separated, under a header; nothing if not asked.
+    Ids, not text: the wire carries each token's id and logprobs, and a delta's text as a whole."""
+    if not logprobs:
+        return []
+    rows = (f"{t.token}\t{t.logprob:.6f}\t" + " ".join(f"{i}:{p:.6f}" for i, p in t.top) for t in logprobs)
+    return ["token\tlogprob\ttop", *rows]
 
 
 def plan(args: argparse.Namespace) -> int:
@@ -219,12 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--top-k", type=int)
     g.add_argument("--seed", type=int)
     g.add_argument("--stop", action="append", help="a stop string (repeatable)")
-    g.add_argument(
-        "--logprobs",
-        type=int,
-        metavar="K",
-        help="print each token's logprob and its K top alternatives (stderr, one line a token)",
-    )
+    g.add_argument("--logprobs", type=int, metavar="K", help="ask for each token's logprob and its K top alternatives")
     add_log_level(g)
     g.set_defaults(run=generate)
     p = sub.add_parser("plan", help="profile a config's stages and recommend the chain and lookaheads to use")

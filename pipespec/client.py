@@ -16,10 +16,12 @@ sent like `image=`) or `prompt_token_ids`; sampling values left as None take the
 defaults.
 
 A request that fails raises `GenerationError`, from `stream` after the deltas committed before it,
-with the message `LocalPipeline` gives: what the Client can see itself (a bad type or range, a
-missing image file: `GenerateArgs.checked()`) before anything is sent, as `RequestRefused` (also a
-ValueError), what needs the pipeline (its limits, its tokenizer) from the server's front door, and
-a coordinator that cannot be reached or is lost, naming its address. A loop over `stream` never ends without a finish reason or an error.
+with the message `LocalPipeline` gives. A refused one raises its subclass `RequestRefused`, also a
+ValueError as `LocalPipeline`'s refusal is: what the Client can see itself (a bad type or range, a
+missing image file: `GenerateArgs.checked()`) before anything is sent, and what needs the pipeline
+(its limits, its tokenizer) from the server's front door. A failure inside the pipeline, and a
+coordinator that cannot be reached or is lost (naming its address), raise `GenerationError`. A loop
+over `stream` never ends without a finish reason or an error.
 
 A Client holds one gRPC channel (one connection), made on its first request and reused by every
 request after it, from any thread; `astream` holds one per event loop. `close()` (`aclose()` in
@@ -48,7 +50,7 @@ class Client:
 
     @staticmethod
     def _args(prompt: str | None, **kwargs: Any) -> GenerateArgs:
-        """The request's keywords checked, the image encoded; a RequestRefused naming a bad value."""
+        """The request's keywords checked, the image encoded; RequestRefused naming a bad value."""
         try:
             args = GenerateArgs(prompt, **kwargs).checked()
             return replace(args, image=image_bytes(args.image)[0]) if args.image is not None else args

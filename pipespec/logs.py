@@ -10,14 +10,17 @@ logger, whose records go to stderr. When `PIPESPEC_LOGGING_CONFIG` names a file 
 the form `logging.config.dictConfig` takes) that file configures logging instead, and a file that
 does not load is a `LoggingConfigError` naming it.
 
-Ray actors run in processes of their own: `actor_env()` is what to put in their `runtime_env`
-env_vars (the level as `PIPESPEC_LOG_LEVEL`, the config file as an absolute path), and each actor
-calls `setup_logging()`, which reads them.
+Ray actors run in processes of their own, possibly on other nodes where the file is not:
+`actor_env()` is what to put in their `runtime_env` env_vars (the level as `PIPESPEC_LOG_LEVEL`, or
+the config file's content, parsed, as JSON in `PIPESPEC_LOGGING_CONFIG_JSON`), and each actor calls
+`setup_logging()`, which reads them. The config travels, not the files it names: a handler's
+`filename` is opened on the actor's own node.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import logging.config
 import os
@@ -28,6 +31,7 @@ import yaml
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_LEVEL = "WARNING"  # Python's own
 CONFIG_ENV = "PIPESPEC_LOGGING_CONFIG"
+CONFIG_JSON_ENV = "PIPESPEC_LOGGING_CONFIG_JSON"  # the file's content, as the launcher hands it to its actors
 LEVEL_ENV = "PIPESPEC_LOG_LEVEL"
 FORMAT = "%(levelname)s %(name)s: %(message)s"
 
@@ -48,26 +52,43 @@ def add_log_level(parser: argparse.ArgumentParser, default: str = DEFAULT_LEVEL)
 
 
 def setup_logging(level: str | None = None, fmt: str = FORMAT) -> None:
-    """Configure this process's logging: from the file `$PIPESPEC_LOGGING_CONFIG` names, else records
-    at `level` and above (None: `$PIPESPEC_LOG_LEVEL`, else WARNING) to stderr, in `fmt`. Raises
-    LoggingConfigError for a config file that does not load."""
-    path = os.environ.get(CONFIG_ENV)
-    if path:
-        apply_config_file(path)
+    """Configure this process's logging: from the config in `$PIPESPEC_LOGGING_CONFIG_JSON` (a Ray
+    actor's, from `actor_env()`), else from the file `$PIPESPEC_LOGGING_CONFIG` names, else records at
+    `level` and above (None: `$PIPESPEC_LOG_LEVEL`, else WARNING) to stderr, in `fmt`. Raises
+    LoggingConfigError for a config that does not load."""
+    if carried := os.environ.get(CONFIG_JSON_ENV):
+        where = f"the logging config in ${CONFIG_JSON_ENV}"
+        try:
+            config = json.loads(carried)
+        except ValueError as e:
+            raise LoggingConfigError(f"{where} is not JSON: {e}") from None
+        _apply(config, where)
+        return
+    if path := os.environ.get(CONFIG_ENV):
+        _apply(read_config_file(path), _named(path))
         return
     logging.basicConfig(format=fmt)  # a handler on stderr, unless logging has one already
     logging.getLogger().setLevel(level or os.environ.get(LEVEL_ENV, DEFAULT_LEVEL))
 
 
-def apply_config_file(path: str) -> None:
-    """Configure logging from a JSON or YAML file in `logging.config.dictConfig` form."""
-    where = f"the logging config {path!r} (${CONFIG_ENV})"
+def read_config_file(path: str) -> dict:
+    """The `logging.config.dictConfig` mapping a JSON or YAML file holds."""
+    where = _named(path)
     try:
         config = yaml.safe_load(Path(path).read_text())  # YAML reads JSON too
     except OSError as e:
         raise LoggingConfigError(f"{where} cannot be read: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         raise LoggingConfigError(f"{where} is neither JSON nor YAML: {_where_wrong(e)}") from None
+    return config
+
+
+def _named(path: str) -> str:
+    return f"the logging config {path!r} (${CONFIG_ENV})"
+
+
+def _apply(config: object, where: str) -> None:
+    """Configure logging from `config`, a mapping in `logging.config.dictConfig` form."""
     if not isinstance(config, dict):
         raise LoggingConfigError(f"{where} must hold a mapping (logging.config.dictConfig's form), got {type(config).__name__}")
     try:
@@ -85,9 +106,14 @@ def _where_wrong(e: yaml.YAMLError) -> str:
 
 def actor_env() -> dict[str, str]:
     """The environment a Ray actor needs to log as this process does (for its runtime_env's env_vars):
-    the config file, or the root logger's level when it is not the default."""
-    path = os.environ.get(CONFIG_ENV)
-    if path:
-        return {CONFIG_ENV: str(Path(path).resolve())}
+    the config file's content as JSON (the actor may run on a node without the file), or the root
+    logger's level when it is not the default. Raises LoggingConfigError for a file that does not
+    load, or that holds what JSON cannot carry."""
+    if path := os.environ.get(CONFIG_ENV):
+        config = read_config_file(path)
+        try:
+            return {CONFIG_JSON_ENV: json.dumps(config)}
+        except (TypeError, ValueError) as e:
+            raise LoggingConfigError(f"{_named(path)} cannot be passed to the Ray actors as JSON: {e}") from None
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     return {LEVEL_ENV: level} if level != DEFAULT_LEVEL else {}

@@ -1,4 +1,4 @@
-"""What clients receive: streamed `Delta`s, and the `Generation` they add up to."""
+"""What clients receive: streamed `Delta`s, the `Generation` they add up to, and the errors they raise."""
 
 from __future__ import annotations
 
@@ -10,13 +10,15 @@ from pipespec.stats import RequestStats
 
 
 class GenerationError(RuntimeError):
-    """A request failed: refused (a bad value, a limit), failed inside the pipeline (the message names
-    the stage), or the coordinator could not be reached (the message names its address)."""
+    """A request failed: it was refused (`RequestRefused`), it ended with an error inside the pipeline
+    (the message names the stage), or its coordinator could not be reached or was lost, or ended the
+    stream without a finish reason (the message names its address)."""
 
 
 class RequestRefused(GenerationError, ValueError):
-    """A request refused for a value the caller gave, before anything was sent: a GenerationError like
-    every failure of a Client's request, and a ValueError like LocalPipeline's refusal of it."""
+    """A request refused before it started, naming the value: a bad type or range, a missing image file,
+    a value over one of the pipeline's limits. A ValueError, as `LocalPipeline` raises for the same
+    refusal; a GenerationError, as every failure of a `Client` request is."""
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ A `Client` holds one channel: many requests, from several threads, cross one con
 on the server side by `context.peer()`; `close()` and `with` close it; `astream` holds one per event
 loop. `stream` yields what was committed and then raises the same `GenerationError` as `generate`:
 a request that fails mid-stream, one refused by the Client's own checks (nothing is sent), and an
-address where nothing listens (naming it). A message's image part is sent as encoded bytes.
+address where nothing listens (naming it). A refusal, the Client's or the server's front door's, is
+a `RequestRefused`: a ValueError too, as `LocalPipeline`'s is. A message's image part is sent as encoded bytes.
 
 The server: a small mock pipeline (`LocalPipeline`) behind the coordinator's gRPC service on
 127.0.0.1, the service recording each `Generate`'s connection and request.
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import io
 import re
 import socket
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -26,7 +29,7 @@ import grpc
 import pytest
 from PIL import Image
 
-from pipespec import Client, GenerationError, LocalPipeline, load_config
+from pipespec import Client, GenerationError, LocalPipeline, RequestRefused, load_config
 from pipespec.chat import IMAGE, ChatMessage, Part
 from pipespec.images import image_bytes
 from pipespec.protos import pipespec_pb2 as pb
@@ -171,6 +174,31 @@ def test_astream_holds_one_connection_per_event_loop(served, expected, channels)
     assert channels["sync"] == []
 
 
+def test_a_channel_whose_event_loop_ended_is_closed_once_another_loop_asks(served, expected, monkeypatch):
+    """Its loop is gone, so `close()` cannot be awaited on it: dropped, the channel closes itself (grpc's finalizer)."""
+    made: list[tuple[weakref.ref, object]] = []  # each aio channel, weakly, and its core channel (grpc's, private)
+    real = grpc.aio.insecure_channel
+
+    def recording(*args, **kwargs):
+        channel = real(*args, **kwargs)
+        made.append((weakref.ref(channel), channel._channel))
+        return channel
+
+    monkeypatch.setattr(grpc.aio, "insecure_channel", recording)
+    client = Client(served.address)
+
+    async def answer() -> list[int]:
+        return [t async for d in client.astream(**REQUESTS[0]) for t in d.token_ids]
+
+    assert asyncio.run(answer()) == expected[0]
+    assert made[0][0]() is not None and not made[0][1].closed()  # held while no other loop asks
+    assert asyncio.run(answer()) == expected[0]  # another loop: the ended one's channel is dropped
+    gc.collect()  # (none is needed today: nothing else holds it)
+    assert made[0][0]() is None and made[0][1].closed()
+    assert made[1][0]() is not None and not made[1][1].closed()
+    client.close()
+
+
 def test_a_failure_mid_stream_raises_after_the_committed_deltas():
     with LocalPipeline(mock2(restore_s=0.2)) as pipe, serve(pipe) as served:
         with Client(served.address) as client:
@@ -220,6 +248,31 @@ def test_a_value_the_client_refuses_raises_before_anything_is_sent(served):
         with pytest.raises(ValueError, match="top_p"):  # a refusal is a ValueError too, as LocalPipeline's is
             client.generate(prompt_token_ids=[1, 2], top_p=2.0)
     assert len(served.service.requests) == sent
+
+
+def test_a_refusal_is_a_value_error_as_in_process_and_a_failure_is_not(served):
+    """RequestRefused, a GenerationError and a ValueError, for what the Client or the server's front door
+    refuses, with `LocalPipeline`'s message; a coordinator that cannot be reached is no refusal."""
+    over = dict(prompt_token_ids=[1, 2], max_new_tokens=9000)  # over limits.max_new_tokens: the front door's to see
+    with Client(served.address) as client:
+        with pytest.raises(ValueError, match=re.escape("temperature must be >= 0, got -1.0")) as here:
+            client.generate(prompt_token_ids=[1, 2], temperature=-1.0)
+        with pytest.raises(ValueError) as there:
+            list(client.stream(**over))
+
+        async def astream() -> None:
+            [d async for d in client.astream(**over)]
+
+        with pytest.raises(ValueError) as there_async:
+            asyncio.run(astream())
+    with pytest.raises(ValueError) as in_process:
+        served.pipe.generate(**over)
+    with Client(nowhere()) as client, pytest.raises(GenerationError) as unreachable:
+        client.generate(prompt_token_ids=[1, 2], max_new_tokens=4)
+    assert all(type(e.value) is RequestRefused for e in (here, there, there_async))
+    why = "max_new_tokens 9000 is over limits.max_new_tokens (8192)"
+    assert str(there.value) == str(there_async.value) == str(in_process.value) == why
+    assert not isinstance(unreachable.value, RequestRefused)
 
 
 def test_an_image_in_a_message_part_is_sent_as_encoded_bytes(served, tmp_path):

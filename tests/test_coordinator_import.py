@@ -1,6 +1,8 @@
-"""Tests the design rule that torch never loads in the coordinator: importing the coordinator and the
-modules it uses (ledger, stop rules, outputs, params, messages, links) must not import torch. Each
-check runs in a fresh interpreter, since this test process has long imported torch."""
+"""Tests the design rule that torch never loads in the coordinator: importing the coordinator, the
+modules it uses (ledger, stop rules, outputs, params, messages, links, config), its front door and
+what a request is made of (chat messages, generate arguments, logprobs), and the servers in front of
+it (Serving, the OpenAI-compatible app, the metrics, the gRPC coordinator service) must not import
+torch. Each check runs in a fresh interpreter, since this test process has long imported torch."""
 
 import subprocess
 import sys
@@ -15,6 +17,16 @@ COORDINATOR_MODULES = (
     "pipespec.params",
     "pipespec.messages",
     "pipespec.links",
+    "pipespec.config",
+    "pipespec.frontdoor",
+    "pipespec.chat",
+    "pipespec.logprobs",
+    "pipespec.generate_args",
+    # the servers in front of it, in the coordinator's process: HTTP, metrics, and gRPC (grpc, not torch)
+    "pipespec.serving.serving",
+    "pipespec.serving.openai_app",
+    "pipespec.serving.metrics",
+    "pipespec.transport.coordinator_service",
 )
 
 REPORT = """

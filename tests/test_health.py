@@ -28,7 +28,7 @@ from pipespec.stages import load_stages
 from pipespec.transport.auth import call_metadata, new_secret
 from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 from pipespec.transport.health import COORDINATOR_SERVICE, STAGE_SERVICE
-from pipespec.transport.streams import StageService
+from pipespec.transport.streams import StageClient, StageService
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -122,6 +122,31 @@ def test_the_coordinator_and_every_stage_serve_once_linked():
 
     before, after = asyncio.run(scenario())
     assert before == [NOT_SERVING] * 8 and after == [SERVING] * 8
+
+
+def test_a_stages_pipespec_health_says_what_grpc_health_says():
+    """pipespec's own `Health` on a stage answers from the same readiness as grpc.health.v1."""
+
+    async def said(pipe: Unlinked) -> list[tuple[str, int]]:
+        clients = [StageClient(address, secret=SECRET) for address in pipe.addresses]
+        try:
+            return [((await c.health()).status, await check(a, secret=SECRET)) for c, a in zip(clients, pipe.addresses)]
+        finally:
+            for client in clients:
+                await client.close()
+
+    async def scenario():
+        async with unlinked(2) as pipe:
+            before = await said(pipe)
+            await pipe.link()
+            return before, await said(pipe)
+
+    before, after = asyncio.run(scenario())
+    assert before == [
+        ("not_serving: stage 'm0': its coordinator and verifier not linked", NOT_SERVING),
+        ("not_serving: stage 'm1': its coordinator and drafter not linked", NOT_SERVING),
+    ]
+    assert after == [("serving", SERVING)] * 2
 
 
 def test_watch_streams_each_transition():

@@ -1,5 +1,5 @@
 """Tests for pipespec/logs.py: `--log-level` on every command, and a logging config file named by
-`PIPESPEC_LOGGING_CONFIG`.
+`PIPESPEC_LOGGING_CONFIG`, whose content reaches the Ray actors (as JSON in their environment).
 
 The real command line runs in a subprocess (`pipespec generate` against an address where nothing
 listens: it logs, at DEBUG, the channel it opens): `--log-level DEBUG` shows what the default hides,
@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from pipespec.cli import main as cli
-from pipespec.logs import CONFIG_ENV, LEVEL_ENV, LoggingConfigError, actor_env, setup_logging
+from pipespec.logs import CONFIG_ENV, CONFIG_JSON_ENV, LEVEL_ENV, LoggingConfigError, actor_env, setup_logging
 
 ROOT = Path(__file__).resolve().parents[1]
 OPENED = "DEBUG pipespec.transport.generate_client: opened a channel to the coordinator at"
@@ -138,8 +138,36 @@ def test_ray_actors_are_told_the_level_or_the_file(root_logger, monkeypatch, tmp
     root_logger.setLevel(logging.DEBUG)
     assert actor_env() == {LEVEL_ENV: "DEBUG"}
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "logging.yaml").write_text(yaml.safe_dump(QUIET))
     monkeypatch.setenv(CONFIG_ENV, "logging.yaml")
-    assert actor_env() == {CONFIG_ENV: str(tmp_path / "logging.yaml")}  # absolute: an actor's directory is its own
+    told = actor_env()  # the content: an actor's node may not have the file
+    assert list(told) == [CONFIG_JSON_ENV] and json.loads(told[CONFIG_JSON_ENV]) == QUIET
+
+
+QUIET = {"version": 1, "incremental": True, "loggers": {"tests.test_logs": {"level": "ERROR"}}}  # safe in this process
+
+
+def test_an_actor_applies_the_config_file_where_the_file_is_not(monkeypatch, tmp_path):
+    """The file's content reaches the actor: `setup_logging()` there applies it though the path names nothing."""
+    path = tmp_path / "logging.yaml"
+    path.write_text(yaml.safe_dump(QUIET))
+    monkeypatch.setenv(CONFIG_ENV, str(path))
+    env = actor_env()
+    path.unlink()  # another node: the environment it inherits may still name the file
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    logger = logging.getLogger("tests.test_logs")
+    try:
+        setup_logging()
+        assert logger.level == logging.ERROR
+    finally:
+        logger.setLevel(logging.NOTSET)
+
+
+def test_a_config_carried_to_an_actor_that_is_not_json_is_one_line_naming_it(monkeypatch):
+    monkeypatch.setenv(CONFIG_JSON_ENV, "[1")
+    with pytest.raises(LoggingConfigError, match=re.escape(f"the logging config in ${CONFIG_JSON_ENV} is not JSON: ")):
+        setup_logging()
 
 
 def test_an_actor_takes_its_level_from_the_environment(root_logger, monkeypatch):

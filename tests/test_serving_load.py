@@ -1,10 +1,16 @@
-"""experiments.serving_load: the latency figures follow vLLM's definitions (TTFT, TPOT, ITL, E2EL)."""
+"""experiments.serving_load: the latency figures follow vLLM's definitions (TTFT, TPOT, ITL, E2EL), and
+a stream's lines are read as the server meant them (an error event mid-stream is a failed request)."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import json
 
-from experiments.serving_load import Sample, summarize
+import aiohttp
+import pytest
+from aiohttp import web
+
+from experiments.serving_load import Sample, one_request, record_line, summarize
 
 
 def test_figures_follow_vllm_definitions():
@@ -26,47 +32,58 @@ def test_no_successful_request_gives_no_figures():
     assert figures["completed"] == 0 and figures["ttft"]["median_ms"] is None and figures["output_tokens_per_s"] == 0.0
 
 
-def test_an_error_event_mid_stream_is_a_failure_not_a_success():
-    """A server that ends a stream with an error event: the sample records it (served by a real ASGI app)."""
-    import asyncio
-    import socket
-    import threading
+def chunk(content: str) -> bytes:
+    return b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": content}}]}).encode() + b"\n"
 
-    import uvicorn
-    from starlette.applications import Starlette
-    from starlette.responses import StreamingResponse
-    from starlette.routing import Route
 
-    from experiments.serving_load import one_request
+def test_a_stream_is_read_line_by_line():
+    sample = Sample()
+    usage = b'data: {"choices": [], "usage": {"completion_tokens": 3}}\n'
+    for at, line in enumerate([chunk("a"), b"\n", b": keep-alive\n", chunk("bc"), usage, b"data: [DONE]\n"]):
+        record_line(sample, line, float(at))
+    assert (sample.text, sample.ttft, sample.chunk_times, sample.output_tokens) == ("abc", 0.0, [0.0, 3.0], 3)
+    assert sample.done and sample.error is None
 
-    import aiohttp
 
-    async def events():
-        yield 'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n'
-        yield 'data: {"error": {"message": "stage \'target\' failed", "type": "server_error"}}\n\n'
-        yield "data: [DONE]\n\n"
+def test_an_error_event_mid_stream_is_the_samples_error():
+    sample = Sample()
+    record_line(sample, chunk("a"), 0.1)
+    record_line(sample, b'data: {"error": {"message": "stage \'target\' was lost", "type": "server_error", "code": 500}}\n', 0.2)
+    assert sample.error == "error event: stage 'target' was lost" and not sample.done
+    assert summarize([sample], duration_s=1.0)["completed"] == 0
 
-    async def chat(request):
-        return StreamingResponse(events(), media_type="text/event-stream")
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]), port=port, log_level="error")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
+STREAMS = {  # what a server sends, by path: a whole stream, one failing mid-way as ours does, one cut short
+    "/ok": [chunk("a"), chunk("b"), b"data: [DONE]\n\n"],
+    "/failed": [chunk("a"), b'data: {"error": {"message": "stage \'target\' was lost"}}\n\n', b"data: [DONE]\n\n"],
+    "/cut": [chunk("a")],
+}
 
-        async def send():
-            while not server.started:
-                await asyncio.sleep(0.01)  # waits for the server's own readiness flag, not for time
+
+def test_one_request_fails_on_an_error_event_or_a_stream_without_done():
+    async def scenario() -> dict[str, Sample]:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for line in STREAMS[request.path.removesuffix("/v1/chat/completions")]:
+                await response.write(line)
+            await response.write_eof()
+            return response
+
+        app = web.Application()
+        app.router.add_post("/{base}/v1/chat/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
             async with aiohttp.ClientSession() as session:
-                return await one_request(session, f"http://127.0.0.1:{port}", {"messages": []})
+                return {path: await one_request(session, f"http://127.0.0.1:{port}{path}", {}) for path in STREAMS}
+        finally:
+            await runner.cleanup()
 
-        sample = asyncio.run(send())
-    finally:
-        server.should_exit = True
-        thread.join()
-    assert sample.error == "stream error: stage 'target' failed" and sample.text == "a"
+    samples = asyncio.run(scenario())
+    assert (samples["/ok"].text, samples["/ok"].error) == ("ab", None)
+    assert samples["/failed"].error == "error event: stage 'target' was lost"
+    assert samples["/cut"].error == "the stream ended without data: [DONE]"

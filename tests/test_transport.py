@@ -83,7 +83,7 @@ def test_health_reports_open_requests():
             await server.stop(grace=None)
         return reply
 
-    reply = asyncio.run(check())  # a lone stage: no coordinator attached, so not ready (as grpc.health.v1 says)
+    reply = asyncio.run(check())  # a lone runner: served, but no coordinator stream attached
     assert (reply.name, reply.status, reply.requests) == ("m0", "not_serving: stage 'm0': its coordinator not linked", 0)
 
 

@@ -7,8 +7,10 @@ await server.stop()
 uvicorn's `Server.serve()` runs as a task on the running loop, the coordinator's, since the
 coordinator is not thread-safe: every request is handled where the coordinator runs. The socket is
 bound here first, so that a port in use is an OSError naming it, and `serve_http` returns once
-uvicorn accepts connections. uvicorn leaves the process's logging and signals alone (its loggers,
-`uvicorn.error` and `uvicorn.access`, log through whatever the process configured). `stop()` stops
+uvicorn accepts connections. uvicorn leaves the process's logging alone (its loggers, `uvicorn.error`
+and `uvicorn.access`, log through whatever the process configured), and its signals only when the
+loop runs off the main thread: on the main thread, `serve()` takes SIGINT and SIGTERM while it runs
+(one stops the HTTP server, then is raised again to the handler before it). `stop()` stops
 accepting, closes idle connections, lets running responses finish for up to `GRACE_S`, then
 cancels them (aborting their requests).
 """

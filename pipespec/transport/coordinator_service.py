@@ -2,7 +2,8 @@
 
 Every way in shares one `Serving` (pipespec.serving.serving): a request is admitted by the front
 door, the same code and messages as `LocalPipeline` and the HTTP server (a bad value or a value over
-one of the config's `limits` comes back as an `error` response naming it), then streamed as `chunk`s
+one of the config's `limits` comes back as an `error` response naming it, without a request id:
+`generate_response.refusal`), then streamed as `chunk`s
 and one `finished` carrying the statistics. A client that disconnects
 cancels its handler, which aborts the request: the coordinator closes it on every stage at once.
 
@@ -30,7 +31,7 @@ from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.serving.serving import Serving
 from pipespec.transport.auth import authorized
 from pipespec.transport.generate_request import from_proto
-from pipespec.transport.generate_response import to_responses
+from pipespec.transport.generate_response import refusal, to_responses
 from pipespec.transport.health import COORDINATOR_SERVICE, add_health, health_status
 from pipespec.transport.streams import SERVER_OPTIONS
 
@@ -66,7 +67,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         try:
             admitted = await self.serving.admit(from_proto(request))
         except ValueError as e:
-            yield pb.GenerateResponse(error=pb.Error(message=str(e)))
+            yield refusal(str(e))
             return
         rid = admitted.spec.request_id
         self._opened_by[rid] = peer

@@ -5,7 +5,8 @@ call from any thread (gRPC multiplexes them on one connection), and one `grpc.ai
 loop for `astream` (an aio channel belongs to the loop that made it). `close()` / `aclose()` close
 them; a later call opens new ones. A request that ends in an error, and a call that fails (nothing
 listens at the address, the connection is lost, the deadline passed), raise `GenerationError` naming
-the coordinator's address, after the deltas committed before it.
+the coordinator's address, after the deltas committed before it; a request the front door refuses
+raises `RequestRefused` (a GenerationError and a ValueError) with its message.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 
 from pipespec.generate_args import GenerateArgs
-from pipespec.outputs import Delta, GenerationError, raise_error
+from pipespec.outputs import Delta, GenerationError, RequestRefused, raise_error
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.transport.generate_request import to_proto
-from pipespec.transport.generate_response import to_delta
+from pipespec.transport.generate_response import refused, to_delta
 from pipespec.transport.streams import CHANNEL_OPTIONS
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class CoordinatorClient:
         loop = asyncio.get_running_loop()
         with self._lock:
             for gone in [other for other in self._aio if other.is_closed()]:
-                del self._aio[gone]  # its loop is over, and its channel with it
+                del self._aio[gone]  # its loop is over: dropped, its channel closes itself (see `close`)
             if loop not in self._aio:
                 log.debug("opened a channel to the coordinator at %s for event loop %x", self.address, id(loop))
                 self._aio[loop] = grpc.aio.insecure_channel(self.address, options=OPTIONS)
@@ -60,7 +61,7 @@ class CoordinatorClient:
         call = self._stub().Generate(to_proto(args), timeout=timeout)
         try:
             for response in call:
-                delta = raise_error(to_delta(response))
+                delta = _delta(response)
                 yield delta
                 if delta.finish_reason is not None:
                     return
@@ -75,7 +76,7 @@ class CoordinatorClient:
         call = self._aio_stub().Generate(to_proto(args), timeout=timeout)
         try:
             async for response in call:
-                delta = raise_error(to_delta(response))
+                delta = _delta(response)
                 yield delta
                 if delta.finish_reason is not None:
                     return
@@ -90,7 +91,10 @@ class CoordinatorClient:
 
     def close(self) -> None:
         """Close the channel, and each event loop's aio channel: on its loop if that loop runs (in this
-        thread or another), else it is dropped (its loop is over)."""
+        thread or another), else by dropping it. An aio channel's `close()` is a coroutine for its own
+        loop, which cannot be awaited once that loop is over; dropped, the channel is collected at once
+        (nothing else holds it) and grpc's finalizer (`grpc.aio.Channel.__del__`) destroys its core
+        channel, which needs no loop. `_aio_stub` drops those of ended loops the same way."""
         with self._lock:
             channel, self._channel = self._channel, None
             aio, self._aio = self._aio, {}
@@ -113,3 +117,10 @@ class CoordinatorClient:
 
     def _unfinished(self) -> GenerationError:
         return GenerationError(f"the coordinator at {self.address} ended the stream without a finish reason")
+
+
+def _delta(response: pb.GenerateResponse) -> Delta:
+    """The response's delta; RequestRefused for the front door's refusal, GenerationError for an error."""
+    if refused(response):
+        raise RequestRefused(response.error.message)
+    return raise_error(to_delta(response))

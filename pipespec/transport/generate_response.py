@@ -2,7 +2,9 @@
 
 A chunk carries text, token ids and (when asked for) their logprobs; the finish carries the reason
 and the request's statistics as plain protobuf messages (RequestStats, PairStats, StageStats), so a
-client in any language reads them; an error carries its message.
+client in any language reads them; an error carries its message. The front door's refusal is an
+error before the request was admitted, so without a request id (`refusal`, `refused`): a client
+raises `RequestRefused` for it, `GenerationError` for an error during the request.
 """
 
 from __future__ import annotations
@@ -30,6 +32,16 @@ def to_responses(request_id: str, delta: Delta) -> list[pb.GenerateResponse]:
         finished = pb.Finished(finish_reason=delta.finish_reason, stats=stats)
         out.append(pb.GenerateResponse(request_id=request_id, finished=finished))
     return out
+
+
+def refusal(message: str) -> pb.GenerateResponse:
+    """The front door's refusal of a request, naming the value: an error with no request id (none was given)."""
+    return pb.GenerateResponse(error=pb.Error(message=message))
+
+
+def refused(response: pb.GenerateResponse) -> bool:
+    """Whether `response` is the front door's refusal (`refusal`), not an error during the request."""
+    return response.WhichOneof("kind") == "error" and not response.request_id
 
 
 def to_delta(response: pb.GenerateResponse) -> Delta:

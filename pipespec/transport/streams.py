@@ -242,8 +242,9 @@ class StageService(pb_grpc.StageServicer):
         return f"stage {runner.name!r}: its {' and '.join(missing)} not linked" if missing else None
 
     async def Health(self, request, context) -> pb.HealthReply:
+        """The same readiness grpc.health.v1 answers (`trouble()`), as "serving" or "not_serving: <why>"."""
         await self._admit(context, "health")
-        status = health_status(self.trouble())  # the readiness grpc.health.v1 answers with
+        status = health_status(self.trouble())
         return pb.HealthReply(name=self.runner.name, status=status, requests=len(self.runner.requests))
 
     async def stop(self) -> None:
