@@ -345,7 +345,15 @@ def render() -> str:
         "tokens per second are medians of several runs, and ratios are measured side by side in one run.",
         "Emulated rows (mock stages sleeping published or assumed per-forward latencies) are labelled as such.",
     ]
-    sections = [section_models(), section_bench(), section_standing(), section_plan(), section_scaling(), section_serving(), section_vlm()]
+    sections = [
+        section_models(),
+        section_bench(),
+        section_standing(),
+        section_plan(),
+        section_scaling(),
+        section_serving(),
+        section_vlm(),
+    ]
     sections = [s for s in sections if s]
     return "\n\n".join(["\n".join(header), *sections]) + "\n"
 
