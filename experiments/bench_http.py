@@ -164,6 +164,12 @@ def table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _relative(path: Path) -> str:
+    """A path as the results record it: relative to the working directory when it lies under it."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(Path.cwd())) if resolved.is_relative_to(Path.cwd()) else str(path)
+
+
 def demo_configs(directory: Path) -> dict[str, Path]:
     """The demo's pipeline (tiny -> dream -> target, 2/3 core each) and its target alone (both cores), as YAML."""
     from pipespec.cluster.demo import DEMO_MODELS, demo_raw
@@ -229,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                 c: sum(a == b for a, b in zip(runs["pipeline"][0][c]["texts"], runs["target alone"][0][c]["texts"]))
                 for c in args.concurrency
             }
-    result["settings"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {"cores": os.cpu_count()}
+    result["settings"] = {k: _relative(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {
+        "cores": os.cpu_count()
+    }
     (args.out / "bench_http.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "bench_http.md").write_text(table(result))
     print(table(result))

@@ -9,29 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from pipespec import LocalPipeline, load_config
+from pipespec import LocalPipeline
 from pipespec.config import sub_pipeline
 from pipespec.outputs import GenerationError
 from tests.fixtures.exactness import image_requests, run_all, vlm_chain
-from tests.fixtures.faults import kill_stage, restore_stage
+from tests.fixtures.faults import kill_stage, mock3, restore_stage
 
 PROMPTS = [(3 + i, 5, 7 + 2 * i) for i in range(8)]
 TOKENS = 48
-
-
-def mock3(restore_s: float = 30.0):
-    stage = {"kind": "mock", "vocab_size": 64, "max_lookahead": 6}
-    return load_config(
-        {
-            "stages": [
-                {"name": "tiny", "agreement": 0.7, "latency_ms": 0.5, **stage},
-                {"name": "mid", "agreement": 0.9, "latency_ms": 1, **stage},
-                {"name": "target", "latency_ms": 2, **stage},
-            ],
-            "sampling": {"temperature": 0.8, "seed": 3},
-            "faults": {"restore_s": restore_s},
-        }
-    )
 
 
 @pytest.fixture(scope="module")

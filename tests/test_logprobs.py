@@ -28,7 +28,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipespec import Client, LocalPipeline, load_config
+from pipespec import Client, LocalPipeline
 from pipespec.config import sub_pipeline
 from pipespec.coordinator import Coordinator
 from pipespec.logprobs import TokenLogprobs
@@ -40,7 +40,7 @@ from pipespec.stages.mock import MockStage
 from pipespec.stats import StageStats
 from pipespec.step import StepPlan, compute
 from tests.fixtures.exactness import assert_same, text_pipeline
-from tests.fixtures.faults import kill_stage, restore_stage
+from tests.fixtures.faults import kill_stage, mock3, restore_stage
 
 TOL = 1e-5
 CHAIN = ["tiny", "mid", "target"]
@@ -248,20 +248,6 @@ def test_a_commit_without_the_logprobs_asked_for_fails_its_request():
 
     (delta,) = asyncio.run(run())
     assert delta.finish_reason == "error" and "a commit of 2 tokens has 1 logprobs" in delta.error
-
-
-def mock3():
-    stage = {"kind": "mock", "vocab_size": 64, "max_lookahead": 6}
-    return load_config(
-        {
-            "stages": [
-                {"name": "tiny", "agreement": 0.7, "latency_ms": 0.5, **stage},
-                {"name": "mid", "agreement": 0.9, "latency_ms": 1, **stage},
-                {"name": "target", "latency_ms": 2, **stage},
-            ],
-            "sampling": {"temperature": 0.8, "seed": 3},
-        }
-    )
 
 
 def test_only_the_target_computes_them():
