@@ -8,7 +8,8 @@ grid cell under it (the shape's kind, colour and size, the printed word), and th
 predicts the background and the number of shapes. Random scenes are drawn fresh for every batch
 (rendering takes a quarter of a millisecond), so the tower never sees a scene twice.
 
-Run by `python -m demo.train target` before the language model trains over the frozen tower.
+Run by `python -m demo.train target` before the language model trains over the frozen tower; the
+probe's heads then seed the projector (`demo.projector`).
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ def scene_batches(image_processor, size: int, patch: int, batch_size: int, seed:
 
 def pretrain_tower(
     tower: nn.Module, image_processor, size: int, patch: int, minutes: float, steps: int, seed: int
-) -> list[float]:
-    """Train `tower` (a CLIPVisionModel) in place with the dense probe; -> the loss curve."""
+) -> tuple[list[float], DenseProbe]:
+    """Train `tower` (a CLIPVisionModel) in place with the dense probe; -> (the loss curve, the probe)."""
     torch.manual_seed(seed)
     probe = DenseProbe(tower.config.hidden_size)
     optimiser = Optimiser.adamw(
@@ -118,4 +119,4 @@ def pretrain_tower(
             log.info("tower: time budget reached after %d steps", len(curve))
             break
     tower.eval()
-    return curve
+    return curve, probe

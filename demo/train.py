@@ -5,7 +5,7 @@
     python -m demo.train target --resume  # its second phase (as shipped): 650 steps, a fresh schedule
     python -m demo.train tiny             # the tiny text drafter (sees the prompt's text only)
     python -m demo.train dream            # the DREAM drafter, through pipespec.stages.dream.train
-    python -m demo.train evaluate         # the target's accuracy on held-out questions
+    python -m demo.train evaluate         # the target's accuracy per kind, 40 held-out questions each (demo.evaluate)
     python -m demo.train picture          # models/demo/example.png: the picture `pipespec demo` asks about
     python -m demo.train all              # everything above, in order: the shipped models
 
@@ -22,6 +22,7 @@ matmuls are several times faster on this CPU).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import random
@@ -33,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from demo.evaluate import evaluate_target, summary
+from demo.projector import projector_inputs, seed_projector
 from demo.tower import pretrain_tower
 from demo.llava_template import CHAT_TEMPLATE
 from pipespec.stages.dream.training.optimiser import Optimiser
@@ -46,12 +49,13 @@ IMAGE_SIZE, PATCH = 64, 8  # 64 image tokens
 # 24 narrow layers make the target several times as costly as its drafters (DREAM's blocks have the
 # target's width), within the ship budget.
 TARGET = dict(hidden=256, layers=24, heads=4, intermediate=704)
-TOWER_STEPS, TOWER_MINUTES = 1200, 15.0  # about 5 minutes on an idle machine
+TOWER_STEPS, TOWER_MINUTES = 2500, 15.0  # about 12 minutes on an idle machine
+BUCKETS = 16  # batches sorted by length together
 # How the shipped models were trained, (optimiser steps, minutes of budget) per step of `all`; --steps
 # and --minutes override them. The target trains in two phases, the second a fresh schedule (--resume).
 SHIPPED: dict[str, tuple[int, float | None]] = {
-    "target": (1500, 60.0),
-    "target-resume": (650, 13.0),
+    "target": (1400, 18.0),
+    "target-resume": (1000, 25.0),
     "tiny": (3000, 8.0),
     "dream": (4000, None),
 }
@@ -116,29 +120,37 @@ def build_target(tokenizer, seed: int = 0):
     )  # fmt: skip
     config = LlavaConfig(
         vision_config=vision.to_dict(), text_config=text.to_dict(), image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
-        vision_feature_select_strategy="default", vision_feature_layer=-1,
+        vision_feature_select_strategy="full", vision_feature_layer=-1,  # the layer and the class token pretrained
     )  # fmt: skip
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config)
     size = {"shortest_edge": IMAGE_SIZE}
     processor = LlavaProcessor(
         image_processor=CLIPImageProcessor(size=size, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}),
-        tokenizer=tokenizer, patch_size=PATCH, vision_feature_select_strategy="default", num_additional_image_tokens=1,
+        tokenizer=tokenizer, patch_size=PATCH, vision_feature_select_strategy="full", num_additional_image_tokens=1,
         chat_template=CHAT_TEMPLATE,
     )  # fmt: skip
     return model, processor
 
 
 def batches(examples, processor, tokenizer, batch_size: int, rng: random.Random, with_image: bool = True):
-    """Endless shuffled batches: (input_ids [B, T], pixel_values [B, 3, S, S] | None, labels [B, T])."""
+    """Endless shuffled batches: (input_ids [B, T], pixel_values [B, 3, S, S] | None, labels [B, T]).
+
+    Batches are cut from pools of `BUCKETS` batches sorted by answer length (the batch order shuffled
+    again), so a long description pads other descriptions, not twenty short answers."""
     from demo.world import render
 
     order: list[int] = []
+    ready: list[list[int]] = []
     while True:
-        if len(order) < batch_size:
-            order = list(range(len(examples)))
-            rng.shuffle(order)
-        chosen = [examples[order.pop()] for _ in range(batch_size)]
+        if not ready:
+            if len(order) < batch_size * BUCKETS:
+                order = list(range(len(examples)))
+                rng.shuffle(order)
+            pool = sorted((order.pop() for _ in range(batch_size * BUCKETS)), key=lambda i: len(examples[i].answer))
+            ready = [pool[i : i + batch_size] for i in range(0, len(pool), batch_size)]
+            rng.shuffle(ready)
+        chosen = [examples[i] for i in ready.pop()]
         rows, labels, pixels = [], [], []
         for ex in chosen:
             parts = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": ex.prompt}]
@@ -206,9 +218,11 @@ def train_target(models: Path, minutes: float, steps: int, batch_size: int, seed
         curve = json.loads((out / "loss_curve.json").read_text())
     else:
         model, processor = build_target(tokenizer, seed)
-        tower_curve = pretrain_tower(
+        tower_curve, probe = pretrain_tower(
             model.model.vision_tower, processor.image_processor, IMAGE_SIZE, PATCH, TOWER_MINUTES, TOWER_STEPS, seed
         )  # fmt: skip
+        features = projector_inputs(model, processor.image_processor, IMAGE_SIZE, 256, seed)
+        seed_projector(model.model.multi_modal_projector, probe, features, seed)
         out.mkdir(parents=True, exist_ok=True)
         (out / "tower_loss_curve.json").write_text(json.dumps(tower_curve) + "\n")
     model.model.vision_tower.requires_grad_(False)  # LLaVA's recipe: the pretrained tower stays frozen
@@ -245,29 +259,6 @@ def train_tiny(models: Path, minutes: float, steps: int, batch_size: int, seed: 
     return out
 
 
-# ---- evaluation -------------------------------------------------------------------------------------
-
-
-def evaluate_target(models: Path, n: int, seed: int, max_new_tokens: int = 128) -> dict:
-    """Greedy answers of the target (alone, through the `vlm` stage) on held-out questions, scored."""
-    from demo.world import chance, examples, render, score
-    from pipespec import LocalPipeline, load_config
-
-    config = load_config({"stages": [{"name": "target", "kind": "vlm", "model": str(models / "target"), "dtype": "float32"}]})
-    held_out = examples("held_out", n, seed)
-    right: dict[str, list[bool]] = {}
-    with LocalPipeline(config) as pipe:
-        futures = [pipe.submit(ex.prompt, image=render(ex.scene, IMAGE_SIZE), max_new_tokens=max_new_tokens) for ex in held_out]
-        for ex, fut in zip(held_out, tqdm(futures, desc="held-out answers")):
-            right.setdefault(ex.kind, []).append(score(ex, fut.result().text))
-    report = {
-        kind: {"accuracy": sum(v) / len(v), "chance": chance(kind), "questions": len(v)} for kind, v in sorted(right.items())
-    }
-    for kind, r in report.items():
-        print(f"{kind:<10} accuracy {r['accuracy']:.2f} (chance {r['chance']:.2f}) on {r['questions']} held-out questions")
-    return report
-
-
 def train_dream(models: Path, steps: int, seed: int) -> Path:
     import subprocess
     import sys
@@ -282,15 +273,17 @@ def train_dream(models: Path, steps: int, seed: int) -> Path:
 
 
 def write_example_picture(models: Path) -> Path:
-    """The demo's default picture, a held-out scene of the world, as a PNG beside the models (the
-    runtime reads the file; it never renders the world itself)."""
+    """The demo's default picture, a held-out scene of the world, as a PNG beside the models, and its
+    scene's truth in example.json (the runtime reads the files; it never renders the world itself)."""
     from demo.world import examples, render
 
     scene = next(ex.scene for ex in examples("held_out", 12, seed=7) if ex.kind == "describe")
     out = models / "example.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     render(scene, IMAGE_SIZE).save(out)
-    log.info("wrote %s", out)
+    truth = {"png_sha256": hashlib.sha256(out.read_bytes()).hexdigest(), "truth": scene.truth()}
+    (models / "example.json").write_text(json.dumps(truth, indent=2) + "\n")  # what `pipespec demo` prints under its answer
+    log.info("wrote %s: %s", out, scene.truth())
     return out
 
 
@@ -302,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, help="optimiser steps (default: the shipped recipe's)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--held-out", type=int, default=200)
+    parser.add_argument("--per-kind", type=int, default=40, help="evaluate: held-out questions of each kind")
     parser.add_argument("--resume", action="store_true", help="target: continue from the saved model (a second phase)")
     add_log_level(parser, default="INFO")
     args = parser.parse_args(argv)
@@ -328,7 +321,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         elif step == "picture":
             write_example_picture(args.models)
         else:
-            report = evaluate_target(args.models, args.held_out, args.seed)
+            report = evaluate_target(args.models, args.per_kind, args.seed)
+            print("\n".join(summary(report)))
             out = Path("experiments/results/demo_target_accuracy.json")
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(report, indent=2) + "\n")

@@ -127,6 +127,13 @@ class Scene:
     def shape_at(self, cell: str) -> Shape | None:
         return next((s for s in self.shapes if s.cell == cell), None)
 
+    def truth(self) -> str:
+        """What is in the picture, plainly: "light blue background; a large yellow square (top right); ..."."""
+        things = [f"{_a(s.full_name)} ({s.cell})" for s in self.shapes]
+        if self.word is not None:
+            things.append(f'the word "{self.word.text}" ({self.word.cell}, {self.word.colour} letters)')
+        return "; ".join([f"{self.background} background", *things])
+
 
 def _held_out(scene: Scene) -> bool:
     """The fixed partition of scenes between the splits: a quarter of all scenes are held out."""
@@ -636,9 +643,10 @@ def examples(split: str, n: int, seed: int = 0) -> list[Example]:
     return out
 
 
-def samples(split: str, n: int, seed: int = 0, size: int = 64) -> list[tuple[Image.Image, str]]:
-    """(rendered image, prompt) pairs of `examples(split, n, seed)`: the `--samples` interface of pipespec.stages.dream.train."""
-    return [(render(ex.scene, size), ex.prompt) for ex in examples(split, n, seed)]
+def samples(split: str, n: int, seed: int = 0, size: int = 64) -> list[tuple[Image.Image, str, str]]:
+    """(rendered image, prompt, kind) of `examples(split, n, seed)`: the `--samples` interface of
+    pipespec.stages.dream.train (the kind splits its evaluation)."""
+    return [(render(ex.scene, size), ex.prompt, ex.kind) for ex in examples(split, n, seed)]
 
 
 def corpus(n: int = 20000, seed: int = 0) -> list[str]:
@@ -733,6 +741,23 @@ def score(example: Example, answer_text: str) -> bool:
             return re.search(r"\b(nothing|empty)\b", text) is not None and _first_shape(text) is None
         return _first_shape(text) == truth
     raise ValueError(f"unknown kind {kind!r}")
+
+
+def describes_exactly(scene: Scene, answer_text: str) -> bool:
+    """Is a description wholly right? The background; the number of shapes, if said; every shape's size,
+    colour and kind, in a sentence that places it in its cell; no shape that is not there; the word, if
+    any, quoted."""
+    text = answer_text.lower()
+    sentences = re.split(r"(?<=[.!?])\s+", text)
+    if f"{scene.background} background" not in text or _first_number(text) not in (None, len(scene.shapes)):
+        return False
+    if {f"{m.group(1)} {m.group(2)}" for m in _SHAPE_RE.finditer(text)} != {s.name for s in scene.shapes}:
+        return False
+    for shape in scene.shapes:
+        placed = [x for x in sentences if shape.full_name in x and _first_position(x) == shape.cell]
+        if not placed:
+            return False
+    return scene.word is None or f'"{scene.word.text}"' in text
 
 
 _CHANCE = {

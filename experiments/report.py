@@ -160,6 +160,13 @@ def section_scaling() -> str:
     return "\n".join([body, "", f"Command: `{command}`", "", f"![scaling]({_link(SCALING / 'scaling.png')})"])
 
 
+ABLATION = (
+    "python -m pipespec.stages.dream.train --target models/demo/target --samples demo.world:samples --ablations "
+    "--variants dream no_cross_attention compression_0.75 --steps 4000 --train-samples 1200 --held-out 96 "
+    "--max-new-tokens 96 --seeds 3 --jobs 2"
+)
+
+
 def section_models() -> str:
     parts = ["## The demo models", ""]
     accuracy = _read(RESULTS / "demo_target_accuracy.json")
@@ -168,29 +175,42 @@ def section_models() -> str:
         parts.append(_missing(command))
     else:
         parts += [
-            f"The target on held-out pictures, greedy, scored against the truth. Command: `{command}`",
+            f"The target alone on held-out pictures, greedy, scored against the truth (95% Wilson intervals). Command: `{command}`",
             "",
-            "| question kind | accuracy | chance | questions |",
-            "|---|---|---|---|",
+            "| question kind | accuracy | 95% interval | bar | chance | questions |",
+            "|---|---|---|---|---|---|",
         ]
-        parts += [f"| {k} | {v['accuracy']:.2f} | {v['chance']:.2f} | {v['questions']} |" for k, v in accuracy.items()]
+        for k, v in accuracy.items():
+            low, high = v.get("interval_95", (float("nan"), float("nan")))
+            bar = "-" if v.get("bar") is None else f"{v['bar']:.2f} ({'met' if v['meets_bar'] else 'missed'})"
+            parts.append(f"| {k} | {v['accuracy']:.2f} | {low:.2f}-{high:.2f} | {bar} | {v['chance']:.2f} | {v['questions']} |")
     ablation = _read(RESULTS / "dream_ablation.json")
-    command = (
-        "python -m pipespec.stages.dream.train --target models/demo/target --samples demo.world:samples --ablations "
-        "--steps 4000 --train-samples 1200 --held-out 48 --max-new-tokens 96 --seeds 2 --jobs 2"
-    )
     parts += ["", "DREAM ablations: mean acceptance length of greedy chains of 5 against the target, held-out prompts.", ""]
     if ablation is None:
-        parts.append(_missing(command))
-    else:
-        base = ablation.get("dream", {}).get("mean_acceptance_length")
-        header = "| variant | mean acceptance length | vs dream | each seed | prompts |"
-        parts += [f"Command: `{command}`", "", header, "|---|---|---|---|---|"]
-        for name, v in ablation.items():
-            rel = f"{v['mean_acceptance_length'] / base - 1:+.1%}" if base else "-"
-            seeds = ", ".join(f"{tau:.3f}" for tau in v.get("per_seed", [])) or "-"
-            parts.append(f"| {name} | {v['mean_acceptance_length']:.3f} | {rel} | {seeds} | {v['prompts']} |")
-        parts += ["", *_ablation_verdicts(ablation)]
+        parts.append(_missing(ABLATION))
+        return "\n".join(parts)
+    base = ablation.get("dream", {}).get("mean_acceptance_length")
+    header = "| variant | mean acceptance length | vs dream | each seed | spread (max - min) | prompts |"
+    parts += [f"Command: `{ABLATION}`", "", header, "|---|---|---|---|---|---|"]
+    for name, v in ablation.items():
+        rel = f"{v['mean_acceptance_length'] / base - 1:+.1%}" if base else "-"
+        seeds = ", ".join(f"{tau:.3f}" for tau in v.get("per_seed", [])) or "-"
+        spread = max(v["per_seed"]) - min(v["per_seed"]) if v.get("per_seed") else float("nan")
+        parts.append(f"| {name} | {v['mean_acceptance_length']:.3f} | {rel} | {seeds} | {spread:.3f} | {v['prompts']} |")
+    kinds = sorted({k for v in ablation.values() for k in v.get("per_kind", {})})
+    if kinds:
+        names = list(ablation)
+        parts += ["", "Per question kind (mean over the seeds):", ""]
+        parts += ["| kind | " + " | ".join(names) + " | dream vs no_cross_attention |", "|---" * (len(names) + 2) + "|"]
+        for kind in kinds:
+            taus = [ablation[n].get("per_kind", {}).get(kind) for n in names]
+            dream, eagle = (
+                ablation.get("dream", {}).get("per_kind", {}).get(kind),
+                ablation.get("no_cross_attention", {}).get("per_kind", {}).get(kind),
+            )
+            gain = f"{dream / eagle - 1:+.1%}" if dream and eagle else "-"
+            parts.append(f"| {kind} | " + " | ".join("-" if t is None else f"{t:.2f}" for t in taus) + f" | {gain} |")
+    parts += ["", *_ablation_verdicts(ablation)]
     return "\n".join(parts)
 
 

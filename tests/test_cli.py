@@ -137,6 +137,8 @@ def test_demo_runs_the_shipped_models_exactly(tmp_path):
     cores = sum(d["resources"]["num_cpus"] for d in figures["placement"])
     assert figures["target_alone_threads"] == max(1, round(cores))
     assert "placement:\n  device 1: tiny" in run.stdout and "target alone: in this process" in run.stdout
+    truth = json.loads((Path(__file__).resolve().parents[1] / "models" / "demo" / "example.json").read_text())["truth"]
+    assert f"the picture shows: {truth}" in run.stdout  # under the answer, so a reader can judge it
 
 
 def test_an_unknown_strategy_is_refused_before_anything_starts(capsys):

@@ -39,6 +39,22 @@ def test_each_variant_gets_every_seed_and_their_mean(grid_inputs):
         assert r["seeds"] == [3, 4] and r["prompts"] == 2 and len(r["per_seed"]) == 2
         assert r["mean_acceptance_length"] == pytest.approx(statistics.fmean(r["per_seed"]))
         assert all(1.0 <= tau <= 6.0 for tau in r["per_seed"])  # at least the target's token, at most gamma + 1
+        assert r["per_kind"] == {} and r["per_kind_per_seed"] == {}  # noise samples name no kind
+
+
+def test_held_out_examples_with_kinds_get_each_kind_s_acceptance_per_seed(grid_inputs):
+    import dataclasses
+
+    stage, examples = grid_inputs
+    held_out = [dataclasses.replace(ex, group=kind) for ex, kind in zip(examples, ("count", "colour", "colour"))]
+    results = run_grid(stage, (VARIANT["dream"],), examples, held_out, GridSpec(steps=4, seeds=(0, 1)))
+    r = results["dream"]
+    assert list(r["per_kind"]) == ["colour", "count"] and all(len(v) == 2 for v in r["per_kind_per_seed"].values())
+    for kind, values in r["per_kind_per_seed"].items():
+        assert r["per_kind"][kind] == pytest.approx(statistics.fmean(values))
+    for seed, tau in enumerate(r["per_seed"]):  # the whole is a mean over the kinds' rounds: between them
+        kinds = [v[seed] for v in r["per_kind_per_seed"].values()]
+        assert min(kinds) - 1e-9 <= tau <= max(kinds) + 1e-9
 
 
 def test_worker_processes_give_what_one_process_gives(grid_inputs):

@@ -70,15 +70,33 @@ def test_the_ablation_is_held_to_the_issue_bars():
     assert results._ablation_verdicts(ablation(dream=4.0)) == []
 
 
-def test_the_ablation_table_shows_each_seed(tmp_path, monkeypatch):
+def test_the_ablation_table_shows_each_seed_their_spread_and_each_kind(tmp_path, monkeypatch):
     import json
 
     monkeypatch.setattr(results, "RESULTS", tmp_path)
     ablation = {
-        "dream": {"mean_acceptance_length": 4.0, "prompts": 48, "per_seed": [4.1, 3.9], "seeds": [0, 1]},
-        "no_cross_attention": {"mean_acceptance_length": 3.8, "prompts": 48},  # written before --seeds
-    }
+        "dream": {
+            "mean_acceptance_length": 4.0, "prompts": 48, "per_seed": [4.1, 3.9], "seeds": [0, 1],
+            "per_kind": {"colour": 4.4, "count": 3.6},
+        },
+        "no_cross_attention": {"mean_acceptance_length": 3.8, "prompts": 48, "per_kind": {"colour": 4.0}},  # no seeds: older
+    }  # fmt: skip
     (tmp_path / "dream_ablation.json").write_text(json.dumps(ablation))
     text = results.section_models()
-    assert "| dream | 4.000 | +0.0% | 4.100, 3.900 | 48 |" in text
-    assert "| no_cross_attention | 3.800 | -5.0% | - | 48 |" in text
+    assert "| dream | 4.000 | +0.0% | 4.100, 3.900 | 0.200 | 48 |" in text
+    assert "| no_cross_attention | 3.800 | -5.0% | - | nan | 48 |" in text
+    assert "| colour | 4.40 | 4.00 | +10.0% |" in text and "| count | 3.60 | - | - |" in text
+
+
+def test_the_accuracy_table_shows_intervals_and_bars(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    accuracy = {
+        "colour": {"accuracy": 0.95, "interval_95": [0.83, 0.99], "bar": 0.9, "meets_bar": True, "chance": 0.125, "questions": 40},
+        "describe_exact": {"accuracy": 0.3, "interval_95": [0.18, 0.45], "bar": None, "meets_bar": None, "chance": 0.0, "questions": 40},
+    }  # fmt: skip
+    (tmp_path / "demo_target_accuracy.json").write_text(json.dumps(accuracy))
+    text = results.section_models()
+    assert "| colour | 0.95 | 0.83-0.99 | 0.90 (met) | 0.12 | 40 |" in text
+    assert "| describe_exact | 0.30 | 0.18-0.45 | - | 0.00 | 40 |" in text

@@ -158,9 +158,39 @@ def test_score_examples():
 
 
 def test_samples_and_corpus():
-    pairs = w.samples("held_out", 6, seed=3)
+    triples = w.samples("held_out", 6, seed=3)
     exs = w.examples("held_out", 6, seed=3)
-    assert [p for _, p in pairs] == [ex.prompt for ex in exs]
-    assert all(im.size == (64, 64) and im.mode == "RGB" for im, _ in pairs)
+    assert [(p, kind) for _, p, kind in triples] == [(ex.prompt, ex.kind) for ex in exs]
+    assert all(im.size == (64, 64) and im.mode == "RGB" for im, _, _ in triples)
     text = w.corpus(30, seed=0)
     assert len(text) == 60 and all(isinstance(t, str) and t for t in text)
+
+
+def test_the_world_s_own_descriptions_are_exact_and_altered_ones_are_not(train, held_out):
+    describes = [ex for ex in train + held_out if ex.kind == "describe"]
+    assert len(describes) > 50
+    for ex in describes:
+        assert w.describes_exactly(ex.scene, ex.answer), ex
+        assert not w.describes_exactly(ex.scene, _wrong(ex)), ex
+        s = ex.scene.shapes[0]
+        other_size = "small" if s.size == "large" else "large"
+        assert not w.describes_exactly(ex.scene, ex.answer.replace(s.full_name, f"{other_size} {s.name}")), ex
+        assert not w.describes_exactly(ex.scene, ex.answer.replace(f"{ex.scene.background} background", "beige background")) or (
+            ex.scene.background == "beige"
+        )
+        if ex.scene.word is not None:
+            assert not w.describes_exactly(ex.scene, ex.answer.replace(f'"{ex.scene.word.text}"', '"zzz"')), ex
+
+
+def test_describes_exactly_checks_each_shape_s_cell():
+    scene = w.Scene("gray", (w.Shape("circle", "red", "large", "top left"), w.Shape("star", "blue", "small", "center")))
+    right = "I can see two shapes on a gray background. A large red circle is in the top left corner. A small blue star is in the middle."
+    assert w.describes_exactly(scene, right)
+    assert not w.describes_exactly(scene, right.replace("top left corner", "top right corner"))
+    assert not w.describes_exactly(scene, right + " There is a small green square at the bottom.")
+    assert not w.describes_exactly(scene, right.replace("two shapes", "three shapes"))
+
+
+def test_a_scene_s_truth_names_everything_in_it():
+    scene = w.Scene("light blue", (w.Shape("square", "yellow", "large", "top right"),), w.Word("sky", "center", "black"))
+    assert scene.truth() == 'light blue background; a large yellow square (top right); the word "sky" (center, black letters)'

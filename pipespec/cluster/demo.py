@@ -16,6 +16,7 @@ stage pair's acceptance over all runs, and whether every answer equals the targe
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -66,6 +67,17 @@ def default_image(models: Path = DEMO_MODELS) -> Any:
 
     with Image.open(models / "example.png") as picture:
         return picture.convert("RGB")
+
+
+def picture_truth(models: Path, image: Any) -> str | None:
+    """What the shipped example picture shows (example.json, written with it by `python -m demo.train
+    picture`), when `image` is that picture: None (the default) or a file with the same bytes."""
+    recorded = models / "example.json"
+    picture = models / "example.png" if image is None else image
+    if not recorded.is_file() or not isinstance(picture, (str, Path)) or not Path(picture).is_file():
+        return None
+    truth = json.loads(recorded.read_text())
+    return truth["truth"] if hashlib.sha256(Path(picture).read_bytes()).hexdigest() == truth["png_sha256"] else None
 
 
 @contextmanager
@@ -139,6 +151,7 @@ def run_demo(
             f"pipespec: no example picture under {models}; give one with --image FILE or write it with `python -m demo.train picture`"
         )
         return 2
+    truth = picture_truth(models, image)
     if image is None:
         image = default_image(models)
     else:
@@ -164,6 +177,8 @@ def run_demo(
             alone.generate(**{**request, "max_new_tokens": 4})
             for i in range(runs):  # alternate, so that whatever else the machine does falls on both sides
                 rounds.append((timed(client.stream, request, echo=i == 0), timed(alone.stream, request)))
+                if i == 0 and truth is not None:
+                    print(f"the picture shows: {truth}\n")
     except ConfigError as e:  # the placement does not fit this machine
         print(f"pipespec: {e}")
         return 2

@@ -12,7 +12,11 @@ one process with two threads, so `jobs` worker processes split the cores between
 loads the target once and reads the examples the parent generated from one file.
 
     results = run_grid(stage, variants, train_set, held_out, GridSpec(steps=4000, seeds=(0, 1)), jobs=2)
-    # {"dream": {"mean_acceptance_length": 3.86, "prompts": 48, "per_seed": [3.90, 3.82], "seeds": [0, 1]}, ...}
+    # {"dream": {"mean_acceptance_length": 3.86, "prompts": 48, "per_seed": [3.90, 3.82], "seeds": [0, 1],
+    #            "per_kind": {"colour": 4.1, ...}, "per_kind_per_seed": {"colour": [4.2, 4.0], ...}}, ...}
+
+Per kind: where the held-out examples carry a group (the kind of question), each cell's acceptance
+over that group's drafting rounds too, so the variants can be compared question kind by question kind.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import torch
 from tqdm import tqdm
 
 from pipespec.stages.dream.training.data import Example
-from pipespec.stages.dream.training.evaluation import mean_acceptance_length
+from pipespec.stages.dream.training.evaluation import ALL, acceptance_lengths
 from pipespec.stages.dream.training.loop import train
 from pipespec.stages.dream.training.variants import Variant
 from pipespec.stages.vlm import VLMStage
@@ -55,7 +59,7 @@ def run_grid(
     jobs: int = 1,
 ) -> dict[str, dict]:
     """Train and evaluate every (variant, seed); -> {variant name: {"mean_acceptance_length", "prompts",
-    "per_seed", "seeds"}}, in the order of `variants`. `jobs` > 1 runs the cells in that many worker
+    "per_seed", "seeds", "per_kind", "per_kind_per_seed"}}, in the order of `variants`. `jobs` > 1 runs the cells in that many worker
     processes (spawned, each loading the target from the directory `stage`'s model came from)."""
     cells = [(v, seed) for v in variants for seed in spec.seeds]
     if jobs <= 1:
@@ -65,12 +69,15 @@ def run_grid(
     n = len(spec.seeds)
     results = {}
     for i, v in enumerate(variants):
-        per_seed = taus[i * n : (i + 1) * n]  # cells run variant-major: this variant's seeds in order
+        seeds = taus[i * n : (i + 1) * n]  # cells run variant-major: this variant's seeds in order
+        per_kind = {kind: [tau[kind] for tau in seeds] for kind in seeds[0] if kind != ALL}
         results[v.name] = {
-            "mean_acceptance_length": statistics.fmean(per_seed),
+            "mean_acceptance_length": statistics.fmean(tau[ALL] for tau in seeds),
             "prompts": len(held_out),
-            "per_seed": per_seed,
+            "per_seed": [tau[ALL] for tau in seeds],
             "seeds": list(spec.seeds),
+            "per_kind": {kind: statistics.fmean(values) for kind, values in per_kind.items()},
+            "per_kind_per_seed": per_kind,
         }
     return results
 
@@ -88,9 +95,9 @@ def _train_and_evaluate(
     seed: int,
     spec: GridSpec,
     progress: bool,
-) -> float:
+) -> dict[str, float]:
     ckpt, _ = train(stage, train_set, variant, spec.steps, spec.lr, seed, progress=progress)
-    return mean_acceptance_length(stage, ckpt, held_out, spec.gamma)
+    return acceptance_lengths(stage, ckpt, held_out, spec.gamma)
 
 
 def _in_workers(
@@ -100,7 +107,7 @@ def _in_workers(
     held_out: Sequence[Example],
     spec: GridSpec,
     jobs: int,
-) -> list[float]:
+) -> list[dict[str, float]]:
     threads = worker_threads(jobs)
     with tempfile.TemporaryDirectory(prefix="dream-ablation-") as tmp:
         examples = Path(tmp) / "examples.pt"
@@ -112,7 +119,7 @@ def _in_workers(
             names = {f: f"{v.name} seed {seed}" for f, (v, seed) in zip(futures, cells)}
             bar = tqdm(total=len(futures), desc=f"ablation ({jobs} jobs)")
             for done in concurrent.futures.as_completed(futures):
-                bar.set_postfix_str(f"{names[done]}: {done.result():.3f}")
+                bar.set_postfix_str(f"{names[done]}: {done.result()[ALL]:.3f}")
                 bar.update()
             bar.close()
             return [f.result() for f in futures]
@@ -127,6 +134,6 @@ def _load_worker(target: str, examples: str, threads: int) -> None:
     _worker.update(torch.load(examples, weights_only=False))
 
 
-def _worker_cell(variant: Variant, seed: int, spec: GridSpec) -> float:
+def _worker_cell(variant: Variant, seed: int, spec: GridSpec) -> dict[str, float]:
     stage, train_set, held_out = _worker["stage"], _worker["train"], _worker["held_out"]
     return _train_and_evaluate(stage, train_set, held_out, variant, seed, spec, progress=False)

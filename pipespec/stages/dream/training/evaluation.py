@@ -1,6 +1,7 @@
 """A trained DREAM drafter's mean acceptance length: greedy chain drafting (`gamma` tokens per round)
 against the target's own answers on held-out examples, through the same `DreamSession` the pipeline
-runs, fed the target's features as the runner hands them over (bf16).
+runs, fed the target's features as the runner hands them over (bf16); overall and per group of
+examples (the kind of question, where the samples name one).
 """
 
 from __future__ import annotations
@@ -19,17 +20,28 @@ from pipespec.stages.dream.training.features import FeatureExtractor, SequenceFe
 from pipespec.stages.vlm import VLMStage
 
 
-@torch.no_grad()
+ALL = "all"  # the key of the acceptance over every example
+
+
 def mean_acceptance_length(stage: VLMStage, ckpt: DreamCheckpoint, examples: Sequence[Example], gamma: int = 5) -> float:
     """Greedy chain drafting against the target's answers, through the pipeline's DreamSession."""
+    return acceptance_lengths(stage, ckpt, examples, gamma)[ALL]
+
+
+@torch.no_grad()
+def acceptance_lengths(stage: VLMStage, ckpt: DreamCheckpoint, examples: Sequence[Example], gamma: int = 5) -> dict[str, float]:
+    """{"all": the mean acceptance length over every drafting round, group: the same over the rounds
+    of that group's examples} (groups in sorted order)."""
     dream = DreamStage("dream", ckpt, width=stage.vocab_size, valid=stage.fit.valid)
-    gained: list[int] = []  # tokens each round produced (accepted drafts + the target's own)
+    gained: dict[str, list[int]] = {}  # tokens each round produced (accepted drafts + the target's own), per group
     with FeatureExtractor(stage) as extractor:
         for ex in examples:
             if ex.answer_ids:
                 feats = extractor(list(ex.prompt_ids), list(ex.answer_ids), stage.tensors(ex.image))
-                gained += chain_drafting(dream, ex, feats, gamma)
-    return sum(gained) / max(len(gained), 1)
+                gained.setdefault(ex.group, []).extend(chain_drafting(dream, ex, feats, gamma))
+    rounds = [r for group in gained.values() for r in group]
+    means = {ALL: sum(rounds) / max(len(rounds), 1)}
+    return means | {group: sum(g) / len(g) for group, g in sorted(gained.items()) if group}
 
 
 def chain_drafting(dream: DreamStage, ex: Example, feats: SequenceFeatures, gamma: int) -> list[int]:

@@ -1,0 +1,40 @@
+"""The demo target's accuracy report (demo/evaluate.py): intervals, bars, and a run on the shipped target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from demo.evaluate import BARS, KindScore, evaluate_target, summary, wilson
+from demo.world import KINDS
+
+MODELS = Path(__file__).resolve().parents[1] / "models" / "demo"
+
+
+def test_wilson_intervals():
+    assert wilson(36, 40) == pytest.approx((0.7695, 0.9604), abs=1e-4)  # the textbook 90% of 40
+    assert wilson(20, 40) == pytest.approx((0.3520, 0.6480), abs=1e-4)
+    assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == 1.0 and wilson(0, 0) == (0.0, 1.0)
+    low, high = wilson(90, 100)
+    assert low < 0.9 < high and high - low < wilson(9, 10)[1] - wilson(9, 10)[0]  # more questions, narrower
+
+
+def test_a_kind_s_score_says_whether_it_meets_its_bar():
+    met = KindScore(37, 40, 0.125, 0.9).as_dict()
+    assert met["accuracy"] == 37 / 40 and met["meets_bar"] is True and met["interval_95"] == list(wilson(37, 40))
+    assert KindScore(35, 40, 0.125, 0.9).as_dict()["meets_bar"] is False
+    assert KindScore(3, 40, 0.0, None).as_dict()["meets_bar"] is None
+    assert set(BARS) == set(KINDS)
+
+
+def test_the_report_covers_every_kind_and_the_strict_describe():
+    report = evaluate_target(MODELS, per_kind=1, seed=0, max_new_tokens=48)
+    assert list(report) == [*KINDS, "describe_exact"]
+    assert all(r["questions"] == 1 and r["right"] in (0, 1) for r in report.values())
+    assert report["describe_exact"]["right"] <= report["describe"]["right"]  # strict implies lenient
+    for r in report.values():
+        assert len(r["wrong_answers"]) == 1 - r["right"]
+        assert all({"prompt", "truth", "answer"} <= set(w) for w in r["wrong_answers"])
+    lines = summary(report)
+    assert len(lines) == len(KINDS) + 1 and lines[0].startswith("describe") and "held-out questions" in lines[0]

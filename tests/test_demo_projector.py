@@ -1,0 +1,130 @@
+"""The demo target's picture path (demo/tower.py, demo/projector.py, demo/train.py's build_target): what
+the tower learnt reaches the projector through the real serving path, and the seeded projector hands
+the language model the colours as a large signal.
+
+A tower is pretrained on the fly for a few dozen steps, saved in half precision with its processor,
+loaded back through `pipespec.images.load_processor` and the `vlm` stage, and asked about fresh
+pictures: the projector's input, captured by a hook, must be read by the pretraining's own heads as
+well as the tower's training output was. That catches a recipe that feeds another layer than the one
+pretrained, drops the class token that learnt the background, normalises pictures differently at
+serving time or loses the features to the dtype. The first demo target passed that check and still
+called every shape green, because its random projector left colour a small direction of what the
+language model reads; the second test measures exactly that.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from demo.projector import projector_inputs, seed_projector
+from demo.tower import DenseProbe, cell_labels, cell_of_patches, pretrain_tower
+from demo.train import IMAGE_SIZE, PATCH, build_target, load_tokenizer
+from demo.world import BACKGROUNDS, COLOURS, random_scene, render
+
+MODELS = Path(__file__).resolve().parents[1] / "models" / "demo"
+STEPS = 60
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> tuple[Path, DenseProbe, float, float]:
+    """A target whose tower is pretrained for STEPS steps, saved as the recipe saves it; -> (directory,
+    probe, colour accuracy and background accuracy of the probe on the tower's own last states)."""
+    torch.manual_seed(0)
+    model, processor = build_target(load_tokenizer(MODELS), seed=0)
+    _, probe = pretrain_tower(model.model.vision_tower, processor.image_processor, IMAGE_SIZE, PATCH, 5.0, STEPS, seed=0)
+    scenes = fresh_scenes(seed=11)
+    with torch.no_grad():
+        pixels = processor.image_processor(images=[render(s, IMAGE_SIZE) for s in scenes], return_tensors="pt")["pixel_values"]
+        states = model.model.vision_tower(pixel_values=pixels).last_hidden_state  # [B, 1 + N, H]
+    colour, background = probe_accuracy(probe, states, scenes)
+    out = tmp_path_factory.mktemp("target")
+    model.to(torch.float16).save_pretrained(out)
+    processor.save_pretrained(out)
+    return out, probe, colour, background
+
+
+def fresh_scenes(seed: int, n: int = 48) -> list:
+    rng = np.random.default_rng(seed)
+    return [random_scene(rng) for _ in range(n)]
+
+
+def probe_accuracy(probe: DenseProbe, states: torch.Tensor, scenes: list) -> tuple[float, float]:
+    """states [B, 1 + N, H] (class token first) -> (colour accuracy over patches of cells holding a
+    shape, background accuracy from the class token)."""
+    cells = torch.stack([cell_labels(s)[cell_of_patches(IMAGE_SIZE // PATCH)] for s in scenes])  # [B, N, 4]
+    with torch.no_grad():
+        colour = probe.cell[1](states[:, 1:].float()).argmax(-1)  # [B, N]
+        background = probe.background(states[:, 0].float()).argmax(-1)  # [B]
+    shaped = cells[..., 1] > 0
+    truth = torch.tensor([list(BACKGROUNDS).index(s.background) for s in scenes])
+    return (colour == cells[..., 1])[shaped].float().mean().item(), (background == truth).float().mean().item()
+
+
+def served_projector_input(model_dir: Path, scene) -> torch.Tensor:
+    """[1 + N, H] what the `vlm` stage's model feeds its projector for `scene`'s picture, through the
+    serving path: the saved processor via pipespec.images, the chat template, the stage's prefill."""
+    from pipespec.chat import ChatMessage, Part
+    from pipespec.images import encode_image_prompt, load_processor
+    from pipespec.messages import RequestSpec
+    from pipespec.params import SamplingParams
+
+    stage = served_stage(str(model_dir))
+    processor = load_processor(str(model_dir), "test")
+    messages = (ChatMessage("user", (Part(image=True), Part(text="Describe the image."))),)
+    prompt = encode_image_prompt(processor, messages, render(scene, IMAGE_SIZE))
+    seen: list[torch.Tensor] = []
+    hook = stage.model.model.multi_modal_projector.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    try:
+        stage.open(RequestSpec("r", prompt.prompt_token_ids, SamplingParams(), 4, image=prompt.image))
+    finally:
+        hook.remove()
+    return seen[0][0].float()
+
+
+@functools.cache
+def served_stage(model_dir: str):
+    from pipespec.stages.vlm import VLMStage
+
+    return VLMStage("target", model_dir, "float32")
+
+
+def test_the_projector_receives_what_the_tower_learnt(pretrained):
+    model_dir, probe, trained_colour, trained_background = pretrained
+    assert trained_colour > 0.5 and trained_background > 0.8  # the few steps taught it something to pass on
+    scenes = fresh_scenes(seed=11)
+    states = torch.stack([served_projector_input(model_dir, s) for s in scenes])  # [B, 1 + N, H]
+    assert states.shape[1] == 1 + (IMAGE_SIZE // PATCH) ** 2  # the class token is kept
+    colour, background = probe_accuracy(probe, states, scenes)
+    assert colour >= trained_colour - 0.02 and background >= trained_background - 0.02
+
+
+def colour_share(features: torch.Tensor, labels: torch.Tensor) -> float:
+    """The share of the variance of `features` [M, D] that the colour `labels` [M] explain (between-class over total)."""
+    centred = features - features.mean(0)
+    between = sum((labels == c).sum() * (features[labels == c].mean(0) - features.mean(0)).pow(2).sum() for c in labels.unique())
+    return float(between / centred.pow(2).sum())
+
+
+def test_the_seeded_projector_makes_colour_a_large_part_of_what_the_language_model_reads(pretrained):
+    from transformers import LlavaForConditionalGeneration
+
+    model_dir, probe, _, _ = pretrained
+    model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    processor = build_target(load_tokenizer(MODELS), seed=0)[1]
+    with torch.no_grad():
+        features = projector_inputs(model, processor.image_processor, IMAGE_SIZE, 64, seed=3)
+        scenes = fresh_scenes(seed=3, n=64)  # the scenes projector_inputs drew are its own; label ours instead
+        pixels = processor.image_processor(images=[render(s, IMAGE_SIZE) for s in scenes], return_tensors="pt")["pixel_values"]
+        states = model.model.vision_tower(pixels, output_hidden_states=True).hidden_states[-1]  # [B, 1 + N, H]
+        cells = torch.stack([cell_labels(s)[cell_of_patches(IMAGE_SIZE // PATCH)] for s in scenes])[..., 1]  # [B, N]
+        patches, colours = states[:, 1:][cells > 0], cells[cells > 0]
+        random_share = colour_share(model.model.multi_modal_projector(patches), colours)
+        seed_projector(model.model.multi_modal_projector, probe, features, seed=0)
+        seeded_share = colour_share(model.model.multi_modal_projector(patches), colours)
+    assert len(colours.unique()) == len(COLOURS)
+    assert seeded_share > 2 * random_share, (seeded_share, random_share)
