@@ -11,8 +11,8 @@
     python -m demo.train all              # everything above, in order: the shipped models
 
 The tower step pretrains the vision tower on the world's ground truth (`demo.tower`); the target step
-seeds the projector to write what the tower sees as words (`demo.projector`), then trains the
-language model and projector on the conversations with the tower frozen, as LLaVA does. Each step
+trains the language model and a freshly initialised projector on the conversations with the tower
+frozen, as LLaVA does, over all its states (the class token too: it learnt the background and count). Each step
 runs the shipped recipe (`SHIPPED`: its optimiser steps, stopping early at its minutes of budget)
 unless `--steps` / `--minutes` say otherwise. Everything is seeded. The models are written in half
 precision to `models/demo/{target,tiny,dream}` (shipped in the repository, so `pipespec demo` starts
@@ -36,7 +36,6 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from demo.evaluate import evaluate_target, summary
-from demo.projector import fit_heads, fresh_pixels, projector_inputs, seed_projector, word_vectors
 from demo.tower import pretrain_tower
 from demo.llava_template import CHAT_TEMPLATE
 from pipespec.stages.dream.training.optimiser import Optimiser
@@ -50,7 +49,6 @@ IMAGE_SIZE, PATCH = 64, 8  # 64 image tokens
 # 24 narrow layers make the target several times as costly as its drafters (DREAM's blocks have the
 # target's width), within the ship budget.
 TARGET = dict(hidden=256, layers=24, heads=4, intermediate=704)
-HEAD_STEPS = 300  # fitting the projector's seed heads on the frozen tower (demo.projector): about a minute
 BUCKETS = 16  # batches sorted by length together
 # How the shipped models were trained, (optimiser steps, minutes of budget) per step of `all`; --steps
 # and --minutes override them. The target trains in two phases, the second a fresh schedule (--resume).
@@ -218,8 +216,7 @@ def train_tower(models: Path, minutes: float, steps: int, seed: int) -> Path:
 
 def train_target(models: Path, minutes: float, steps: int, batch_size: int, seed: int, resume: bool = False) -> Path:
     """Train the target's language model and projector over the frozen pretrained tower (the `tower`
-    step's), from scratch with the projector seeded (`demo.projector`), or (`resume`) continue from the
-    saved target with a fresh schedule."""
+    step's), from scratch, or (`resume`) continue from the saved target with a fresh schedule."""
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
     from demo.world import examples
@@ -233,11 +230,6 @@ def train_target(models: Path, minutes: float, steps: int, batch_size: int, seed
     else:
         model, processor = build_target(tokenizer, seed)
         model.model.vision_tower.load_state_dict(saved.model.vision_tower.state_dict())
-        model.model.vision_tower.eval()
-        heads = fit_heads(model, processor.image_processor, IMAGE_SIZE, PATCH, HEAD_STEPS, seed)
-        features = projector_inputs(model, fresh_pixels(processor.image_processor, IMAGE_SIZE, 256, seed)).flatten(0, 1)
-        words = word_vectors(tokenizer, model.get_input_embeddings().weight.detach())
-        seed_projector(model.model.multi_modal_projector, heads, features, words, seed)
     model.model.vision_tower.requires_grad_(False)  # LLaVA's recipe: the pretrained tower stays frozen
     log.info("target: %.1fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)
     phase = len(curve) > 0

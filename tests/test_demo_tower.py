@@ -1,15 +1,12 @@
-"""The demo target's picture path (demo/tower.py, demo/projector.py, demo/train.py's build_target): what
-the tower learnt reaches the projector through the real serving path, and the seeded projector hands
-the language model each patch's colour as its word.
+"""The demo target's picture path (demo/tower.py, demo/train.py's build_target): what the tower learnt
+reaches the projector through the real serving path.
 
 A tower is pretrained on the fly for a few dozen steps, saved in half precision with its processor,
 loaded back through `pipespec.images.load_processor` and the `vlm` stage, and asked about fresh
 pictures: the projector's input, captured by a hook, must be read by the pretraining's own heads as
 well as the tower's training output was. That catches a recipe that feeds another layer than the one
 pretrained, drops the class token that learnt the background, normalises pictures differently at
-serving time or loses the features to the dtype. The first demo target passed that check and still
-called every shape green: its random projector handed the language model features in which colour
-was a small direction, 200 times the scale of its words; the second test checks the seeded start.
+serving time or loses the features to the dtype.
 """
 
 from __future__ import annotations
@@ -21,10 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from demo.projector import HEAD_WORDS, fit_heads, fresh_pixels, projector_inputs, seed_projector, word_vectors
 from demo.tower import DenseProbe, cell_labels, cell_of_patches, pretrain_tower
 from demo.train import IMAGE_SIZE, PATCH, build_target, load_tokenizer
-from demo.world import BACKGROUNDS, COLOURS, random_scene, render
+from demo.world import BACKGROUNDS, random_scene, render
 
 MODELS = Path(__file__).resolve().parents[1] / "models" / "demo"
 STEPS = 60
@@ -101,48 +97,3 @@ def test_the_projector_receives_what_the_tower_learnt(pretrained):
     assert states.shape[1] == 1 + (IMAGE_SIZE // PATCH) ** 2  # the class token is kept
     colour, background = probe_accuracy(probe, states, scenes)
     assert colour >= trained_colour - 0.02 and background >= trained_background - 0.02
-
-
-def colour_read_off_by_word(outputs: torch.Tensor, colours: torch.Tensor, words: torch.Tensor) -> float:
-    """How often the colour word whose embedding best matches an image token (`outputs` [M, D]) is the
-    patch's colour (`colours` [M], 1-based as in the heads); `words` [K, D] the heads' word embeddings."""
-    colour_rows = torch.arange(len(HEAD_WORDS[0]) + 1, len(HEAD_WORDS[0]) + len(HEAD_WORDS[1]))  # the colour head's words, no ""
-    nearest = (outputs @ words[colour_rows].T).argmax(-1) + 1
-    return (nearest == colours).float().mean().item()
-
-
-def test_the_seeded_projector_writes_each_patch_s_colour_as_its_word(pretrained):
-    """What the language model receives names the colour of a patch's cell in its own word embeddings,
-    where a randomly initialised projector (the first demo target's start) names it at chance."""
-    from transformers import LlavaForConditionalGeneration
-
-    model_dir, _, _, _ = pretrained
-    model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-    processor = build_target(load_tokenizer(MODELS), seed=0)[1]
-    heads = fit_heads(model, processor.image_processor, IMAGE_SIZE, PATCH, steps=60, seed=0)
-    words = word_vectors(processor.tokenizer, model.get_input_embeddings().weight.detach())
-    scenes = fresh_scenes(seed=3, n=64)
-    pixels = processor.image_processor(images=[render(s, IMAGE_SIZE) for s in scenes], return_tensors="pt")["pixel_values"]
-    with torch.no_grad():
-        states = projector_inputs(model, pixels)  # [B, 1 + N, H]
-        cells = torch.stack([cell_labels(s)[cell_of_patches(IMAGE_SIZE // PATCH)] for s in scenes])[..., 1]  # [B, N]
-        patches, colours = states[:, 1:][cells > 0], cells[cells > 0]
-        at_random = colour_read_off_by_word(model.model.multi_modal_projector(patches), colours, words)
-        seed_projector(
-            model.model.multi_modal_projector,
-            heads,
-            projector_inputs(model, fresh_pixels(processor.image_processor, IMAGE_SIZE, 32, 0)).flatten(0, 1),
-            words,
-            seed=0,
-        )
-        seeded = model.model.multi_modal_projector(patches)
-    assert len(colours.unique()) == len(COLOURS)
-    assert colour_read_off_by_word(seeded, colours, words) > 0.5 > 0.25 > at_random
-    assert seeded.pow(2).mean().sqrt() < 10 * words.pow(2).mean().sqrt()  # on the scale of the words, not 200x above it
-
-
-def test_heads_need_the_class_token():
-    model, processor = build_target(load_tokenizer(MODELS), seed=0)
-    model.config.vision_feature_select_strategy = "default"
-    with pytest.raises(ValueError, match="strategy 'full'"):
-        fit_heads(model, processor.image_processor, IMAGE_SIZE, PATCH, steps=1, seed=0)
