@@ -8,8 +8,7 @@ grid cell under it (the shape's kind, colour and size, the printed word), and th
 predicts the background and the number of shapes. Random scenes are drawn fresh for every batch
 (rendering takes a quarter of a millisecond), so the tower never sees a scene twice.
 
-Run by `python -m demo.train tower`, before the language model and the projector learn the
-conversations over the frozen tower (`python -m demo.train target`).
+Run by `python -m demo.train target` before the language model trains over the frozen tower.
 """
 
 from __future__ import annotations

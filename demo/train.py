@@ -1,18 +1,17 @@
 """Train the demo's models on the generated visual world (`demo.world`), reproducibly, on a CPU.
 
     python -m demo.train tokenizer        # BPE on the world's text, with the chat tokens
-    python -m demo.train tower            # the target's vision tower, pretrained densely (demo.tower): 15 min budget
-    python -m demo.train target           # the VLM target (LLaVA class), ~21M parameters, over that tower: 30 min budget
-    python -m demo.train target --resume  # its second phase (as shipped): a fresh schedule
+    python -m demo.train target           # the VLM target (LLaVA class), ~21M parameters: 1500 steps, 60 min budget
+    python -m demo.train target --resume  # its second phase (as shipped): 650 steps, a fresh schedule
     python -m demo.train tiny             # the tiny text drafter (sees the prompt's text only)
     python -m demo.train dream            # the DREAM drafter, through pipespec.stages.dream.train
     python -m demo.train evaluate         # the target's accuracy per kind, 40 held-out questions each (demo.evaluate)
     python -m demo.train picture          # models/demo/example.png: the picture `pipespec demo` asks about
     python -m demo.train all              # everything above, in order: the shipped models
 
-The tower step pretrains the vision tower on the world's ground truth (`demo.tower`); the target step
-trains the language model and a freshly initialised projector on the conversations with the tower
-frozen, as LLaVA does, over all its states (the class token too: it learnt the background and count). Each step
+The target step first pretrains the vision tower on the world's ground truth (1200 steps, about 5
+minutes; `demo.tower`), then trains the language model and projector on the
+conversations with the tower frozen, as LLaVA does (about 25 minutes on an idle machine). Each step
 runs the shipped recipe (`SHIPPED`: its optimiser steps, stopping early at its minutes of budget)
 unless `--steps` / `--minutes` say otherwise. Everything is seeded. The models are written in half
 precision to `models/demo/{target,tiny,dream}` (shipped in the repository, so `pipespec demo` starts
@@ -49,13 +48,12 @@ IMAGE_SIZE, PATCH = 64, 8  # 64 image tokens
 # 24 narrow layers make the target several times as costly as its drafters (DREAM's blocks have the
 # target's width), within the ship budget.
 TARGET = dict(hidden=256, layers=24, heads=4, intermediate=704)
-BUCKETS = 16  # batches sorted by length together
+TOWER_STEPS, TOWER_MINUTES = 1200, 15.0  # about 5 minutes on an idle machine
 # How the shipped models were trained, (optimiser steps, minutes of budget) per step of `all`; --steps
 # and --minutes override them. The target trains in two phases, the second a fresh schedule (--resume).
 SHIPPED: dict[str, tuple[int, float | None]] = {
-    "tower": (2500, 15.0),
-    "target": (1000, 30.0),
-    "target-resume": (1000, 25.0),
+    "target": (1500, 60.0),
+    "target-resume": (650, 13.0),
     "tiny": (3000, 8.0),
     "dream": (4000, None),
 }
@@ -120,37 +118,29 @@ def build_target(tokenizer, seed: int = 0):
     )  # fmt: skip
     config = LlavaConfig(
         vision_config=vision.to_dict(), text_config=text.to_dict(), image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
-        vision_feature_select_strategy="full", vision_feature_layer=-1,  # the layer and the class token pretrained
+        vision_feature_select_strategy="default", vision_feature_layer=-1,
     )  # fmt: skip
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config)
     size = {"shortest_edge": IMAGE_SIZE}
     processor = LlavaProcessor(
         image_processor=CLIPImageProcessor(size=size, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}),
-        tokenizer=tokenizer, patch_size=PATCH, vision_feature_select_strategy="full", num_additional_image_tokens=1,
+        tokenizer=tokenizer, patch_size=PATCH, vision_feature_select_strategy="default", num_additional_image_tokens=1,
         chat_template=CHAT_TEMPLATE,
     )  # fmt: skip
     return model, processor
 
 
 def batches(examples, processor, tokenizer, batch_size: int, rng: random.Random, with_image: bool = True):
-    """Endless shuffled batches: (input_ids [B, T], pixel_values [B, 3, S, S] | None, labels [B, T]).
-
-    Batches are cut from pools of `BUCKETS` batches sorted by answer length (the batch order shuffled
-    again), so a long description pads other descriptions, not twenty short answers."""
+    """Endless shuffled batches: (input_ids [B, T], pixel_values [B, 3, S, S] | None, labels [B, T])."""
     from demo.world import render
 
     order: list[int] = []
-    ready: list[list[int]] = []
     while True:
-        if not ready:
-            if len(order) < batch_size * BUCKETS:
-                order = list(range(len(examples)))
-                rng.shuffle(order)
-            pool = sorted((order.pop() for _ in range(batch_size * BUCKETS)), key=lambda i: len(examples[i].answer))
-            ready = [pool[i : i + batch_size] for i in range(0, len(pool), batch_size)]
-            rng.shuffle(ready)
-        chosen = [examples[i] for i in ready.pop()]
+        if len(order) < batch_size:
+            order = list(range(len(examples)))
+            rng.shuffle(order)
+        chosen = [examples[order.pop()] for _ in range(batch_size)]
         rows, labels, pixels = [], [], []
         for ex in chosen:
             parts = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": ex.prompt}]
@@ -203,33 +193,26 @@ def save_half(model, out: Path, *extras) -> None:
         extra.save_pretrained(out)
 
 
-def train_tower(models: Path, minutes: float, steps: int, seed: int) -> Path:
-    """Pretrain the target's vision tower (`demo.tower`) and save the target with it, its language
-    model still untrained, for the `target` step."""
-    model, processor = build_target(load_tokenizer(models), seed)
-    curve, _ = pretrain_tower(model.model.vision_tower, processor.image_processor, IMAGE_SIZE, PATCH, minutes, steps, seed)
-    out = models / "target"
-    save_half(model, out, processor)
-    (out / "tower_loss_curve.json").write_text(json.dumps(curve) + "\n")
-    return out
-
-
 def train_target(models: Path, minutes: float, steps: int, batch_size: int, seed: int, resume: bool = False) -> Path:
-    """Train the target's language model and projector over the frozen pretrained tower (the `tower`
-    step's), from scratch, or (`resume`) continue from the saved target with a fresh schedule."""
+    """Train the target from scratch, or (`resume`) continue from the saved one with a fresh schedule."""
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
     from demo.world import examples
 
     out = models / "target"
     tokenizer = load_tokenizer(models)
-    saved = LlavaForConditionalGeneration.from_pretrained(out, dtype=torch.float32)
-    curve: list[float] = json.loads((out / "loss_curve.json").read_text()) if resume else []
+    curve: list[float] = []
     if resume:
-        model, processor = saved, AutoProcessor.from_pretrained(out)
+        model = LlavaForConditionalGeneration.from_pretrained(out, dtype=torch.float32)
+        processor = AutoProcessor.from_pretrained(out)
+        curve = json.loads((out / "loss_curve.json").read_text())
     else:
         model, processor = build_target(tokenizer, seed)
-        model.model.vision_tower.load_state_dict(saved.model.vision_tower.state_dict())
+        tower_curve, _ = pretrain_tower(
+            model.model.vision_tower, processor.image_processor, IMAGE_SIZE, PATCH, TOWER_MINUTES, TOWER_STEPS, seed
+        )  # fmt: skip
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "tower_loss_curve.json").write_text(json.dumps(tower_curve) + "\n")
     model.model.vision_tower.requires_grad_(False)  # LLaVA's recipe: the pretrained tower stays frozen
     log.info("target: %.1fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)
     phase = len(curve) > 0
@@ -294,7 +277,7 @@ def write_example_picture(models: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=["tokenizer", "tower", "target", "tiny", "dream", "evaluate", "picture", "all"])
+    parser.add_argument("step", choices=["tokenizer", "target", "tiny", "dream", "evaluate", "picture", "all"])
     parser.add_argument("--models", type=Path, default=MODELS)
     parser.add_argument("--minutes", type=float, help="time budget of a training step (default: the shipped recipe's)")
     parser.add_argument("--steps", type=int, help="optimiser steps (default: the shipped recipe's)")
@@ -309,9 +292,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     setup_logging(args.log_level, fmt="%(message)s")
     torch.manual_seed(args.seed)
     steps = (
-        [args.step]
-        if args.step != "all"
-        else ["tokenizer", "tower", "target", "target-resume", "tiny", "dream", "evaluate", "picture"]
+        [args.step] if args.step != "all" else ["tokenizer", "target", "target-resume", "tiny", "dream", "evaluate", "picture"]
     )
     for step in steps:
         step = "target-resume" if step == "target" and args.resume else step
@@ -319,8 +300,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         n_steps, minutes = args.steps or shipped_steps, args.minutes or shipped_minutes
         if step == "tokenizer":
             train_tokenizer(args.models / "tokenizer", seed=args.seed)
-        elif step == "tower":
-            train_tower(args.models, minutes, n_steps, args.seed)
         elif step in ("target", "target-resume"):
             train_target(args.models, minutes, n_steps, args.batch_size, args.seed, resume=step == "target-resume")
         elif step == "tiny":
