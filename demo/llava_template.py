@@ -2,7 +2,7 @@
 hold this text), and the small random LLaVA fixtures' (tests.fixtures.vlm_zoo.llava).
 
 Each message is its role's prefix, then its content: a list of parts (the image's placeholder, text),
-or a string (as text models' templates are given it: pipespec.tokenization), the same as one text
+or a string (as text models' templates are given it: pipespec.requests.tokenization), the same as one text
 part. A system message has its own prefix, "SYSTEM: "; the user's and the assistant's turns render
 as the shipped models were trained on them.
 """

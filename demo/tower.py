@@ -24,7 +24,7 @@ from torch import nn
 from tqdm import tqdm
 
 from demo.world import BACKGROUNDS, CELLS, COLOURS, KINDS_OF_SHAPE, SIZES, WORDS, Scene, random_scene, render
-from pipespec.stages.dream.training.optimiser import Optimiser
+from training.optimiser import Optimiser
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
     python -m demo.train target           # the VLM target (LLaVA class), ~21M parameters: 1500 steps, 60 min budget
     python -m demo.train target --resume  # its second phase (as shipped): 650 steps, a fresh schedule
     python -m demo.train tiny             # the tiny text drafter (sees the prompt's text only)
-    python -m demo.train dream            # the DREAM drafter, through pipespec.stages.dream.train
+    python -m demo.train dream            # the DREAM drafter, through training.train
     python -m demo.train evaluate         # the target's accuracy per kind, 40 held-out questions each (demo.evaluate)
     python -m demo.train picture          # models/demo/example.png: the picture `pipespec demo` asks about
     python -m demo.train all              # everything above, in order: the shipped models
@@ -37,8 +37,8 @@ from tqdm import tqdm
 from demo.evaluate import evaluate_target, summary
 from demo.tower import pretrain_tower
 from demo.llava_template import CHAT_TEMPLATE
-from pipespec.stages.dream.training.optimiser import Optimiser
-from pipespec.logs import add_log_level, setup_logging
+from training.optimiser import Optimiser
+from pipespec.commands.logs import add_log_level, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +252,7 @@ def train_dream(models: Path, steps: int, seed: int) -> Path:
     import sys
 
     cmd = [
-        sys.executable, "-m", "pipespec.stages.dream.train", "--target", str(models / "target"), "--samples", "demo.world:samples",
+        sys.executable, "-m", "training.train", "--target", str(models / "target"), "--samples", "demo.world:samples",
         "--out", str(models / "dream"), "--steps", str(steps), "--seed", str(seed), "--train-samples", "1200",
         "--max-new-tokens", "96",
     ]  # fmt: skip

@@ -16,7 +16,7 @@ drawn from the generator, varied enough that drafting them is not trivial:
 
 `examples(split, n, seed)` gives `Example`s with the ground-truth short value (`truth`) that
 `score` checks a model's answer against; `chance(kind)` is the rough accuracy of guessing.
-`samples(split, n, seed)` gives (image, prompt) pairs for `python -m pipespec.stages.dream.train --samples
+`samples(split, n, seed)` gives (image, prompt) pairs for `python -m training.train --samples
 demo.world:samples`, and `corpus()` the texts for training a tokenizer. The "train" and
 "held_out" splits use disjoint generator streams and, by construction, disjoint scenes: a scene
 belongs to the held-out split exactly when its hash falls in a fixed bucket.
@@ -645,7 +645,7 @@ def examples(split: str, n: int, seed: int = 0) -> list[Example]:
 
 def samples(split: str, n: int, seed: int = 0, size: int = 64) -> list[tuple[Image.Image, str, str]]:
     """(rendered image, prompt, kind) of `examples(split, n, seed)`: the `--samples` interface of
-    pipespec.stages.dream.train (the kind splits its evaluation)."""
+    training.train (the kind splits its evaluation)."""
     return [(render(ex.scene, size), ex.prompt, ex.kind) for ex in examples(split, n, seed)]
 
 

@@ -8,7 +8,7 @@ a time, as Spec-Bench measures):
 
     target                   the target alone, in this process on every core (the reference for speedup and exactness)
     target, 1 thread         the same on one torch thread (what one stage actor of one core gets)
-    sync <d>->target         synchronous speculative decoding (pipespec.synchronous), drafter d, window --gamma
+    sync <d>->target         synchronous speculative decoding (pipespec.engine.synchronous), drafter d, window --gamma
     hf-assisted <d>->target  Hugging Face assisted generation (`generate(assistant_model=...)`), for each
                              drafter that is a Hugging Face model
     async <chain>            the asynchronous pipeline for each depth the config allows: the target alone,
@@ -47,11 +47,11 @@ from experiments import cpu_account
 from experiments.prompt_sets import Prompt, load_prompts
 from pipespec import LocalPipeline, load_config
 from pipespec.config import PipelineConfig, sub_pipeline
-from pipespec.messages import RequestSpec
-from pipespec.stats import PairStats
-from pipespec import trace
-from pipespec.synchronous import generate_sync
-from pipespec.logs import add_log_level, setup_logging
+from pipespec.protocol.messages import RequestSpec
+from pipespec.protocol.stats import PairStats
+from pipespec.engine import trace
+from pipespec.engine.synchronous import generate_sync
+from pipespec.commands.logs import add_log_level, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class Pipelined:
     threads: int | None = None  # in this process (a LocalPipeline): torch threads, set at each answer
 
     def answer(self, request: Request) -> Answer:
-        from pipespec.outputs import Generation
+        from pipespec.requests.outputs import Generation
 
         if self.threads is not None:
             torch.set_num_threads(self.threads)
@@ -423,7 +423,7 @@ def where_the_time_goes(
     placements: dict[str, str],
     tokens: dict[str, int],
 ) -> str:
-    """Markdown: per async method, its placement and its stages' traces (pipespec.trace), all runs
+    """Markdown: per async method, its placement and its stages' traces (pipespec.engine.trace), all runs
     together; then per method the CPU seconds per process group per run (median over runs)."""
     parts = ["## Where the time goes (traced, all runs)"]
     for name, runs in traces.items():

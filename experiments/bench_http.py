@@ -40,7 +40,7 @@ import yaml
 
 from experiments.prompt_sets import WORLD_PROMPTS, Prompt, load_prompts
 from experiments.serving_load import run_load, summarize
-from pipespec.logs import add_log_level, setup_logging
+from pipespec.commands.logs import add_log_level, setup_logging
 
 log = logging.getLogger(__name__)
 FIGURES = ("ttft", "tpot", "itl", "e2el")
@@ -172,7 +172,7 @@ def _relative(path: Path) -> str:
 
 def demo_configs(directory: Path) -> dict[str, Path]:
     """The demo's pipeline (tiny -> dream -> target, 2/3 core each) and its target alone (both cores), as YAML."""
-    from pipespec.cluster.demo import DEMO_MODELS, demo_raw
+    from pipespec.commands.demo import DEMO_MODELS, demo_raw
 
     cores = os.cpu_count() or 1
     sides = {

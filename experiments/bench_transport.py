@@ -19,7 +19,7 @@ import tempfile
 import time
 
 from pipespec import LocalPipeline, load_config
-from pipespec.logs import add_log_level, setup_logging
+from pipespec.commands.logs import add_log_level, setup_logging
 
 
 def per_token_us(config, over_grpc: bool, tokens: int, runs: int, stages=None) -> float:

@@ -26,7 +26,7 @@ from PIL import Image
 
 from tests.fixtures.vlm_zoo import family_tokenizer
 from demo.llava_template import CHAT_TEMPLATE
-from pipespec.logs import add_log_level, setup_logging
+from pipespec.commands.logs import add_log_level, setup_logging
 
 log = logging.getLogger(__name__)
 

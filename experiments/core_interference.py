@@ -6,7 +6,7 @@ The asynchronous pipeline assumes its devices are independent: a drafter computi
 not slow the target's forward on another. On a shared virtual machine two cores can share caches,
 memory bandwidth or one physical core. This measures it: the target alone (`LocalPipeline`, one
 torch thread, this process pinned to the second core) decodes a held-out demo question, traced
-(pipespec.trace: wall and CPU milliseconds per forward), first with the first core idle, then while
+(pipespec.engine.trace: wall and CPU milliseconds per forward), first with the first core idle, then while
 a neighbour process pinned to the first core decodes without pause
 (the config's first stage, a text drafter that runs alone: the load it carries in the pipeline). Runs alternate; medians are printed.
 """
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from experiments.prompt_sets import load_prompts
 from pipespec import LocalPipeline, load_config
 from pipespec.config import sub_pipeline
-from pipespec.logs import add_log_level, setup_logging
+from pipespec.commands.logs import add_log_level, setup_logging
 
 PROMPTS = "experiments/prompts/world_held_out.jsonl"
 

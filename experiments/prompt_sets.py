@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipespec.logs import add_log_level, setup_logging
+from pipespec.commands.logs import add_log_level, setup_logging
 
 WORLD_PROMPTS = Path(__file__).resolve().parent / "prompts" / "world_held_out.jsonl"
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.bench import hardware
-from pipespec.logs import add_log_level, setup_logging
+from pipespec.commands.logs import add_log_level, setup_logging
 
 RESULTS = Path("experiments/results")
 PAGE = Path("experiments/RESULTS.md")
@@ -133,7 +133,7 @@ def section_plan() -> str:
         "## `pipespec plan` vs the measured best",
         "",
         f"Command: `{command}` (profiles each stage alone, one thread, then predicts with the chain model of "
-        "`pipespec.analytical`).",
+        "`pipespec.planning.analytical`).",
         "",
         f"| stage | kind | 1-token forward ms | {k}-token forward ms |",
         "|---|---|---|---|",
@@ -161,7 +161,7 @@ def section_scaling() -> str:
 
 
 ABLATION = (
-    "python -m pipespec.stages.dream.train --target models/demo/target --samples demo.world:samples --ablations "
+    "python -m training.train --target models/demo/target --samples demo.world:samples --ablations "
     "--variants dream no_cross_attention compression_0.75 --steps 4000 --train-samples 1200 --held-out 96 "
     "--max-new-tokens 96 --seeds 3 --jobs 2"
 )

@@ -4,7 +4,7 @@
                                   [--real | --no-real] [--out experiments/results/scaling]
 
 One device per pipeline stage. Two sweeps, each next to the analytical chain model
-(`pipespec.analytical.chain_rates`, upstream stages feeding the target) on the same axes:
+(`pipespec.planning.analytical.chain_rates`, upstream stages feeding the target) on the same axes:
 
 1. EMULATED (beyond the hardware at hand): mock stages (`pipespec/stages/mock.py`, not real models) that
    sleep a published-like per-forward latency and agree with the next model at a chosen rate, so
@@ -49,13 +49,13 @@ from typing import Any
 
 from experiments.bench_engine import PROMPTS, SYNC_WINDOWS, spec, time_pipeline, time_sync
 from pipespec import LocalPipeline, load_config
-from pipespec.analytical import chain_rates, sync_speedup
+from pipespec.planning.analytical import chain_rates, sync_speedup
 from pipespec.config import ConfigError, PipelineConfig
-from pipespec.outputs import Generation
-from pipespec.stage import Stage
-from pipespec.stats import PairStats
-from pipespec.synchronous import generate_sync
-from pipespec.logs import add_log_level, setup_logging
+from pipespec.requests.outputs import Generation
+from pipespec.engine.stage import Stage
+from pipespec.protocol.stats import PairStats
+from pipespec.engine.synchronous import generate_sync
+from pipespec.commands.logs import add_log_level, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class ChainRun:
     alphas: tuple[float, ...]  # median per pair over runs, upstream first
     sync: SyncBest | None  # None for the target alone
     outputs: list[list[int]]  # committed token ids per prompt
-    forward_s: tuple[float, ...]  # per stage, wall seconds per forward as traced in the timed runs (pipespec.trace)
+    forward_s: tuple[float, ...]  # per stage, wall seconds per forward as traced in the timed runs (pipespec.engine.trace)
 
 
 def run_chain(models: Sequence[EmulatedModel], time_scale: float, lookahead: int, tokens: int, runs: int) -> ChainRun:
@@ -296,7 +296,7 @@ def real_sweep(
     models: Path, prompts: int = 4, tokens: int = 48, dtype: str = "float32", tick: Tick | None = None
 ) -> list[ScalingRow]:
     """On a local Ray (started and stopped here): one stage per device, as far as the devices go."""
-    from pipespec.cluster.demo import demo_config, time_requests
+    from pipespec.commands.demo import demo_config, time_requests
     from pipespec.cluster.pipeline import local_ray
 
     requests = real_requests(prompts, tokens)
@@ -437,7 +437,7 @@ def write_outputs(rows: Sequence[ScalingRow], out: Path, settings: dict[str, Any
 def main(argv: Sequence[str] | None = None) -> int:
     from tqdm import tqdm
 
-    from pipespec.cluster.demo import DEMO_MODELS
+    from pipespec.commands.demo import DEMO_MODELS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=len(CHAIN), help=f"emulated sweep: 1 .. this many (at most {len(CHAIN)})")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pipespec import Client, GenerationError, LocalPipeline, load_config
 from pipespec.config import sub_pipeline
-from pipespec.logs import add_log_level, setup_logging
+from pipespec.commands.logs import add_log_level, setup_logging
 
 log = logging.getLogger("soak")
 CONFIG = "pipespec/configs/mock3.yaml"

@@ -8,7 +8,7 @@ the target's critical path, but each verification then runs on fewer threads. On
 block of k tokens costs about as much as one (a GPU, bf16 on some CPUs) that is a clear gain; where
 it costs more with k and with fewer threads, it can be none. This prints the target's median
 forward seconds for each block size at each thread count on the config's first held-out prompt
-(`pipespec.profiling.time_forwards`: after the prefill, the block fed again and again at the same
+(`pipespec.planning.profiling.time_forwards`: after the prefill, the block fed again and again at the same
 place), and the ratio to one token at that thread count.
 """
 
@@ -22,8 +22,8 @@ import torch
 from experiments.prompt_sets import load_prompts
 from pipespec import LocalPipeline, load_config
 from pipespec.config import sub_pipeline
-from pipespec.profiling import time_forwards
-from pipespec.logs import add_log_level, setup_logging
+from pipespec.planning.profiling import time_forwards
+from pipespec.commands.logs import add_log_level, setup_logging
 
 PROMPTS = "experiments/prompts/world_held_out.jsonl"
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipespec.client import Client
 from pipespec.config import ConfigError, PipelineConfig, load_config
-from pipespec.outputs import Delta, Generation, GenerationError, RequestRefused
+from pipespec.requests.outputs import Delta, Generation, GenerationError, RequestRefused
 
 if TYPE_CHECKING:
     from pipespec.local import LocalPipeline

@@ -10,9 +10,9 @@
                   [--write-config FILE] [--threads N]
 
 Every command takes `--log-level LEVEL` (DEBUG, INFO, WARNING, ERROR, CRITICAL; default WARNING, INFO
-for `plan`), or a logging config file named by $PIPESPEC_LOGGING_CONFIG (pipespec.logs).
+for `plan`), or a logging config file named by $PIPESPEC_LOGGING_CONFIG (pipespec.commands.logs).
 
-`demo` runs the embedded default on a local Ray (see pipespec.cluster.demo): the shipped models (tiny -> dream
+`demo` runs the embedded default on a local Ray (see pipespec.commands.demo): the shipped models (tiny -> dream
 -> VLM target, trained on the generated visual world) answer a question about a picture, streamed
 token by token; then pipeline and target-alone runs alternate, and a table shows each stage pair's
 acceptance, the median tokens per second of each side and their median ratio, and whether the answers match.
@@ -26,7 +26,7 @@ line per token (token id, logprob, then id:logprob for each alternative; tab-sep
 
 `plan` profiles each stage's forward latency and each pair's acceptance on a few prompts, in this
 process, and recommends which stages to use, their placement on the devices and each drafter's
-lookahead (see pipespec.plan). Devices default to this machine's cores, one core each (`--devices N`
+lookahead (see pipespec.planning.plan). Devices default to this machine's cores, one core each (`--devices N`
 splits the cores into N devices). `--plan auto` on `serve` and `demo` profiles quickly, prints the
 recommendation and why, and runs it.
 """
@@ -37,7 +37,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipespec.logprobs import TokenLogprobs
+from pipespec.protocol.logprobs import TokenLogprobs
 
 
 def _printable(text: str) -> str:
@@ -50,8 +50,8 @@ def _fail(command: str, why: object) -> int:
 
 
 def demo(args: argparse.Namespace) -> int:
-    from pipespec.cluster.demo import DEFAULT_PROMPT, run_demo
-    from pipespec.placement import Devices
+    from pipespec.commands.demo import DEFAULT_PROMPT, run_demo
+    from pipespec.planning.placement import Devices
 
     if args.runs < 1:
         return _fail("demo", f"--runs must be at least 1, got {args.runs}")
@@ -76,14 +76,14 @@ def demo(args: argparse.Namespace) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     from pipespec.cluster.launch import serve as launch
-    from pipespec.examples import config_path
+    from pipespec.commands.examples import config_path
 
     config: str | dict = args.config
     if args.plan != "auto" and (args.devices is not None or args.image is not None):
         return _fail("serve", "--devices and --image are for --plan auto; give it too")
     if args.plan == "auto":
-        from pipespec.placement import Devices
-        from pipespec.plan import auto, explain
+        from pipespec.planning.placement import Devices
+        from pipespec.planning.plan import auto, explain
 
         try:
             config, chosen = auto(config_path(args.config), Devices.of_this_machine(args.devices), image=args.image)
@@ -96,9 +96,9 @@ def serve(args: argparse.Namespace) -> int:
 
 def generate(args: argparse.Namespace) -> int:
     from pipespec.client import Client
-    from pipespec.generate_args import GenerateArgs
-    from pipespec.images import image_bytes
-    from pipespec.outputs import GenerationError
+    from pipespec.requests.generate_args import GenerateArgs
+    from pipespec.requests.images import image_bytes
+    from pipespec.requests.outputs import GenerationError
 
     request = dict(
         max_new_tokens=args.max_new_tokens,
@@ -152,9 +152,9 @@ def _logprob_lines(logprobs: list[TokenLogprobs]) -> list[str]:
 def plan(args: argparse.Namespace) -> int:
     import json
 
-    from pipespec.placement import Devices
-    from pipespec.plan import format_plan, recommend, write_config
-    from pipespec.profiling import profile, read_config
+    from pipespec.planning.placement import Devices
+    from pipespec.planning.plan import format_plan, recommend, write_config
+    from pipespec.planning.profiling import profile, read_config
 
     try:
         devices = Devices.of_this_machine(args.devices)
@@ -177,7 +177,7 @@ def plan(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from pipespec.cluster.bundles import STRATEGIES
-    from pipespec.logs import LoggingConfigError, add_log_level, setup_logging
+    from pipespec.commands.logs import LoggingConfigError, add_log_level, setup_logging
 
     parser = argparse.ArgumentParser(prog="pipespec", description="Asynchronous hierarchical speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)

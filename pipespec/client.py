@@ -34,9 +34,9 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from typing import Any
 
-from pipespec.generate_args import GenerateArgs
-from pipespec.images import image_bytes
-from pipespec.outputs import Delta, Generation, RequestRefused
+from pipespec.requests.generate_args import GenerateArgs
+from pipespec.requests.images import image_bytes
+from pipespec.requests.outputs import Delta, Generation, RequestRefused
 
 
 class Client:

@@ -4,7 +4,7 @@ Every error names the offending key path and value (`stages[1].kind: unknown kin
 and unknown keys are errors with a did-you-mean hint. Nothing downstream re-validates. What each
 kind adds (its own keys, whether it loads a model, where in a chain it may sit) is asked of the
 registry of stage kinds, `pipespec.stages.registry`. Model directories must exist; whether their
-tokenizers agree is checked by `pipespec.tokenization` before any weights load.
+tokenizers agree is checked by `pipespec.requests.tokenization` before any weights load.
 
 A stage on a GPU (`device: cuda` or `cuda:N`) reserves one: its `resources` default to a CPU and a
 GPU, and resources that reserve no GPU are an error. In process (`LocalPipeline`) resources are
@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from pipespec.errors import ConfigError
-from pipespec.params import SamplingParams, VerifyMode
+from pipespec.protocol.params import SamplingParams, VerifyMode
 from pipespec.stages.registry import KINDS, MockOptions, NgramOptions, kind_of
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -128,7 +128,7 @@ class PipelineConfig:
         return sum(self.stages[d[0]].resources.get("num_cpus", 0) for d in self.devices())
 
     def sends_features(self, i: int) -> bool:
-        """Stage i hands its features to its drafter, which reads them (a DREAM stage; pipespec.handoff)."""
+        """Stage i hands its features to its drafter, which reads them (a DREAM stage; pipespec.engine.handoff)."""
         return i > 0 and kind_of(self.stages[i - 1]).reads_target_features
 
 

@@ -12,5 +12,5 @@ class ConfigError(ValueError):
 
 class ProtocolError(ValueError):
     """A peer's message breaks the pipeline protocol (design section 2): a stage runner raises it, and it
-    fails the request the message is about (pipespec.runner). The message names the kind, the request,
+    fails the request the message is about (pipespec.engine.runner). The message names the kind, the request,
     the stage, the field and the values."""

@@ -19,18 +19,18 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipespec.assembly import Entrance, link_coordinator, link_in_process, link_to_verifier, serve_runner
+from pipespec.pipeline.assembly import Entrance, link_coordinator, link_in_process, link_to_verifier, serve_runner
 from pipespec.config import PipelineConfig
-from pipespec.coordinator import Coordinator
-from pipespec.frontdoor import TargetInfo
-from pipespec.generate_args import GenerateArgs
-from pipespec.links import Inbox, InProcessLink, Link
-from pipespec.messages import RequestSpec
-from pipespec.outputs import Delta, Generation, raise_error
-from pipespec.runner import StageRunner
-from pipespec.scheduler import schedulers_for
+from pipespec.pipeline.coordinator import Coordinator
+from pipespec.requests.frontdoor import TargetInfo
+from pipespec.requests.generate_args import GenerateArgs
+from pipespec.protocol.links import Inbox, InProcessLink, Link
+from pipespec.protocol.messages import RequestSpec
+from pipespec.requests.outputs import Delta, Generation, raise_error
+from pipespec.engine.runner import StageRunner
+from pipespec.engine.scheduler import schedulers_for
 from pipespec.serving.serving import Serving
-from pipespec.stage import Stage
+from pipespec.engine.stage import Stage
 
 if TYPE_CHECKING:
     from pipespec.serving.http_server import HttpServer
@@ -159,7 +159,7 @@ class LocalPipeline:
         self._http.append(server)
         return server.port
 
-    # ---- tracing (pipespec.trace) ---------------------------------------------------------------
+    # ---- tracing (pipespec.engine.trace) ---------------------------------------------------------------
 
     def start_trace(self) -> None:
         """Begin recording where each stage's time goes."""
@@ -178,7 +178,7 @@ class LocalPipeline:
     # ---- requests -----------------------------------------------------------------------------
 
     def request(self, prompt: str | None = None, **kwargs: Any) -> tuple[RequestSpec, tuple[str, ...]]:
-        """Validate one request at the front door (see pipespec.frontdoor); keywords as in `GenerateArgs`."""
+        """Validate one request at the front door (see pipespec.requests.frontdoor); keywords as in `GenerateArgs`."""
         return self.front_door.request(GenerateArgs(prompt, **kwargs))
 
     def stream(self, prompt: str | None = None, **kwargs: Any) -> Iterator[Delta]:

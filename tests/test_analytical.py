@@ -1,10 +1,10 @@
-"""The throughput models of pipespec.analytical: stages placed on devices, worked by hand."""
+"""The throughput models of pipespec.planning.analytical: stages placed on devices, worked by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipespec.analytical import (
+from pipespec.planning.analytical import (
     chain_rates,
     chain_rates_with_verify_cost,
     device_loads,

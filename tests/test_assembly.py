@@ -1,4 +1,4 @@
-"""Tests for pipespec/assembly.py: the coordinator's side built from the config, and a chain of
+"""Tests for pipespec/pipeline/assembly.py: the coordinator's side built from the config, and a chain of
 runners linked in process (each to its drafter, its verifier and the coordinator). The gRPC links are
 exercised end to end in test_transport.py and test_cluster.py."""
 
@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from pipespec import load_config
-from pipespec.assembly import Entrance, link_in_process
-from pipespec.frontdoor import TargetInfo
-from pipespec.generate_args import GenerateArgs
-from pipespec.links import InProcessLink
-from pipespec.runner import StageRunner
+from pipespec.pipeline.assembly import Entrance, link_in_process
+from pipespec.requests.frontdoor import TargetInfo
+from pipespec.requests.generate_args import GenerateArgs
+from pipespec.protocol.links import InProcessLink
+from pipespec.engine.runner import StageRunner
 from pipespec.stages import load_stages
-from pipespec.tokenization import IncrementalDetokenizer
+from pipespec.requests.tokenization import IncrementalDetokenizer
 
 
 def mocks(k):
@@ -78,6 +78,8 @@ def test_the_assembly_is_torch_free_at_import():
     """The coordinator's actor builds its side here: no torch (nor Ray, nor gRPC) at import."""
     from tests.test_coordinator_import import BYPASS_PACKAGE_INIT, REPORT, run_python
 
-    code = BYPASS_PACKAGE_INIT + "import pipespec.assembly\n" + REPORT + "assert not {'ray', 'grpc'} & set(sys.modules)\n"
+    code = (
+        BYPASS_PACKAGE_INIT + "import pipespec.pipeline.assembly\n" + REPORT + "assert not {'ray', 'grpc'} & set(sys.modules)\n"
+    )
     result = run_python(code)
     assert result.returncode == 0, result.stdout + result.stderr

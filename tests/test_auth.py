@@ -16,8 +16,10 @@ import asyncio
 import grpc
 import pytest
 
-from pipespec import LocalPipeline, codec, load_config
-from pipespec.messages import Close
+from pipespec import LocalPipeline, load_config
+
+from pipespec.protocol import codec
+from pipespec.protocol.messages import Close
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.transport.auth import call_metadata, new_secret

@@ -34,7 +34,7 @@ from PIL import Image
 
 from pipespec import Client, GenerationError, LocalPipeline, load_config
 from pipespec.cli import main as cli
-from pipespec.generate_args import GenerateArgs
+from pipespec.requests.generate_args import GenerateArgs
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 from pipespec.transport.generate_request import to_proto

@@ -55,7 +55,7 @@ def test_every_method_runs_and_equals_the_target_alone(family, tmp_path):
     assert isinstance(choice["turns"][0], str)
     table = (out / "bench.md").read_text()
     assert "| async tiny->mid->target (local) |" in table and "prefill s" in table
-    assert "**async tiny->mid->target (local)** on one process" in table  # its trace (pipespec.trace)
+    assert "**async tiny->mid->target (local)** on one process" in table  # its trace (pipespec.engine.trace)
     assert "| mid | " in table.split("**async tiny->mid->target (local)**")[1]
 
 

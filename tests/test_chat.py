@@ -1,4 +1,4 @@
-"""Tests for pipespec/chat.py: a conversation (system, user and assistant turns) as every way in takes it.
+"""Tests for pipespec/requests/chat.py: a conversation (system, user and assistant turns) as every way in takes it.
 
 - Bad messages are refused naming the message or part (`conversation`, `check`, and through
   `GenerateArgs.checked()` the image's place).
@@ -23,11 +23,11 @@ from PIL import Image
 
 from demo.llava_template import CHAT_TEMPLATE
 from pipespec import Client, LocalPipeline, load_config
-from pipespec.chat import IMAGE, ChatMessage, Part, check, conversation
-from pipespec.generate_args import GenerateArgs
-from pipespec.images import image_bytes, load_processor
+from pipespec.requests.chat import IMAGE, ChatMessage, Part, check, conversation
+from pipespec.requests.generate_args import GenerateArgs
+from pipespec.requests.images import image_bytes, load_processor
 from pipespec.protos import pipespec_pb2 as pb
-from pipespec.tokenization import encode_prompt
+from pipespec.requests.tokenization import encode_prompt
 from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 from pipespec.transport.generate_request import from_proto, to_proto
 

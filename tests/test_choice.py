@@ -1,4 +1,4 @@
-"""Tests for pipespec/choice.py `decide`: greedy and coupled verification accept the longest matching
+"""Tests for pipespec/engine/choice.py `decide`: greedy and coupled verification accept the longest matching
 prefix of the drafts plus the stage's own token; coupled choices depend only on (seed, position) and
 sample softmax(logits); rejection sampling (Leviathan et al.) emits tokens distributed as the
 target's p whatever the drafter's q, checked statistically in the style of vLLM's rejection-sampler
@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from pipespec import choice
-from pipespec.choice import decide, rejection_streams
-from pipespec.params import SamplingParams, VerifyMode
-from pipespec.sampling import log_processed
+from pipespec.engine import choice
+from pipespec.engine.choice import decide, rejection_streams
+from pipespec.protocol.params import SamplingParams, VerifyMode
+from pipespec.engine.sampling import log_processed
 
 GREEDY = SamplingParams()
 COUPLED = SamplingParams(temperature=1.0, verify=VerifyMode.COUPLED)

@@ -30,8 +30,8 @@ import pytest
 from PIL import Image
 
 from pipespec import Client, GenerationError, LocalPipeline, RequestRefused, load_config
-from pipespec.chat import IMAGE, ChatMessage, Part
-from pipespec.images import image_bytes
+from pipespec.requests.chat import IMAGE, ChatMessage, Part
+from pipespec.requests.images import image_bytes
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator

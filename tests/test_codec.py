@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipespec import codec
+from pipespec.protocol import codec
 from pipespec.config import LimitsSpec
-from pipespec.logprobs import TokenLogprobs
-from pipespec.messages import (
+from pipespec.protocol.logprobs import TokenLogprobs
+from pipespec.protocol.messages import (
     Close,
     Closed,
     Commit,
@@ -28,8 +28,8 @@ from pipespec.messages import (
     TargetFeatures,
     Verdict,
 )
-from pipespec.params import SamplingParams, VerifyMode
-from pipespec.stats import PairStats, StageStats
+from pipespec.protocol.params import SamplingParams, VerifyMode
+from pipespec.protocol.stats import PairStats, StageStats
 
 
 def roundtrip(message):

@@ -17,7 +17,7 @@ from pipespec.config import (
     StageSpec,
     load_config,
 )
-from pipespec.params import VerifyMode
+from pipespec.protocol.params import VerifyMode
 
 
 def mock_config(**overrides):

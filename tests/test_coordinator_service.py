@@ -19,10 +19,10 @@ import grpc
 import pytest
 
 from pipespec import Client, GenerationError, load_config
-from pipespec.frontdoor import FrontDoor, TargetInfo, new_request_id
-from pipespec.generate_args import GenerateArgs
-from pipespec.messages import RequestSpec
-from pipespec.outputs import Delta
+from pipespec.requests.frontdoor import FrontDoor, TargetInfo, new_request_id
+from pipespec.requests.generate_args import GenerateArgs
+from pipespec.protocol.messages import RequestSpec
+from pipespec.requests.outputs import Delta
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.serving.serving import Serving

@@ -2,7 +2,7 @@
 reaches the projector through the real serving path.
 
 A tower is pretrained on the fly for a few dozen steps, saved in half precision with its processor,
-loaded back through `pipespec.images.load_processor` and the `vlm` stage, and asked about fresh
+loaded back through `pipespec.requests.images.load_processor` and the `vlm` stage, and asked about fresh
 pictures: the projector's input, captured by a hook, must be read by the pretraining's own heads as
 well as the tower's training output was (each patch's colour). That catches a recipe that feeds
 another layer than the one pretrained, normalises pictures differently at serving time or loses the
@@ -60,11 +60,11 @@ def colour_accuracy(probe: DenseProbe, patches: torch.Tensor, scenes: list) -> f
 
 def served_projector_input(model_dir: Path, scene) -> torch.Tensor:
     """[N, H] what the `vlm` stage's model feeds its projector for `scene`'s picture, through the
-    serving path: the saved processor via pipespec.images, the chat template, the stage's prefill."""
-    from pipespec.chat import ChatMessage, Part
-    from pipespec.images import encode_image_prompt, load_processor
-    from pipespec.messages import RequestSpec
-    from pipespec.params import SamplingParams
+    serving path: the saved processor via pipespec.requests.images, the chat template, the stage's prefill."""
+    from pipespec.requests.chat import ChatMessage, Part
+    from pipespec.requests.images import encode_image_prompt, load_processor
+    from pipespec.protocol.messages import RequestSpec
+    from pipespec.protocol.params import SamplingParams
 
     stage = served_stage(str(model_dir))
     processor = load_processor(str(model_dir), "test")

@@ -127,9 +127,9 @@ def test_compression_keeps_the_most_attended_image_tokens():
 def test_the_intermediate_regression_does_not_depend_on_the_residual_streams_scale():
     """Mid-layer residual streams run 5-18x the post-norm last hidden state: the first block regresses
     onto the selected layer RMS-normalised, so scaling that layer changes nothing in the loss."""
-    from pipespec.stages.dream.training.features import SequenceFeatures
-    from pipespec.stages.dream.training.loss import sequence_loss
-    from pipespec.stages.dream.training.variants import Variant
+    from training.features import SequenceFeatures
+    from training.loss import sequence_loss
+    from training.variants import Variant
 
     torch.manual_seed(0)
     T, P, H, V, L = 12, 5, CONFIG.hidden_size, CONFIG.vocab_size, 4
@@ -206,7 +206,7 @@ def test_dream_session_keeps_memory_and_inputs_consistent(world):
     with LocalPipeline(vlm_chain(world, ["dream", "target"])) as p:
         spec, _ = p.request(PROMPTS[0], image=IMAGES[0], max_new_tokens=4)
         dream, target = p.stages
-    from pipespec.messages import TargetFeatures
+    from pipespec.protocol.messages import TargetFeatures
 
     t = target.open(spec)
     target.taps.last_attention.keep_weights = False
@@ -236,8 +236,8 @@ def test_a_dream_stage_must_sit_right_before_a_vlm_target(world):
 
 @pytest.fixture(scope="module")
 def trainer(world):
-    from pipespec.images import load_processor
-    from pipespec.stages.dream.training.data import examples_for, noise_samples
+    from pipespec.requests.images import load_processor
+    from training.data import examples_for, noise_samples
     from pipespec.stages.vlm import VLMStage
 
     stage = VLMStage("target", world["target"], "float32")
@@ -246,7 +246,7 @@ def trainer(world):
 
 
 def test_target_features_and_entropy_selection(trainer):
-    from pipespec.stages.dream.training.features import FeatureExtractor
+    from training.features import FeatureExtractor
 
     stage, examples = trainer
     ex = examples[0]
@@ -261,8 +261,8 @@ def test_target_features_and_entropy_selection(trainer):
         torch.testing.assert_close(chosen[t], feats.layer_hidden[best[t], t])
     torch.testing.assert_close(feats.supervision(1.0), feats.layer_hidden[-1])
     # the features match what the pipeline's target session computes at prefill
-    session = stage.open(__import__("pipespec.messages", fromlist=["RequestSpec"]).RequestSpec(
-        "r", ex.prompt_ids, __import__("pipespec.params", fromlist=["SamplingParams"]).SamplingParams(), 4, image=ex.image
+    session = stage.open(__import__("pipespec.protocol.messages", fromlist=["RequestSpec"]).RequestSpec(
+        "r", ex.prompt_ids, __import__("pipespec.protocol.params", fromlist=["SamplingParams"]).SamplingParams(), 4, image=ex.image
     ))  # fmt: skip
     P = len(ex.prompt_ids)
     torch.testing.assert_close(session.prefill_features.hidden, feats.hidden[: P - 1], rtol=1e-4, atol=1e-4)
@@ -271,9 +271,9 @@ def test_target_features_and_entropy_selection(trainer):
 
 @pytest.mark.parametrize("variant", ["dream", "no_cross_attention", "compression_0.5", "layer_50"])
 def test_training_loss_falls_on_a_small_fixed_batch(trainer, variant):
-    from pipespec.stages.dream.training.evaluation import mean_acceptance_length
-    from pipespec.stages.dream.training.loop import train
-    from pipespec.stages.dream.training.variants import VARIANTS
+    from training.evaluation import mean_acceptance_length
+    from training.loop import train
+    from training.variants import VARIANTS
 
     stage, examples = trainer
     chosen = next(v for v in VARIANTS if v.name == variant)
@@ -285,7 +285,7 @@ def test_training_loss_falls_on_a_small_fixed_batch(trainer, variant):
 
 def test_every_fast_parameter_name_matches_a_cross_attention_parameter():
     """A rename must not silently drop the gates or the q/k scales back to the slow learning rate."""
-    from pipespec.stages.dream.training.loop import FAST_PARAMETERS
+    from training.loop import FAST_PARAMETERS
 
     names = [n for n, _ in drafter().named_parameters()]
     for suffix in FAST_PARAMETERS:
@@ -294,7 +294,7 @@ def test_every_fast_parameter_name_matches_a_cross_attention_parameter():
 
 
 def test_synchronous_speculation_with_a_dream_drafter_equals_the_target_alone(world, reference):
-    from pipespec.synchronous import generate_sync
+    from pipespec.engine.synchronous import generate_sync
 
     pipe = LocalPipeline(vlm_chain(world, ["dream", "target"]))  # never started: its stages and front door
     dream, target = pipe.stages

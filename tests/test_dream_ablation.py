@@ -8,9 +8,9 @@ import statistics
 import pytest
 import torch
 
-from pipespec.stages.dream.training.ablation import GridSpec, run_grid, worker_threads
-from pipespec.stages.dream.training.data import examples_for, noise_samples
-from pipespec.stages.dream.training.variants import VARIANTS
+from training.ablation import GridSpec, run_grid, worker_threads
+from training.data import examples_for, noise_samples
+from training.variants import VARIANTS
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +21,7 @@ VARIANT = {v.name: v for v in VARIANTS}
 def grid_inputs(tmp_path_factory):
     """A zoo target saved to disk (the workers load it from there) and a few short answers."""
     from tests.fixtures.vlm_zoo import build_zoo_family
-    from pipespec.images import load_processor
+    from pipespec.requests.images import load_processor
     from pipespec.stages.vlm import VLMStage
 
     target = str(build_zoo_family("llava", tmp_path_factory.mktemp("ablation"))["target"])
@@ -75,6 +75,6 @@ def test_a_grid_of_no_seeds_is_refused_by_name():
     import subprocess
     import sys
 
-    argv = [sys.executable, "-m", "pipespec.stages.dream.train", "--target", "unused", "--ablations", "--seeds", "0"]
+    argv = [sys.executable, "-m", "training.train", "--target", "unused", "--ablations", "--seeds", "0"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--seeds must be at least 1, got 0" in out.stderr

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from pipespec.early_mail import EarlyMail
-from pipespec.messages import Draft, Verdict
+from pipespec.engine.early_mail import EarlyMail
+from pipespec.protocol.messages import Draft, Verdict
 
 
 def test_messages_come_back_in_order_once():

@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipespec.params import SamplingParams
+from pipespec.protocol.params import SamplingParams
 from pipespec.stages.causal_lm import CausalLMStage
 from tests.fixtures.exactness import assert_same, sampling_cases, text_pipeline
 

@@ -11,7 +11,7 @@ import pytest
 
 from pipespec import LocalPipeline
 from pipespec.config import sub_pipeline
-from pipespec.outputs import GenerationError
+from pipespec.requests.outputs import GenerationError
 from tests.fixtures.exactness import image_requests, run_all, vlm_chain
 from tests.fixtures.faults import kill_stage, mock3, restore_stage
 
@@ -123,7 +123,7 @@ def test_image_requests_rejoin_a_restored_dream_or_target_exactly(llava_dream_zo
 
 
 def test_the_coordinator_drops_a_message_no_stage_sends():
-    from pipespec.messages import Close, Verdict
+    from pipespec.protocol.messages import Close, Verdict
 
     with LocalPipeline(mock3()) as pipe:
         for bogus in [Close("req-x"), Verdict("req-x", 0, 0, 1)]:

@@ -1,4 +1,4 @@
-"""Tests for pipespec/frontdoor.py that need no model: `max_new_tokens=None` is as many tokens as the
+"""Tests for pipespec/requests/frontdoor.py that need no model: `max_new_tokens=None` is as many tokens as the
 limits and the target's context allow; a conversation's messages are charged at least CHARS_PER_TOKEN
 characters each, so a flood of tiny messages is refused before it is rendered; `plain_text_ids`
 tokenizes a text without the chat template after the same character check. (Every way in refusing
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from pipespec import load_config
-from pipespec.frontdoor import CHARS_PER_TOKEN, FrontDoor, TargetInfo
-from pipespec.generate_args import GenerateArgs
+from pipespec.requests.frontdoor import CHARS_PER_TOKEN, FrontDoor, TargetInfo
+from pipespec.requests.generate_args import GenerateArgs
 
 
 class Tokenizer:

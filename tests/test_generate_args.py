@@ -1,4 +1,4 @@
-"""Tests for pipespec/generate_args.py: sequences are kept as tuples, `stop=None` is no stop strings,
+"""Tests for pipespec/requests/generate_args.py: sequences are kept as tuples, `stop=None` is no stop strings,
 the sampling values left as None take the config's defaults, and `checked()` gives plain Python
 values or a ValueError naming the bad one (every way in, tests/test_bad_input.py)."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipespec import load_config
-from pipespec.generate_args import GenerateArgs
+from pipespec.requests.generate_args import GenerateArgs
 
 
 def test_sequences_are_kept_as_tuples():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from pipespec.handoff import FEATURE_DTYPE, prefill_message, step_message
-from pipespec.messages import PrefillFeatures
+from pipespec.engine.handoff import FEATURE_DTYPE, prefill_message, step_message
+from pipespec.protocol.messages import PrefillFeatures
 
 
 def test_the_prefill_message_carries_embeddings_and_hidden_in_bf16_and_the_rest_as_given():

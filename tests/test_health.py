@@ -18,11 +18,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pipespec import Client, LocalPipeline, load_config
-from pipespec.assembly import Entrance, link_coordinator, link_to_verifier, serve_runner
+from pipespec.pipeline.assembly import Entrance, link_coordinator, link_to_verifier, serve_runner
 from pipespec.config import PipelineConfig
-from pipespec.coordinator import Coordinator
-from pipespec.frontdoor import TargetInfo
-from pipespec.runner import StageRunner
+from pipespec.pipeline.coordinator import Coordinator
+from pipespec.requests.frontdoor import TargetInfo
+from pipespec.engine.runner import StageRunner
 from pipespec.serving.serving import Serving
 from pipespec.stages import load_stages
 from pipespec.transport.auth import call_metadata, new_secret

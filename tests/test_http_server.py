@@ -23,9 +23,9 @@ import pytest
 
 import pipespec
 from pipespec import LocalPipeline, load_config
-from pipespec.coordinator import Coordinator
-from pipespec.frontdoor import FrontDoor
-from pipespec.outputs import Delta
+from pipespec.pipeline.coordinator import Coordinator
+from pipespec.requests.frontdoor import FrontDoor
+from pipespec.requests.outputs import Delta
 from pipespec.serving.body_limit import body_bytes
 from pipespec.serving.http_server import HttpServer, serve_http
 from pipespec.serving.serving import Serving

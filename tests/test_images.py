@@ -1,4 +1,4 @@
-"""Tests for pipespec/images.py that need no model: an image file within the limits is measured before
+"""Tests for pipespec/requests/images.py that need no model: an image file within the limits is measured before
 it is read, and a file that cannot be read is a ValueError naming it, never an OSError. (Images
 decoded and processed for a VLM target: tests/test_vlm.py; refused every way in: tests/test_bad_input.py.)
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipespec.config import LimitsSpec
-from pipespec.images import image_bytes, load_image
+from pipespec.requests.images import image_bytes, load_image
 
 LIMITS = LimitsSpec(image_bytes=1000)
 

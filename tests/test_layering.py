@@ -83,7 +83,7 @@ def violations(root: Path) -> list[str]:
     return sorted(found)
 
 
-def torch_chain(root: Path, start: str = "pipespec.coordinator") -> list[str] | None:
+def torch_chain(root: Path, start: str = "pipespec.pipeline.coordinator") -> list[str] | None:
     """The chain of import-time imports from `start` (or a package above it) to torch, or None."""
     known = modules(root)
     parents: dict[str, str | None] = {m: None for m in (*_packages(start), start)}  # importing it runs its packages too
@@ -121,11 +121,12 @@ def broken(tmp_path: Path) -> Path:
     """A pipespec tree that breaks every rule once."""
     files = {
         "pipespec/__init__.py": "",
-        "pipespec/coordinator.py": "from pipespec import ledger\n",
-        "pipespec/ledger.py": "from .util import helper\n",
+        "pipespec/pipeline/__init__.py": "",
+        "pipespec/pipeline/coordinator.py": "from pipespec.pipeline import ledger\n",
+        "pipespec/pipeline/ledger.py": "from ..util import helper\n",
         "pipespec/util.py": "import torch.nn\n\ndef helper():\n    import ray\n",
         "pipespec/client.py": "def connect():\n    import grpc\n",
-        "pipespec/plan.py": "from demo.world import render\nfrom tests.fixtures import toy_models\n",
+        "pipespec/planning/plan.py": "from demo.world import render\nfrom tests.fixtures import toy_models\n",
         "pipespec/cluster/__init__.py": "import ray\n",
         "pipespec/transport/__init__.py": "import grpc\n",
     }
@@ -138,13 +139,13 @@ def broken(tmp_path: Path) -> Path:
 def test_the_rules_catch_a_broken_tree(broken: Path):
     assert violations(broken) == [
         "pipespec/client.py: imports grpc (grpc only in the transport)",
-        "pipespec/plan.py: imports demo.world (the runtime never imports demo/)",
-        "pipespec/plan.py: imports demo.world.render (the runtime never imports demo/)",
-        "pipespec/plan.py: imports tests.fixtures (the runtime never imports tests/)",
-        "pipespec/plan.py: imports tests.fixtures.toy_models (the runtime never imports tests/)",
+        "pipespec/planning/plan.py: imports demo.world (the runtime never imports demo/)",
+        "pipespec/planning/plan.py: imports demo.world.render (the runtime never imports demo/)",
+        "pipespec/planning/plan.py: imports tests.fixtures (the runtime never imports tests/)",
+        "pipespec/planning/plan.py: imports tests.fixtures.toy_models (the runtime never imports tests/)",
         "pipespec/util.py: imports ray (ray only in pipespec/cluster/)",
     ]
-    assert torch_chain(broken) == ["pipespec.coordinator", "pipespec.ledger", "pipespec.util", "torch.nn"]
+    assert torch_chain(broken) == ["pipespec.pipeline.coordinator", "pipespec.pipeline.ledger", "pipespec.util", "torch.nn"]
 
 
 def test_a_torch_import_inside_a_function_is_not_an_import_time_one(broken: Path):

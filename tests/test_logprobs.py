@@ -1,7 +1,7 @@
 """Exact logprobs through the engine: what a request asking for them gets does not depend on the drafters.
 
 The target computes each committed token's logprob and its k most likely alternatives from its own
-logits at the token's position (pipespec.sampling.token_logprobs), sends them with its commits, and
+logits at the token's position (pipespec.engine.sampling.token_logprobs), sends them with its commits, and
 the coordinator streams them beside the token ids. Checked on random-weight fp32 toy Llamas
 (tests.fixtures.toy_models), a 3-stage chain at two lookaheads, greedy, coupled sampling and
 rejection sampling, against two references within TOL:
@@ -30,15 +30,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipespec import Client, LocalPipeline
 from pipespec.config import sub_pipeline
-from pipespec.coordinator import Coordinator
-from pipespec.logprobs import TokenLogprobs
-from pipespec.messages import Closed, Commit, RequestSpec
-from pipespec.params import SamplingParams
-from pipespec.sampling import log_processed
+from pipespec.pipeline.coordinator import Coordinator
+from pipespec.protocol.logprobs import TokenLogprobs
+from pipespec.protocol.messages import Closed, Commit, RequestSpec
+from pipespec.protocol.params import SamplingParams
+from pipespec.engine.sampling import log_processed
 from pipespec.stages.causal_lm import CausalLMStage
 from pipespec.stages.mock import MockStage
-from pipespec.stats import StageStats
-from pipespec.step import StepPlan, compute
+from pipespec.protocol.stats import StageStats
+from pipespec.engine.step import StepPlan, compute
 from tests.fixtures.exactness import assert_same, text_pipeline
 from tests.fixtures.faults import kill_stage, mock3, restore_stage
 

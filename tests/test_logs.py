@@ -1,4 +1,4 @@
-"""Tests for pipespec/logs.py: `--log-level` on every command, and a logging config file named by
+"""Tests for pipespec/commands/logs.py: `--log-level` on every command, and a logging config file named by
 `PIPESPEC_LOGGING_CONFIG`, whose content reaches the Ray actors (as JSON in their environment).
 
 The real command line runs in a subprocess (`pipespec generate` against an address where nothing
@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from pipespec.cli import main as cli
-from pipespec.logs import CONFIG_ENV, CONFIG_JSON_ENV, LEVEL_ENV, LoggingConfigError, actor_env, setup_logging
+from pipespec.commands.logs import CONFIG_ENV, CONFIG_JSON_ENV, LEVEL_ENV, LoggingConfigError, actor_env, setup_logging
 
 ROOT = Path(__file__).resolve().parents[1]
 OPENED = "DEBUG pipespec.transport.generate_client: opened a channel to the coordinator at"
@@ -177,7 +177,7 @@ def test_an_actor_takes_its_level_from_the_environment(root_logger, monkeypatch)
     assert root_logger.level == logging.INFO
 
 
-COMMANDS = ("pipespec/cli.py", "pipespec/cluster/launch.py", "pipespec/stages/dream/train.py")
+COMMANDS = ("pipespec/cli.py", "pipespec/cluster/launch.py", "training/train.py")
 ENTRY_POINTS = sorted(
     path
     for path in [*ROOT.glob("experiments/*.py"), *ROOT.glob("demo/*.py"), *(ROOT / p for p in COMMANDS)]

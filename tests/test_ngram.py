@@ -6,8 +6,8 @@ import torch
 
 from pipespec import LocalPipeline, load_config
 from pipespec.config import NgramOptions
-from pipespec.messages import RequestSpec
-from pipespec.params import SamplingParams
+from pipespec.protocol.messages import RequestSpec
+from pipespec.protocol.params import SamplingParams
 from pipespec.stages.ngram import NgramStage
 
 

@@ -1,4 +1,4 @@
-"""Tests for pipespec/noise.py: the counter-based hash gives the same integers on Python ints and
+"""Tests for pipespec/engine/noise.py: the counter-based hash gives the same integers on Python ints and
 int64 tensors (so on any device), and the uniforms and Gumbel noise built on it are deterministic,
 keyed by (seed, position, stream, index), and correctly distributed."""
 
@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from pipespec import noise
+from pipespec.engine import noise
 
 M32 = 0xFFFFFFFF
 EULER_GAMMA = 0.5772156649015329

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import math
 
-from pipespec.logprobs import TokenLogprobs
-from pipespec.outputs import Delta
+from pipespec.protocol.logprobs import TokenLogprobs
+from pipespec.requests.outputs import Delta
 from pipespec.serving.openai_responses import (
     ChatShape,
     ChoiceTally,
@@ -20,7 +20,7 @@ from pipespec.serving.openai_responses import (
     speculative_decoding,
     usage,
 )
-from pipespec.stats import PairStats, RequestStats
+from pipespec.protocol.stats import PairStats, RequestStats
 
 ENTRIES = [TokenLogprobs(7, -0.5, (7, 3), (-0.5, -1.5)), TokenLogprobs(3, -math.inf, (9,), (-0.1,))]
 

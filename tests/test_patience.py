@@ -1,10 +1,10 @@
-"""pipespec.patience: when a verifier waits for drafts instead of generating a token itself."""
+"""pipespec.engine.patience: when a verifier waits for drafts instead of generating a token itself."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipespec.patience import Patience
+from pipespec.engine.patience import Patience
 
 
 def patience(verify_s: float, accepted: float = 1.0, rejected: float = 1.0, max_wait: float = 0.5) -> Patience:

@@ -8,15 +8,15 @@ import pytest
 import torch
 import yaml
 
-from pipespec.analytical import chain_rates, chain_rates_with_verify_cost, sync_rate, sync_speedup
+from pipespec.planning.analytical import chain_rates, chain_rates_with_verify_cost, sync_rate, sync_speedup
 from pipespec.cli import main
 from pipespec.config import load_config
-from pipespec.handoff import FeaturedVerifier as _FeaturedVerifier
-from pipespec.messages import PrefillFeatures, RequestSpec
-from pipespec.params import SamplingParams
-from pipespec.placement import Devices, label, on_devices, placements
-from pipespec.plan import FEWER_STAGES, LOOKAHEADS, TIE, auto, explain, format_plan, recommend, recommended_config
-from pipespec.profiling import PairProfile, Profile, StageProfile, profile
+from pipespec.engine.handoff import FeaturedVerifier as _FeaturedVerifier
+from pipespec.protocol.messages import PrefillFeatures, RequestSpec
+from pipespec.protocol.params import SamplingParams
+from pipespec.planning.placement import Devices, label, on_devices, placements
+from pipespec.planning.plan import FEWER_STAGES, LOOKAHEADS, TIE, auto, explain, format_plan, recommend, recommended_config
+from pipespec.planning.profiling import PairProfile, Profile, StageProfile, profile
 
 VOCAB = 64
 
@@ -53,7 +53,7 @@ def test_profile_measures_acceptance_as_the_mocks_agree():
 
 
 def test_a_pair_no_valid_chain_contains_is_skipped_with_the_reason():
-    from pipespec.profiling import _profile_pair
+    from pipespec.planning.profiling import _profile_pair
 
     ngram = {"kind": "ngram"}
     raw = {"stages": [{"name": "a", **ngram}, {"name": "b", **ngram}, {"name": "t", "kind": "mock", "vocab_size": VOCAB}]}

@@ -10,9 +10,9 @@ import pytest
 
 from pipespec import LocalPipeline
 from pipespec.config import ConfigError, load_config
-from pipespec.messages import RequestSpec
-from pipespec.params import SamplingParams
-from pipespec.stage import FeatureReader, FeatureSource
+from pipespec.protocol.messages import RequestSpec
+from pipespec.protocol.params import SamplingParams
+from pipespec.engine.stage import FeatureReader, FeatureSource
 from pipespec.stages.registry import KINDS, kind_of
 
 USER_KINDS = ("causal_lm", "ngram", "dream", "vlm", "mock")  # as design section 6 and the config's errors list them
@@ -26,7 +26,7 @@ def test_every_kind_a_config_accepts_has_one_entry_in_the_order_errors_list_them
 
 
 def test_the_registry_and_what_validates_through_it_import_without_torch():
-    modules = "pipespec.stages.registry, pipespec.config, pipespec.frontdoor, pipespec.images, pipespec.tokenization"
+    modules = "pipespec.stages.registry, pipespec.config, pipespec.requests.frontdoor, pipespec.requests.images, pipespec.requests.tokenization"
     code = f"import sys, {modules}\nassert 'torch' not in sys.modules, 'torch was imported'"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -24,7 +24,7 @@ from collections import Counter
 import pytest
 import torch
 
-import pipespec.choice
+import pipespec.engine.choice
 from pipespec import LocalPipeline, load_config
 from pipespec.stages.mock import MockStage
 
@@ -78,6 +78,6 @@ def test_rejection_chain_matches_target_distribution(k):
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [2])
 def test_broken_residual_is_caught(k, monkeypatch):
-    monkeypatch.setattr(pipespec.choice, "residual", lambda p, q: p)  # full p after a rejection: wrong
+    monkeypatch.setattr(pipespec.engine.choice, "residual", lambda p, q: p)  # full p after a rejection: wrong
     tv = empirical_tv(chain_config(k))
     assert tv > tv_bound(), f"k={k}: the broken sampler went unnoticed (TV {tv:.4f} < {tv_bound():.4f})"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from pipespec.messages import PrefillFeatures, TargetFeatures
-from pipespec.request_state import FeatureInbox, VerifierSide
-from pipespec.stats import PairStats
+from pipespec.protocol.messages import PrefillFeatures, TargetFeatures
+from pipespec.engine.request_state import FeatureInbox, VerifierSide
+from pipespec.protocol.stats import PairStats
 
 
 def test_pending_drafts_are_dropped_from_the_front_and_cleared_to_a_position():

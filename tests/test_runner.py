@@ -14,10 +14,10 @@ import random
 import pytest
 
 from pipespec import GenerationError, LocalPipeline, load_config
-from pipespec.links import DelayLink
-from pipespec.messages import RequestSpec
-from pipespec.params import SamplingParams
-from pipespec.stage import KVLengthError
+from pipespec.protocol.links import DelayLink
+from pipespec.protocol.messages import RequestSpec
+from pipespec.protocol.params import SamplingParams
+from pipespec.engine.stage import KVLengthError
 
 
 def mock_config(agreements, lookahead=4, latencies=None):

@@ -1,4 +1,4 @@
-"""A peer's bad message never kills a stage runner (pipespec.runner, pipespec.errors.ProtocolError).
+"""A peer's bad message never kills a stage runner (pipespec.engine.runner, pipespec.errors.ProtocolError).
 
 Each case hands a forged message to one runner of a real in-process pipeline of mock stages, next to
 the Open of one request (the "bad" one, its prompt starting with BAD): before it (the message
@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from pipespec import GenerationError, LocalPipeline
-from pipespec.links import Inbox
-from pipespec.messages import Close, Closed, Commit, Draft, Failed, Open, TargetFeatures, Verdict
-from pipespec.runner import StageRunner
-from pipespec.stats import StageStats
+from pipespec.protocol.links import Inbox
+from pipespec.protocol.messages import Close, Closed, Commit, Draft, Failed, Open, TargetFeatures, Verdict
+from pipespec.engine.runner import StageRunner
+from pipespec.protocol.stats import StageStats
 from tests.test_runner import mock_config, requests
 
 BAD = 13  # the bad request's first prompt token

@@ -1,14 +1,14 @@
-"""Tests for pipespec/sampling.py `log_processed` (temperature, then top-k, then top-p) and
+"""Tests for pipespec/engine/sampling.py `log_processed` (temperature, then top-k, then top-p) and
 `token_logprobs` (the logprobs a request gets), and for the validation and derived properties of
-pipespec/params.py `SamplingParams`."""
+pipespec/protocol/params.py `SamplingParams`."""
 
 import math
 
 import pytest
 import torch
 
-from pipespec.params import SamplingParams, VerifyMode
-from pipespec.sampling import log_processed, token_logprobs
+from pipespec.protocol.params import SamplingParams, VerifyMode
+from pipespec.engine.sampling import log_processed, token_logprobs
 
 PROBS = [0.5, 0.3, 0.15, 0.05]
 

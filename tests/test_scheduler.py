@@ -1,4 +1,4 @@
-"""Tests for pipespec/scheduler.py: stages placed on one device share one compute thread.
+"""Tests for pipespec/engine/scheduler.py: stages placed on one device share one compute thread.
 
 The scheduler alone, with fake runners: one batch at a time, prefills and verifications before other
 steps, the stage nearest the target first, the device busy until its runner took the results. Then
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from pipespec import LocalPipeline, load_config
-from pipespec.links import DelayLink
-from pipespec.scheduler import Batch, DeviceScheduler, Done, schedulers_for
+from pipespec.protocol.links import DelayLink
+from pipespec.engine.scheduler import Batch, DeviceScheduler, Done, schedulers_for
 
 
 @dataclass(eq=False)

@@ -1,10 +1,10 @@
-"""Tests for pipespec/stopping.py `StopRules`: max tokens, stop token ids and stop strings, with the
+"""Tests for pipespec/requests/stopping.py `StopRules`: max tokens, stop token ids and stop strings, with the
 streamed text excluding the stop string and text that may begin a stop string held back until the
 next token decides."""
 
 import pytest
 
-from pipespec.stopping import StepOutcome, StopRules
+from pipespec.requests.stopping import StepOutcome, StopRules
 
 EOS = 0
 VOCAB = {

@@ -1,4 +1,4 @@
-"""Tests for pipespec/tokenization.py: `check_shared_tokenizer` accepts stages that share a tokenizer
+"""Tests for pipespec/requests/tokenization.py: `check_shared_tokenizer` accepts stages that share a tokenizer
 and rejects a mismatch (or a directory without one) with a ConfigError naming the stages and paths;
 `IncrementalDetokenizer` streams exactly the text a full decode gives, non-ASCII included."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from tests.fixtures.toy_models import train_tokenizer
 from pipespec.config import ConfigError, load_config
-from pipespec.tokenization import IncrementalDetokenizer, check_shared_tokenizer
+from pipespec.requests.tokenization import IncrementalDetokenizer, check_shared_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tests for pipespec/trace.py: a stage's wall time split into compute, dispatch, handoff and idle.
+"""Tests for pipespec/engine/trace.py: a stage's wall time split into compute, dispatch, handoff and idle.
 
 The summary of hand-made steps adds up as the module docstring says; a traced pipeline of mock
 stages with an emulated latency records every forward, its buckets add up to its wall time, and the
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from pipespec import LocalPipeline, load_config
-from pipespec.trace import Step, combine, summarise, table
+from pipespec.engine.trace import Step, combine, summarise, table
 
 
 def test_summary_of_hand_made_steps():

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from pipespec import LocalPipeline, codec, load_config
+from pipespec import LocalPipeline, load_config
+
+from pipespec.protocol import codec
 from pipespec.config import LimitsSpec
-from pipespec.messages import Close, Commit, Draft
+from pipespec.protocol.messages import Close, Commit, Draft
 from pipespec.transport.auth import new_secret
 from pipespec.transport.streams import WRAPPER_BYTES, StageClient, channel_options, serve_stage, server_options
 from tests.fixtures.recorder import Recorder, next_of
@@ -68,7 +70,7 @@ def test_real_models_over_grpc_equal_target_alone(family):
 
 
 def test_health_reports_open_requests():
-    from pipespec.runner import StageRunner
+    from pipespec.engine.runner import StageRunner
     from pipespec.stages import load_stages
 
     async def check():

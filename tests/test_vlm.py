@@ -93,7 +93,7 @@ def reference(zoo):
 def test_target_alone_equals_hugging_face_generate(zoo, reference):
     from transformers import AutoModelForImageTextToText
 
-    from pipespec.images import load_processor
+    from pipespec.requests.images import load_processor
 
     model = AutoModelForImageTextToText.from_pretrained(zoo.paths["target"], dtype=torch.float32).eval()
     processor = load_processor(zoo.paths["target"], "target")

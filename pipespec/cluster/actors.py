@@ -30,8 +30,8 @@ import ray
 
 from pipespec.cluster.cores import CoreSlice, pin_process
 from pipespec.config import PipelineConfig
-from pipespec.frontdoor import TargetInfo
-from pipespec.logs import setup_logging
+from pipespec.requests.frontdoor import TargetInfo
+from pipespec.commands.logs import setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class DeviceActor:
     ):
         """`indices`: the stages on this device; `target_vocab_size`: the target's (None when the target
         is one of them: it is built first); `valid`: the shared tokenizer's size (pipespec.stages.vocabulary)."""
-        setup_logging()  # as the launcher does (its runtime_env: pipespec.logs.actor_env)
+        setup_logging()  # as the launcher does (its runtime_env: pipespec.commands.logs.actor_env)
         import torch
 
         from pipespec.stages import build_stage
@@ -117,10 +117,10 @@ class DeviceActor:
         """Start the runners, their gRPC servers (on `host`, None: this node's address; open to callers
         holding `secret`) and the device's scheduler; link neighbours placed here.
         -> per stage, the address its drafter and the coordinator use."""
-        from pipespec.assembly import serve_runner
-        from pipespec.links import InProcessLink
-        from pipespec.runner import StageRunner
-        from pipespec.scheduler import DeviceScheduler
+        from pipespec.pipeline.assembly import serve_runner
+        from pipespec.protocol.links import InProcessLink
+        from pipespec.engine.runner import StageRunner
+        from pipespec.engine.scheduler import DeviceScheduler
 
         scheduler = DeviceScheduler("+".join(self.config.stages[i].name for i in self.indices))
         self.runners = {i: StageRunner.for_config(self.stages[i], self.config, i, scheduler) for i in self.indices}
@@ -144,7 +144,7 @@ class DeviceActor:
     async def connect_downstream(self, index: int, address: str, secret: str) -> None:
         """Open stage `index`'s stream to its verifier on another device (again, when the verifier was
         restored): drafts go down it, verdicts come back."""
-        from pipespec.assembly import link_to_verifier
+        from pipespec.pipeline.assembly import link_to_verifier
 
         old = self.clients.pop(index, None)
         if old is not None:
@@ -168,14 +168,14 @@ class DeviceActor:
             runner.trace.start()
 
     def stop_trace(self) -> dict[int, dict]:
-        """-> per stage, its trace summary (pipespec.trace)."""
+        """-> per stage, its trace summary (pipespec.engine.trace)."""
         return {i: runner.trace.stop() for i, runner in self.runners.items()}
 
 
 @ray.remote
 class CoordinatorActor:
     def __init__(self) -> None:
-        setup_logging()  # as the launcher does (its runtime_env: pipespec.logs.actor_env)
+        setup_logging()  # as the launcher does (its runtime_env: pipespec.commands.logs.actor_env)
 
     async def serve(
         self,
@@ -190,7 +190,7 @@ class CoordinatorActor:
         """Link the coordinator to every stage, then serve clients on host:port (placed on the launcher's
         node) and, given `http` (its host resolved), over HTTP. -> the address gRPC clients connect to,
         and the HTTP server's URL (None without one)."""
-        from pipespec.assembly import Entrance, link_coordinator
+        from pipespec.pipeline.assembly import Entrance, link_coordinator
         from pipespec.serving.serving import Serving
         from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 
@@ -231,7 +231,7 @@ class CoordinatorActor:
 
     async def relink(self, addresses: dict[int, str]) -> None:
         """These stages were restored at `addresses`: link to them; the running requests rejoin."""
-        from pipespec.assembly import relink_coordinator
+        from pipespec.pipeline.assembly import relink_coordinator
 
         for i in addresses:
             await self.clients.pop(i).close()

@@ -27,8 +27,8 @@ from pipespec.cluster.actors import HttpSpec
 from pipespec.cluster.bundles import STRATEGIES
 from pipespec.cluster.pipeline import ray_env, start_pipeline
 from pipespec.config import ConfigError, load_config
-from pipespec.examples import config_path
-from pipespec.logs import LoggingConfigError, add_log_level, setup_logging
+from pipespec.commands.examples import config_path
+from pipespec.commands.logs import LoggingConfigError, add_log_level, setup_logging
 
 
 def serve(

@@ -38,14 +38,14 @@ from ray.exceptions import RayError as ClusterError  # noqa: F401  (what a faile
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from pipespec.assembly import Entrance
+from pipespec.pipeline.assembly import Entrance
 from pipespec.cluster.actors import WILDCARDS, CoordinatorActor, DeviceActor, HttpSpec, address
 from pipespec.cluster.bundles import STRATEGIES, bundle, unplaceable
 from pipespec.cluster.cores import slices
 from pipespec.cluster.supervisor import Supervisor
 from pipespec.config import ConfigError, PipelineConfig
-from pipespec.frontdoor import TargetInfo
-from pipespec.logs import actor_env
+from pipespec.requests.frontdoor import TargetInfo
+from pipespec.commands.logs import actor_env
 from pipespec.stages import check_vocabularies
 from pipespec.transport.auth import new_secret
 
@@ -123,7 +123,7 @@ class RunningPipeline:
         ray.get([d.start_trace.remote() for d in self.devices])
 
     def stop_trace(self) -> list[dict]:
-        """-> each stage's trace summary (pipespec.trace), upstream to downstream."""
+        """-> each stage's trace summary (pipespec.engine.trace), upstream to downstream."""
         by_stage = {i: s for summaries in ray.get([d.stop_trace.remote() for d in self.devices]) for i, s in summaries.items()}
         return [by_stage[i] for i in sorted(by_stage)]
 

@@ -1,7 +1,7 @@
 """A cap on the size of an HTTP request body, checked before the body is read (ASGI middleware).
 
 The OpenAI endpoints take JSON that may hold an image as a base64 data URL and text escaped as JSON,
-so the cap is twice the largest request the front door could accept (pipespec.frontdoor
+so the cap is twice the largest request the front door could accept (pipespec.requests.frontdoor
 `request_bytes`: an image at `limits.image_bytes`, a prompt at `limits.prompt_tokens`, ...). A body
 over it, by its `Content-Length` or as it streams in, is refused with 413 in OpenAI's error shape,
 naming both sizes, before it is parsed: a client cannot make the server hold more than the limits
@@ -15,7 +15,7 @@ from typing import Any
 from starlette.exceptions import HTTPException
 
 from pipespec.config import LimitsSpec
-from pipespec.frontdoor import request_bytes
+from pipespec.requests.frontdoor import request_bytes
 from pipespec.serving.openai_errors import ApiError
 
 Scope = dict[str, Any]

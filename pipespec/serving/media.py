@@ -7,7 +7,7 @@ carries the image itself. A file path (or a `file://` URL) is read only when the
 with an allowed directory (`allowed_media`) and the path, resolved (symbolic links and `..`
 followed; a relative path is taken from that directory), lies under it; anything else is refused
 naming the path, before anything is read. http(s) URLs are refused: the server fetches nothing.
-The image itself is decoded by the front door (pipespec.images), within the config's limits.
+The image itself is decoded by the front door (pipespec.requests.images), within the config's limits.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ REMOTE = ("http://", "https://")
 
 
 def media_image(url: Any, allowed: Path | None) -> str | Path:
-    """`url` of an `image_url` part (the image pipespec.chat.conversation found) -> what the front door
+    """`url` of an `image_url` part (the image pipespec.requests.chat.conversation found) -> what the front door
     may read: the data URL itself, or the resolved path of a file under `allowed`. Raises ValueError
     naming the URL or path refused."""
     if not isinstance(url, str):

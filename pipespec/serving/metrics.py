@@ -8,7 +8,7 @@
 
 Each `Metrics` has its own `CollectorRegistry`, so several pipelines in one process do not clash.
 Speculative decoding, per drafter -> verifier pair, from each finished request's statistics
-(pipespec.stats.PairStats): `pipespec:spec_decode_num_drafts_total` (verification steps that saw
+(pipespec.protocol.stats.PairStats): `pipespec:spec_decode_num_drafts_total` (verification steps that saw
 drafts), `..._num_draft_tokens_total`, `..._num_accepted_tokens_total` and
 `..._num_accepted_tokens_per_pos_total{position}` (steps that accepted draft index `position`, from 0;
 they sum to the accepted tokens). Requests: `pipespec:num_requests_running`,
@@ -28,8 +28,8 @@ from collections.abc import Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from pipespec.outputs import Delta
-from pipespec.stats import PairStats
+from pipespec.requests.outputs import Delta
+from pipespec.protocol.stats import PairStats
 
 PAIR = ("drafter", "verifier")
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)

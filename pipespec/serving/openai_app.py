@@ -34,7 +34,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from pipespec.generate_args import GenerateArgs
+from pipespec.requests.generate_args import GenerateArgs
 from pipespec.serving.body_limit import BodyLimit, body_bytes
 from pipespec.serving.fan_in import fan_in
 from pipespec.serving.in_flight import InFlight

@@ -12,7 +12,7 @@ other field is refused by name, as one pipespec does not honour: a client learns
 Types are checked here, strictly (no string or bool taken for a number), and the bounds of fields
 only HTTP has (`n`, `max_tokens` >= 1, `top_logprobs` <= 5); the other values and ranges by the front
 door (`GenerateArgs.checked`, the config's limits), so every way in refuses them with the same
-message. The messages, as they came, are parsed by pipespec.chat (`conversation`, the one parser of
+message. The messages, as they came, are parsed by pipespec.requests.chat (`conversation`, the one parser of
 content parts); their image, a data URL or a file under the allowed directory (pipespec.serving.media).
 
 `max_tokens` left out: as many tokens as the limits and the target's context allow (as OpenAI and
@@ -30,8 +30,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipespec import chat
-from pipespec.generate_args import MAX_LOGPROBS, GenerateArgs
+from pipespec.requests import chat
+from pipespec.requests.generate_args import MAX_LOGPROBS, GenerateArgs
 from pipespec.serving.media import media_image
 
 MAX_CHOICES = 16  # the most choices (`n`) one request may ask for
@@ -85,7 +85,7 @@ class GenerationRequest(_Strict):
 
 
 class ChatCompletionRequest(GenerationRequest):
-    messages: list[dict[str, Any]] = Field(max_length=chat.MAX_MESSAGES)  # parsed by pipespec.chat.conversation
+    messages: list[dict[str, Any]] = Field(max_length=chat.MAX_MESSAGES)  # parsed by pipespec.requests.chat.conversation
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)

@@ -5,7 +5,7 @@
 `finish`) and whole (`choice`); `envelope` wraps choices into a response or chunk under the request's
 `Head` (its id, `created` and model: the same on every chunk of a request).
 
-Logprobs come as the target computed them (pipespec.logprobs.TokenLogprobs), each token named by the
+Logprobs come as the target computed them (pipespec.protocol.logprobs.TokenLogprobs), each token named by the
 tokenizer's decoding of its id alone (`token_id:N` without a tokenizer); -inf (and NaN) is sent as
 -9999.0, as vLLM does, and anything above 0 as 0, so that the JSON is valid (it has no infinity). Chat: `{"content": [{token, logprob, bytes, top_logprobs}]}`;
 completions: `{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}`.
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol
 
-from pipespec.logprobs import TokenLogprobs
-from pipespec.outputs import Delta
-from pipespec.stats import PairStats, RequestStats
+from pipespec.protocol.logprobs import TokenLogprobs
+from pipespec.requests.outputs import Delta
+from pipespec.protocol.stats import PairStats, RequestStats
 
 FLOOR = -9999.0  # what -inf is sent as
 

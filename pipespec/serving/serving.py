@@ -25,11 +25,11 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from pipespec.coordinator import Coordinator
-from pipespec.frontdoor import FrontDoor, new_request_id
-from pipespec.generate_args import GenerateArgs
-from pipespec.messages import RequestSpec
-from pipespec.outputs import Delta
+from pipespec.pipeline.coordinator import Coordinator
+from pipespec.requests.frontdoor import FrontDoor, new_request_id
+from pipespec.requests.generate_args import GenerateArgs
+from pipespec.protocol.messages import RequestSpec
+from pipespec.requests.outputs import Delta
 from pipespec.serving.metrics import Metrics
 
 NOT_LINKED = "the stages are not linked yet"

@@ -14,7 +14,7 @@ from pipespec.stages.registry import BuildContext, kind_of
 
 if TYPE_CHECKING:
     from pipespec.config import PipelineConfig, StageSpec
-    from pipespec.stage import Stage
+    from pipespec.engine.stage import Stage
 
 
 def build_stage(

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from pipespec.messages import RequestSpec
-from pipespec.stage import check_keep, check_length
+from pipespec.protocol.messages import RequestSpec
+from pipespec.engine.stage import check_keep, check_length
 from pipespec.stages.device import stage_device
 from pipespec.stages.vocabulary import LogitsFit
 

@@ -8,7 +8,7 @@ stage creates must land where its weights are.
 
 The kinds that run a model (causal_lm, vlm, dream) build through here and keep the model and every
 tensor they create on the device; their logits may stay there. What leaves a stage's process goes
-through the codec, which moves tensors to the CPU (pipespec.codec); what a stage receives (a
+through the codec, which moves tensors to the CPU (pipespec.protocol.codec); what a stage receives (a
 drafter's q rows, its target's features) it moves to its own device before use.
 """
 

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from pipespec import noise
-from pipespec.messages import RequestSpec
-from pipespec.stage import check_keep, check_length
+from pipespec.engine import noise
+from pipespec.protocol.messages import RequestSpec
+from pipespec.engine.stage import check_keep, check_length
 from pipespec.stages.registry import MockOptions
 
 

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
-from pipespec.messages import RequestSpec
-from pipespec.stage import check_keep, check_length
+from pipespec.protocol.messages import RequestSpec
+from pipespec.engine.stage import check_keep, check_length
 from pipespec.stages.registry import NgramOptions
 
 

@@ -23,7 +23,7 @@ from pipespec.errors import ConfigError
 
 if TYPE_CHECKING:
     from pipespec.config import StageSpec
-    from pipespec.stage import Stage
+    from pipespec.engine.stage import Stage
 
 
 class KindOptions(Protocol):
@@ -82,7 +82,7 @@ class BuildContext:
     chain: Sequence[StageSpec]  # the specs from this stage's down to the target's (inclusive)
     width: int | None  # the target's vocabulary (logits per row); None when building the target itself
     valid: int | None  # the shared tokenizer's size; None without one (see pipespec.stages.vocabulary)
-    sends_features: bool  # its drafter reads its features (pipespec.handoff)
+    sends_features: bool  # its drafter reads its features (pipespec.engine.handoff)
 
 
 def _anywhere(chain: Sequence[StageSpec], i: int) -> None:
@@ -99,7 +99,7 @@ class StageKind:
     loads_model: bool = False  # `model` is required, a directory from_pretrained loads; other kinds take none
     options: type[KindOptions] | None = None  # the kind's own YAML keys, beside the common ones
     place: Callable[[Sequence[StageSpec], int], None] = _anywhere  # raises a ConfigError if stage i cannot be of this kind
-    takes_images: bool = False  # as the target, it takes an image with the prompt (pipespec.images)
+    takes_images: bool = False  # as the target, it takes an image with the prompt (pipespec.requests.images)
     reads_target_features: bool = False  # its sessions read its verifier's features (a DREAM drafter)
     gives_target_features: bool = False  # its sessions give the features a DREAM drafter right before it reads
     depends_on_chain: bool = False  # built from the options of every stage after it: one stage per chain

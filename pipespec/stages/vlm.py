@@ -28,8 +28,8 @@ from transformers import AttentionInterface, AutoModelForImageTextToText, Dynami
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
 from pipespec.config import ConfigError
-from pipespec.messages import ImageInputs, PrefillFeatures, RequestSpec
-from pipespec.stage import check_keep, check_length
+from pipespec.protocol.messages import ImageInputs, PrefillFeatures, RequestSpec
+from pipespec.engine.stage import check_keep, check_length
 from pipespec.stages.causal_lm import DTYPES
 from pipespec.stages.device import stage_device
 from pipespec.stages.dream.compression import attention_received

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from pipespec.frontdoor import request_bytes
+from pipespec.requests.frontdoor import request_bytes
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.serving.serving import Serving

@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import grpc
 
-from pipespec.generate_args import GenerateArgs
-from pipespec.outputs import Delta, GenerationError, RequestRefused, raise_error
+from pipespec.requests.generate_args import GenerateArgs
+from pipespec.requests.outputs import Delta, GenerationError, RequestRefused, raise_error
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.transport.generate_request import to_proto

@@ -7,7 +7,7 @@ with the message LocalPipeline gives. Integers are 64-bit (a seed unsigned), flo
 value out of range reaches the front door, which names its limit. A value the wire cannot carry at
 all (a string for an integer, an integer beyond 64 bits) is a ValueError naming the field; a client
 that runs `GenerateArgs.checked()` first never sends one. The image must already be encoded bytes
-(`pipespec.images.image_bytes`): it crosses the wire once per request.
+(`pipespec.requests.images.image_bytes`): it crosses the wire once per request.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
-from pipespec.chat import IMAGE, ChatMessage, Part
-from pipespec.generate_args import SAMPLING_FIELDS, GenerateArgs
+from pipespec.requests.chat import IMAGE, ChatMessage, Part
+from pipespec.requests.generate_args import SAMPLING_FIELDS, GenerateArgs
 from pipespec.protos import pipespec_pb2 as pb
 
 _OPTIONAL = ("prompt", "image", "max_new_tokens", "logprobs", *SAMPLING_FIELDS)  # fields with presence on the wire

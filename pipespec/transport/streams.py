@@ -2,7 +2,7 @@
 
 A stage serves `Stage.Link` (its drafter connects and streams drafts; verdicts come back on the same
 stream) and `Stage.Control` (the coordinator connects: opens and closes go down, commits, statistics
-and failures come up). Each message is one msgpack frame (pipespec.codec). `send` never blocks the
+and failures come up). Each message is one msgpack frame (pipespec.protocol.codec). `send` never blocks the
 event loop: it queues the frame and a writer awaits gRPC's flow control, so a slow peer holds back
 the writer, not the runner; the queue stays small because the protocol bounds what is in flight
 (lookahead per request).
@@ -33,17 +33,17 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from pipespec import codec
+from pipespec.protocol import codec
 from pipespec.config import FaultSpec, LimitsSpec
-from pipespec.links import Inbox
-from pipespec.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
+from pipespec.protocol.links import Inbox
+from pipespec.protocol.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.transport.auth import authorized, call_metadata
 from pipespec.transport.health import STAGE_SERVICE, add_health, health_status
 
 if TYPE_CHECKING:
-    from pipespec.runner import StageRunner
+    from pipespec.engine.runner import StageRunner
 
 log = logging.getLogger(__name__)
 

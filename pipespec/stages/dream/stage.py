@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pipespec.messages import RequestSpec, TargetFeatures
-from pipespec.stage import check_keep, check_length
+from pipespec.protocol.messages import RequestSpec, TargetFeatures
+from pipespec.engine.stage import check_keep, check_length
 from pipespec.stages.causal_lm import DTYPES
 from pipespec.stages.device import stage_device
 from pipespec.stages.dream.checkpoint import DreamCheckpoint, load

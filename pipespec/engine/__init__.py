@@ -1,0 +1,18 @@
+"""The engine: what runs inside one stage's process (design sections 1, 2 and 5b).
+
+- `stage`: the role every stage kind plays (`Stage`, `Session`: open a request, feed it tokens)
+- `runner`: `StageRunner`, the asyncio loop that drives one stage over its links
+- `request_state`: what a runner keeps for one request, split by role
+- `link_protocol`: what a Draft, a Verdict or TargetFeatures does to a request
+- `early_mail`: messages that overtook their request's Open, held until it comes
+- `patience`: when a verifier waits for its drafter instead of generating itself
+- `step`: one forward of one stage, planned on the loop and run on the compute thread
+- `scheduler`: `DeviceScheduler`, one device's compute thread shared by its stages
+- `choice`, `sampling`, `noise`: how logits become tokens (greedy, coupled, rejection), exactly alike
+  on every stage
+- `handoff`: the target-to-DREAM feature handoff
+- `trace`: where a stage's time goes, step by step
+- `synchronous`: synchronous speculative decoding, the baseline the pipeline must beat
+
+Importing the package imports nothing: torch loads with the modules that need it.
+"""

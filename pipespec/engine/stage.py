@@ -1,0 +1,93 @@
+"""The role every stage kind plays: a model that can open a request and feed it tokens.
+
+A `Session` is one request's model state on one stage: a KV cache (or its equivalent) over the
+request's *context* = the stage's prompt tokens followed by the generated tokens. A stage's prompt is
+its own view of the request's: text-only stages see `request.text_prompt` (no image tokens), an
+image stage the full prompt; generated positions are the same for all. `Stage.open`
+prefills all prompt tokens but the last, so that every later `forward` feeds at least one token and
+returns the logits the runner needs; the runner never asks a stage for logits it has already thrown
+away. `forward(keep, tokens)` truncates the cache to its first `keep` context tokens, feeds `tokens`
+after them, and returns one row of logits per fed token (row i predicts the token after tokens[i]).
+After every call `cache_len == keep + len(tokens)` holds, and stages assert it.
+
+Stages run on the runner's compute thread, never on the event loop.
+
+Optional capabilities are protocols of their own: a `TargetStage` tells the front door its context
+limit and end-of-sequence tokens; between a target and the DREAM drafter right before it, the
+target's sessions are `FeatureSource`s and the drafter's `FeatureReader`s (pipespec.engine.handoff). Which
+kind has which is said by the registry of stage kinds (pipespec.stages.registry).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from pipespec.protocol.messages import PrefillFeatures, RequestSpec, TargetFeatures
+
+
+class Session(Protocol):
+    prompt_len: int  # context tokens before generated position 0
+    last_prompt_token: int  # the one prompt token `open` leaves for the first `forward`
+
+    def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
+        """-> [len(tokens), V] float32 logits."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Stage(Protocol):
+    name: str
+    vocab_size: int
+
+    def open(self, request: RequestSpec) -> Session: ...
+
+
+class TargetStage(Stage, Protocol):
+    """A stage that can be the target: what the front door reads of it (pipespec.requests.frontdoor.TargetInfo)."""
+
+    max_context: int | None  # most context tokens (prompt + generated); None: no limit
+    eos_token_ids: frozenset[int]  # tokens that end a generation
+
+
+@runtime_checkable
+class FeatureSource(Session, Protocol):
+    """A target's session that gives a DREAM drafter its features (the vlm stage's)."""
+
+    prefill_features: PrefillFeatures | None  # the prompt's, after `open`; the runner drops them once sent
+    hidden: torch.Tensor | None  # [n, H] last-layer post-norm hidden states of the n tokens the latest forward fed
+
+
+@runtime_checkable
+class FeatureReader(Session, Protocol):
+    """A DREAM drafter's session: it reads its target's features (the prefill's first, then per verification)."""
+
+    def add_features(self, features: TargetFeatures) -> None: ...
+
+
+def unfed_tail(last_prompt_token: int, prompt_len: int, fed: int, tokens: Sequence[int]) -> tuple[int, ...]:
+    """Context tokens a session holding `fed` of them still needs, generated `tokens` included.
+
+    `open` prefills all prompt tokens but the last, and rollbacks never cut into the prompt, so the
+    only prompt token ever missing is the last one; the last token is never fed before its step.
+    """
+    assert prompt_len - 1 <= fed < prompt_len + len(tokens), (fed, prompt_len, len(tokens))
+    head = (last_prompt_token,) if fed < prompt_len else ()
+    return head + tuple(tokens[max(fed - prompt_len, 0) :])
+
+
+class KVLengthError(AssertionError):
+    """The cache length invariant `cache_len == keep + fed` broke: a rollback bug, never user error."""
+
+
+def check_keep(stage: str, keep: int, cache_len: int) -> None:
+    if not 0 <= keep <= cache_len:
+        raise KVLengthError(f"stage {stage!r}: asked to keep {keep} context tokens of a cache holding {cache_len}")
+
+
+def check_length(stage: str, cache_len: int, expected: int) -> None:
+    if cache_len != expected:
+        raise KVLengthError(f"stage {stage!r}: cache holds {cache_len} tokens, expected {expected} (prompt + fed)")

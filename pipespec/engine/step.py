@@ -1,0 +1,107 @@
+"""One forward of one stage: its plan, made on the event loop, and what the compute thread makes of it.
+
+A runner plans a step from its request state (pipespec.engine.runner): the context tokens to keep in the
+cache, its own unfed tokens, the drafts to verify (with their q rows under rejection sampling) and
+the target features to apply first (a DREAM stage). `compute` runs a plan on the device's compute
+thread (pipespec.engine.scheduler): one forward, then the choice at every position (pipespec.engine.choice), timed
+for the trace (pipespec.engine.trace); an error is caught and returned, so it fails only its own request.
+The target of a request that asks for logprobs computes them here, from the same rows it decided on
+(pipespec.engine.sampling.token_logprobs); no other stage does.
+Tensors that leave the stage (q rows, hidden states for a DREAM drafter) are copied to the CPU here,
+not on the event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from pipespec.engine.choice import Decision, decide
+from pipespec.protocol.messages import RequestSpec, TargetFeatures
+from pipespec.engine.sampling import token_logprobs
+from pipespec.engine.stage import Session, Stage
+from pipespec.engine.trace import Timing
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    request_id: str
+    rev: int
+    up_epoch: int
+    keep: int  # context tokens to keep in the cache
+    feed: tuple[int, ...]  # our own tokens to feed first (at least the last unfed one)
+    start: int  # position of the first decided token (= len(tokens) at launch)
+    drafts: tuple[int, ...]
+    draft_probs: torch.Tensor | None  # [len(drafts), V]
+    features: tuple[TargetFeatures, ...] = ()  # applied to the session before the forward (taken at launch)
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """Open a request on the stage: prefill its prompt (pipespec.engine.stage)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the compute thread made of one plan: a result or the error it raised, and when (pipespec.engine.trace).
+
+    result: the Session (a prefill), or (decision, our hidden states [F + n, H] when our drafter reads
+    them, else None) (a step)."""
+
+    result: object
+    error: BaseException | None
+    planned: float
+    timing: Timing
+
+
+def compute(
+    stage: Stage,
+    plan: StepPlan | Prefill,
+    session: Session | None,
+    spec: RequestSpec,
+    depth: int,
+    sends_features: bool,
+    planned: float,
+) -> Outcome:
+    """Compute thread: one plan, timed; its error is caught and returned."""
+    started = time.perf_counter()
+    try:
+        if isinstance(plan, Prefill):
+            result, timing = Timing.around(_open, stage, spec, sends_features)
+        else:
+            result, timing = Timing.around(_step, plan, session, spec, depth, sends_features)
+    except Exception as error:
+        return Outcome(None, error, planned, Timing(started, time.perf_counter(), 0.0))
+    return Outcome(result, None, planned, timing)
+
+
+def _open(stage: Stage, spec: RequestSpec, sends_features: bool) -> Session:
+    """Prefill; a target whose DREAM drafter reads its features hands over the prompt's, on the CPU."""
+    session = stage.open(spec)
+    if sends_features:  # the prompt's features leave the device here
+        features = session.prefill_features
+        moved = {f.name: getattr(features, f.name).cpu() for f in fields(features) if getattr(features, f.name) is not None}
+        session.prefill_features = replace(features, **moved)
+    return session
+
+
+def _step(
+    plan: StepPlan, session: Session, spec: RequestSpec, depth: int, sends_features: bool
+) -> tuple[Decision, torch.Tensor | None]:
+    """One forward over our unfed tokens and the drafts, then decide (the target: and the logprobs asked for)."""
+    for features in plan.features:
+        session.add_features(features)
+    logits = session.forward(plan.keep, plan.feed + plan.drafts)  # [F + n, V]
+    rows = logits[len(plan.feed) - 1 :]  # [n + 1, V]: positions start .. start + n
+    decision = decide(rows, plan.drafts, plan.draft_probs, spec.params, plan.start, depth)
+    if decision.probs is not None:
+        decision = replace(decision, probs=decision.probs.cpu())
+    if depth == 0 and spec.logprobs is not None:  # rows of the tokens decided: positions start .. start + accepted
+        lp = token_logprobs(rows[: len(decision.tokens)], decision.tokens, spec.params, spec.logprobs)
+        decision = replace(decision, logprobs=lp)
+    hidden = session.hidden.cpu() if sends_features else None
+    return decision, hidden

@@ -1,0 +1,101 @@
+"""Synchronous speculative decoding (Leviathan et al.), the baseline the pipeline must beat.
+
+The same stages, sessions and choice function as the pipeline, in one thread and in lock step: the
+drafter proposes `gamma` tokens one forward at a time, then the target verifies them in one forward,
+then the drafter waits for the verdict. With `drafter=None` it is plain decoding with the target
+alone. Like the pipeline, its output equals the target alone token for token (greedy, coupled). A
+DREAM drafter gets the target's features after each verification, as in the pipeline (pipespec.engine.handoff).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from pipespec.engine.choice import decide
+from pipespec.engine.handoff import hand_prefill, step_message
+from pipespec.protocol.messages import RequestSpec
+from pipespec.engine.stage import FeatureReader, Session, Stage, unfed_tail
+from pipespec.protocol.stats import PairStats
+
+
+class _Cursor:
+    """One session plus how much of the token sequence its cache holds (context tokens)."""
+
+    def __init__(self, session: Session):
+        self.session = session
+        self.last = session.last_prompt_token
+        self.fed = session.prompt_len - 1
+        self.fed_from = self.fed  # where the last `rows` call started feeding, and how many of our tokens it fed
+        self.fed_own = 0
+
+    def rows(self, tokens: list[int], extra: tuple[int, ...] = ()) -> torch.Tensor:
+        """Feed the unfed part of `tokens` plus `extra`; -> [len(extra) + 1, V] logits at len(tokens).."""
+        p = self.session.prompt_len
+        feed = unfed_tail(self.last, p, self.fed, tokens)
+        self.fed_from, self.fed_own = self.fed, len(feed)
+        logits = self.session.forward(self.fed, feed + tuple(extra))
+        self.fed = p + len(tokens) + len(extra)
+        return logits[len(feed) - 1 :]
+
+    def keep(self, valid_tokens: int) -> None:
+        self.fed = min(self.fed, self.session.prompt_len + valid_tokens)
+
+
+@dataclass
+class SyncResult:
+    token_ids: list[int]
+    pair: PairStats | None
+    target_forwards: int
+    prefill_s: float = 0.0  # start -> first committed token (the prompt's prefill and the first step)
+    decode_s: float = 0.0  # first committed token -> finish
+    accept_lengths: list[int] = field(default_factory=list)  # tokens committed by each target forward
+
+
+def generate_sync(target: Stage, spec: RequestSpec, drafter: Stage | None = None, gamma: int = 4) -> SyncResult:
+    start_s = time.perf_counter()
+    first_s = None
+    t = _Cursor(target.open(spec))
+    d = _Cursor(drafter.open(spec)) if drafter is not None else None
+    features = d is not None and isinstance(d.session, FeatureReader)  # a DREAM drafter
+    if features:
+        hand_prefill(d.session, t.session, spec.request_id)
+    pair = PairStats(drafter.name, target.name) if d else None
+    tokens: list[int] = []
+    forwards = 0
+    accept_lengths: list[int] = []
+    try:
+        while len(tokens) < spec.max_new_tokens and not (tokens and tokens[-1] in spec.stop_token_ids):
+            n = min(gamma, spec.max_new_tokens - len(tokens) - 1) if d else 0
+            drafts: list[int] = []
+            probs = []
+            for _ in range(n):
+                step = decide(d.rows(tokens + drafts), (), None, spec.params, len(tokens) + len(drafts), 1)
+                drafts.append(step.tokens[0])
+                probs.append(step.probs[0] if step.probs is not None else None)
+            q = torch.stack(probs) if n and spec.params.rejection else None
+            start = len(tokens)
+            decision = decide(t.rows(tokens, tuple(drafts)), tuple(drafts), q, spec.params, start, 0)
+            forwards += 1
+            t.keep(start + decision.accepted)
+            if features:  # the target's hidden states of its own tokens and the accepted drafts
+                d.session.add_features(step_message(spec.request_id, t.fed_from, t.session.hidden, t.fed_own, decision.accepted))
+            if d:
+                d.keep(start + decision.accepted)
+                pair.record(n, decision.accepted)
+            committed = len(tokens)
+            for token in decision.tokens:
+                tokens.append(token)
+                if token in spec.stop_token_ids:
+                    break
+            accept_lengths.append(len(tokens) - committed)
+            first_s = first_s or time.perf_counter()
+    finally:
+        t.session.close()
+        if d:
+            d.session.close()
+    end_s = time.perf_counter()
+    first_s = first_s or end_s
+    return SyncResult(tokens[: spec.max_new_tokens], pair, forwards, first_s - start_s, end_s - first_s, accept_lengths)

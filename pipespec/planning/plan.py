@@ -1,0 +1,289 @@
+"""`pipespec plan CONFIG`: recommend which stages to use, which device each runs on, and how far each runs ahead.
+
+The stages are profiled first (pipespec.planning.profiling: forward latencies at one device's threads, per-pair
+acceptance). The recommendation then enumerates every chain (each subsequence of the drafters, in order,
+then the target; the target alone included), every placement of its stages on at most d devices
+(pipespec.planning.placement: a device per stage, drafters sharing one, the target sharing with a drafter) and
+per drafter a `max_lookahead` from a small grid, and predicts each with `placed_rate` of
+pipespec.planning.analytical: the asynchronous chain model across devices, forwards serialized within a device,
+verify costs included. The number of drafts one verification takes is what the runtime allows,
+`PipelineConfig.window` of the candidate config. The fastest candidate is recommended, or, within 2% of
+it, the one on fewer devices (then with fewer stages). Synchronous speculative decoding with each
+drafter is shown beside it for reference (`sync_rate`; the model's drafter-and-target-on-one-device
+candidate with window gamma predicts exactly that).
+
+`auto` is what `pipespec serve/demo --plan auto` run: a quick profile, then the recommended config.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipespec.planning.analytical import forward_latency, placed_rate, sync_rate
+from pipespec.config import ConfigError, PipelineConfig, load_config
+from pipespec.planning.placement import Devices, label, on_devices, placements
+from pipespec.planning.profiling import IMAGE_PROMPTS, TEXT_PROMPTS, Profile, profile, read_config
+
+LOOKAHEADS = (2, 4, 6, 8, 12, 16, 24, 32)  # 1 is left out: a window of 1 leaves the drafter nothing to run ahead with
+TIE = 0.01  # lookaheads whose predicted rate is within 1% of a candidate's best count as tied: the smallest wins
+FEWER_STAGES = 0.02  # a candidate on fewer devices (then stages) within 2% of the best is recommended instead
+AUTO_TOKENS = 48  # `--plan auto` profiles acceptance on one prompt of this many tokens: a few seconds
+
+
+@dataclass(frozen=True)
+class Candidate:
+    stages: tuple[str, ...]  # upstream first; the last is the target
+    placement: tuple[tuple[str, ...], ...]  # the stages on each device
+    lookaheads: tuple[int, ...]  # max_lookahead per drafter (sync: gamma)
+    windows: tuple[int, ...]  # most drafts one verification takes, per link, as the runtime allows
+    tokens_per_s: float  # predicted
+    speedup: float  # over the target alone, predicted
+    synchronous: bool = False
+
+    @property
+    def devices(self) -> int:
+        return len(self.placement)
+
+
+@dataclass(frozen=True)
+class Plan:
+    profile: Profile
+    recommended: Candidate
+    chains: tuple[Candidate, ...]  # every valid chain on every placement, at its best lookaheads, fastest first
+    synchronous: tuple[Candidate, ...]  # synchronous speculative decoding per drafter, for reference
+    target_tokens_per_s: float
+    devices: Devices | None = None  # what the placements fit; None: a device per stage, none shared
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---- recommendation --------------------------------------------------------------------------------
+
+
+def recommend(
+    prof: Profile, raw: Mapping[str, Any], devices: Devices | None = None, lookaheads: Sequence[int] = LOOKAHEADS
+) -> Plan:
+    """Predict every valid chain on every placement on at most `devices.count` devices (None: a device per
+    stage) at every grid of lookaheads; recommend the fastest (fewer devices, then stages, on a near tie)."""
+    n = len(prof.stages)
+    alone = 1.0 / prof.stages[-1].forward_s
+    chains: list[Candidate] = []
+    for size in range(n):
+        for drafters in itertools.combinations(range(n - 1), size):
+            indices = [*drafters, n - 1]
+            ways = placements(len(indices), devices.count) if devices else [tuple(range(len(indices)))]
+            chains += [c for c in (_best_chain(prof, raw, indices, p, devices, lookaheads, alone) for p in ways) if c]
+    if not chains:
+        raise ConfigError(f"pipespec plan: no chain of {[s.name for s in prof.stages]} can be placed on {devices}")
+    chains.sort(key=lambda c: -c.tokens_per_s)
+    fastest = chains[0].tokens_per_s
+    recommended = min(
+        (c for c in chains if c.tokens_per_s >= (1 - FEWER_STAGES) * fastest),
+        key=lambda c: (c.devices, len(c.stages), -c.tokens_per_s),
+    )
+    sync = tuple(s for s in (_best_sync(prof, i, lookaheads, alone) for i in range(n - 1)) if s is not None)
+    return Plan(prof, recommended, tuple(chains), tuple(sorted(sync, key=lambda c: -c.tokens_per_s)), alone, devices)
+
+
+def _best_chain(
+    prof: Profile,
+    raw: Mapping[str, Any],
+    indices: Sequence[int],
+    placement: tuple[int, ...],
+    devices: Devices | None,
+    grid: Sequence[int],
+    alone: float,
+) -> Candidate | None:
+    """The chain's best lookaheads on `placement` (the smallest among near ties), or None if the chain or
+    its placement is not a valid config (stages on one device with different torch devices) or a link is unmeasured."""
+    names = [prof.stages[i].name for i in indices]
+    alphas = [prof.alpha(a, b) for a, b in itertools.pairwise(names)]
+    if any(a is None for a in alphas):
+        return None
+    groups = on_devices(names, placement)
+    try:
+        config = load_config({**raw, "stages": placed_stages(raw, names, groups, devices)})
+    except ConfigError:
+        return None
+    stages = [prof.stages[i] for i in indices]
+    one_s, block_s, block_tokens = [s.forward_s for s in stages], [s.verify_s for s in stages], stages[-1].verify_tokens
+    scored = []
+    for combo in itertools.product(grid, repeat=len(indices) - 1):
+        windows = _windows(config, combo)
+        scored.append((placed_rate(one_s, block_s, block_tokens, alphas, windows, placement), combo, windows))
+    top = max(rate for rate, _, _ in scored)
+    rate, combo, windows = min((s for s in scored if s[0] >= (1 - TIE) * top), key=lambda s: (sum(s[1]), s[1]))
+    return Candidate(tuple(names), groups, tuple(combo), tuple(windows), rate, rate / alone)
+
+
+def _windows(config: PipelineConfig, lookaheads: Sequence[int]) -> tuple[int, ...]:
+    """Most drafts a verification takes on each link when the drafters run `lookaheads` ahead."""
+    stages = tuple(replace(s, max_lookahead=la) for s, la in zip(config.stages, lookaheads)) + config.stages[len(lookaheads) :]
+    chain = replace(config, stages=stages)
+    return tuple(min(chain.window(i + 1), la) for i, la in enumerate(lookaheads))
+
+
+def _best_sync(prof: Profile, i: int, grid: Sequence[int], alone: float) -> Candidate | None:
+    drafter, target = prof.stages[i], prof.stages[-1]
+    alpha = prof.alpha(drafter.name, target.name)
+    if alpha is None:
+        return None
+
+    def rate(gamma: int) -> float:
+        verify_s = forward_latency(target.forward_s, target.verify_s, target.verify_tokens, gamma + 1)
+        return sync_rate(alpha, gamma, drafter.forward_s, verify_s)
+
+    gamma = max(grid, key=rate)
+    names = (drafter.name, target.name)
+    return Candidate(names, (names,), (gamma,), (gamma,), rate(gamma), rate(gamma) / alone, synchronous=True)
+
+
+# ---- the recommended config ------------------------------------------------------------------------
+
+
+def placed_stages(
+    raw: Mapping[str, Any], names: Sequence[str], groups: Sequence[Sequence[str]], devices: Devices | None
+) -> list[dict[str, Any]]:
+    """The raw stages `names` of the config `raw`, in that order, placed on `groups`: stages sharing a
+    device get the `device_group` named after them (`tiny+dream`), and with `devices`, every stage the
+    resources of one device (its own, num_cpus set to the device's cores). The config's own groups go."""
+    specs = load_config(raw).stages
+    by_name = {s.name: raw["stages"][k] for k, s in enumerate(specs)}
+    resources = {s.name: s.resources for s in specs}  # with their defaults (a cuda stage's GPU)
+    group_of = {name: "+".join(group) for group in groups if len(group) > 1 for name in group}
+    out = []
+    for name in names:
+        stage = {k: v for k, v in by_name[name].items() if k != "device_group"}
+        stage["name"] = name
+        if name in group_of:
+            stage["device_group"] = group_of[name]
+        if devices is not None:
+            stage["resources"] = {**resources[name], "num_cpus": devices.cpus}
+        out.append(stage)
+    return out
+
+
+def recommended_config(raw: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+    """The original config with the stages the plan leaves out dropped, each drafter's max_lookahead set,
+    the stages placed as the plan says (`placed_stages`); validated by load_config."""
+    chosen = plan.recommended
+    stages = placed_stages(raw, chosen.stages, chosen.placement, plan.devices)
+    for stage, lookahead in zip(stages, chosen.lookaheads):
+        stage["max_lookahead"] = lookahead
+    out = {**raw, "stages": stages}
+    load_config(out)
+    return out
+
+
+def write_config(raw: Mapping[str, Any], plan: Plan, path: str | os.PathLike) -> None:
+    chosen = plan.recommended
+    header = (
+        f"# recommended by `pipespec plan`: {' -> '.join(chosen.stages)} on {label(chosen.placement)}, predicted "
+        f"{chosen.tokens_per_s:.1f} tok/s ({chosen.speedup:.2f}x the target alone)\n"
+    )
+    Path(path).write_text(header + yaml.safe_dump(recommended_config(raw, plan), sort_keys=False))
+
+
+def auto(
+    source: str | os.PathLike | Mapping[str, Any],
+    devices: Devices,
+    prompts: Sequence[str] | None = None,
+    image: Any = None,
+    max_new_tokens: int = AUTO_TOKENS,
+) -> tuple[dict[str, Any], Plan]:
+    """What `--plan auto` runs: a quick profile (`prompts`, default one built-in; forwards at one device's
+    threads), the recommendation for `devices` -> (the recommended config's mapping, the plan)."""
+    _, raw = read_config(source)
+    quick = prompts or (IMAGE_PROMPTS if image is not None else TEXT_PROMPTS)[:1]
+    plan = recommend(profile(raw, quick, image, max_new_tokens, torch_threads=devices.threads), raw, devices)
+    return recommended_config(raw, plan), plan
+
+
+# ---- report ----------------------------------------------------------------------------------------
+
+
+def explain(plan: Plan) -> str:
+    """Two lines: what the plan chose (chain, placement, lookaheads, predicted tokens per second) and why."""
+    r = plan.recommended
+    ahead = ", ".join(f"{name}={la}" for name, la in zip(r.stages, r.lookaheads)) or "none (no drafters)"
+    chose = (
+        f"recommended: {' -> '.join(r.stages)} on {_devices(r.devices)} ({label(r.placement)}), max_lookahead {ahead}: "
+        f"{r.tokens_per_s:.1f} tok/s predicted, {r.speedup:.2f}x the target alone ({plan.target_tokens_per_s:.1f} tok/s)"
+    )
+    limit = f"on at most {_devices(plan.devices.count)}" if plan.devices else "a device per stage"
+    fastest, others = plan.chains[0], [c for c in plan.chains if c != r]
+    if fastest != r:
+        return f"{chose}\nwhy: within {FEWER_STAGES:.0%} of the fastest ({_row(fastest)}) on fewer {_fewer(r, fastest)}"
+    why = f"the fastest of {len(plan.chains)} candidates {limit}"
+    if others:
+        near = others[0].tokens_per_s >= (1 - FEWER_STAGES) * r.tokens_per_s and _fewer(r, others[0])
+        why += f"; next: {_row(others[0])}" + (f", within {FEWER_STAGES:.0%} but on more {near}" if near else "")
+    return f"{chose}\nwhy: {why}"
+
+
+def _fewer(chosen: Candidate, other: Candidate) -> str:
+    """What the chosen candidate needs fewer of than the other, devices or stages ('' if neither): what breaks a near tie."""
+    if chosen.devices != other.devices:
+        return "devices" if chosen.devices < other.devices else ""
+    return "stages" if len(chosen.stages) < len(other.stages) else ""
+
+
+def _row(c: Candidate) -> str:
+    return f"{' -> '.join(c.stages)} on {label(c.placement)}, {c.tokens_per_s:.1f} tok/s"
+
+
+def _devices(count: int) -> str:
+    return f"{count} device{'s' if count != 1 else ''}"
+
+
+def format_plan(plan: Plan, top: int = 12) -> str:
+    """The plan as a readable table: stage latencies, pair acceptances, the best candidates, the recommendation."""
+    prof = plan.profile
+    k = prof.stages[0].verify_tokens
+    cores = plan.devices and f"{plan.devices.cpus:g} core{'s' if plan.devices.cpus != 1 else ''}"
+    fit = f"; {_devices(plan.devices.count)} of {cores}" if plan.devices else ""
+    threads = f", {prof.torch_threads} torch thread{'s' if prof.torch_threads != 1 else ''}" if prof.torch_threads else ""
+    lines = [
+        f"pipespec plan: {prof.config_name} ({len(prof.prompts)} prompt{'s' if len(prof.prompts) != 1 else ''} x "
+        f"{prof.max_new_tokens} new tokens, greedy{threads}" + (f", image: {prof.image}" if prof.image else "") + f"{fit})",
+        "",
+        f"{'stage':<16}{'kind':<11}{'1-token fwd':>13}{f'{k}-token fwd':>14}",
+    ]
+    lines += [f"{s.name:<16}{s.kind:<11}{s.forward_s * 1e3:>10.2f} ms{s.verify_s * 1e3:>11.2f} ms" for s in prof.stages]
+    lines += ["", f"{'drafter -> verifier':<28}{'alpha':>7}{'drafted':>9}{'accepted':>10}{'mean acc. len':>15}"]
+    for p in prof.pairs:
+        pair = f"{p.drafter} -> {p.verifier}"
+        if p.alpha is None:
+            lines.append(f"{pair:<28}{'skipped':>7}  {p.skipped}")
+        else:
+            lines.append(
+                f"{pair:<28}{p.alpha:>7.3f}{p.num_draft_tokens:>9}{p.num_accepted_tokens:>10}{p.mean_acceptance_length:>15.2f}"
+            )
+    rows = list(plan.chains[:top]) + list(plan.synchronous)
+    chain_w = max(len("chain (predicted)"), *(len(" -> ".join(c.stages)) for c in rows)) + 2
+    place_w = max(len("placement"), *(len(label(c.placement)) for c in rows)) + 2
+    lines += [
+        "",
+        f" {'chain (predicted)':<{chain_w}}{'placement':<{place_w}}{'mode':<7}{'lookaheads':>12}{'windows':>10}{'tok/s':>10}{'speedup':>9}",
+    ]
+    for c in rows:
+        mark = "*" if c == plan.recommended else " "
+        lines.append(
+            f"{mark}{' -> '.join(c.stages):<{chain_w}}{label(c.placement):<{place_w}}{'sync' if c.synchronous else 'async':<7}"
+            f"{_ints(c.lookaheads):>12}{_ints(c.windows):>10}{c.tokens_per_s:>10.1f}{c.speedup:>8.2f}x"
+        )
+    if len(plan.chains) > top:
+        lines.append(f" ({len(plan.chains) - top} slower candidates not shown)")
+    return "\n".join([*lines, "", explain(plan)])
+
+
+def _ints(values: Sequence[int]) -> str:
+    return ",".join(map(str, values)) or "-"

@@ -1,0 +1,251 @@
+"""Profiling for `pipespec plan`: what each stage's forwards cost and how often each pair agrees.
+
+Profiling loads the config's stages once, in this process, and measures on a few prompts (greedy):
+
+- per stage, the median seconds of a 1-token forward and of a `verify_tokens`-token forward after a
+  prefill (what a decoding step and a verification step cost), at the torch threads of one device;
+- per ordered pair (drafter i, verifier j > i) that can be a link of a valid chain, the per-token
+  acceptance alpha, from `generate_sync(verifier, request, drafter)` (pipespec.engine.synchronous). A pair
+  whose verifier is a DREAM stage runs the target beside it to hand it the target's features
+  (`pipespec.engine.handoff.FeaturedVerifier`); a pair that no valid chain contains is skipped with the config
+  error that says why.
+
+Mock stages emulate their agreement with whichever stage follows them, so a mock drafter is built anew
+for each pair, as it would be in a chain where that verifier follows it; model stages load once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipespec.config import ConfigError, PipelineConfig, load_config
+from pipespec.engine.handoff import FeaturedVerifier, hand_prefill
+from pipespec.protocol.messages import RequestSpec
+from pipespec.engine.stage import Session, Stage
+from pipespec.stages.registry import kind_of
+from pipespec.protocol.stats import PairStats
+from pipespec.engine.synchronous import generate_sync
+
+log = logging.getLogger(__name__)
+
+TEXT_PROMPTS = (
+    "Write a short story about a robot who learns to paint.",
+    "Explain how a bicycle works, step by step.",
+    "List five things to pack for a trip to the mountains.",
+)
+IMAGE_PROMPTS = ("Describe the image.", "How many shapes are there?", "What colour is the background?")
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    name: str
+    kind: str
+    forward_s: float  # median seconds of a 1-token forward after the prefill
+    verify_s: float  # median seconds of a `verify_tokens`-token forward
+    verify_tokens: int
+
+
+@dataclass(frozen=True)
+class PairProfile:
+    drafter: str
+    verifier: str
+    alpha: float | None  # per-token acceptance (PairStats.token_acceptance); None when skipped
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    mean_acceptance_length: float = 1.0
+    skipped: str | None = None  # why the pair was not measured
+
+
+@dataclass(frozen=True)
+class Profile:
+    config_name: str
+    stages: tuple[StageProfile, ...]  # upstream first; the last is the target
+    pairs: tuple[PairProfile, ...]
+    prompts: tuple[str, ...]
+    image: str | None  # what the VLM target looked at, if anything
+    max_new_tokens: int
+    gamma: int  # drafts per step when measuring acceptance
+    torch_threads: int | None = None  # what the latencies were measured at (None: torch's own setting)
+
+    def alpha(self, drafter: str, verifier: str) -> float | None:
+        return next((p.alpha for p in self.pairs if (p.drafter, p.verifier) == (drafter, verifier)), None)
+
+
+def read_config(source: str | os.PathLike | Mapping[str, Any]) -> tuple[PipelineConfig, dict[str, Any]]:
+    """-> (the validated config, its raw mapping, from which sub-chains and the recommended config are cut)."""
+    config = load_config(source)
+    raw = dict(source) if isinstance(source, Mapping) else yaml.safe_load(Path(source).read_text())
+    return config, raw
+
+
+def sub_config(raw: Mapping[str, Any], indices: Sequence[int]) -> PipelineConfig:
+    """The config of the chain of stages `indices` (upstream first); ConfigError says why it is invalid."""
+    return load_config({**raw, "stages": [raw["stages"][i] for i in indices]})
+
+
+def profile(
+    source: str | os.PathLike | Mapping[str, Any],
+    prompts: Sequence[str] | None = None,
+    image: Any = None,
+    max_new_tokens: int = 64,
+    verify_tokens: int = 8,
+    repeats: int = 5,
+    gamma: int = 4,
+    torch_threads: int | None = 1,
+) -> Profile:
+    """Measure every stage's latencies and every pair's acceptance (see the module docstring).
+
+    `image`: for a VLM target (required there), a path, bytes, PIL image or data URL. `torch_threads`:
+    those of one device (`pipespec.planning.placement.Devices.threads`), as each stage gets in a pipeline.
+    """
+    from pipespec.local import LocalPipeline
+
+    if max_new_tokens <= verify_tokens:
+        raise ValueError(f"max_new_tokens ({max_new_tokens}) must exceed verify_tokens ({verify_tokens})")
+    config, raw = read_config(source)
+    picture, image_name = _image(config, image)
+    prompts = tuple(prompts or (IMAGE_PROMPTS if picture is not None else TEXT_PROMPTS))
+    pipeline = LocalPipeline(config, torch_threads=torch_threads)  # loads the stages; never started
+    requests = [_request(pipeline, p, picture, max_new_tokens) for p in prompts]
+    stages = tuple(
+        _profile_stage(pipeline.stages, i, config, requests[0], verify_tokens, repeats) for i in range(len(config.stages))
+    )
+    valid = pipeline.entrance.tokenizer_size
+    pairs = tuple(
+        _profile_pair(pipeline.stages, [s.name for s in config.stages], raw, i, j, requests, gamma, valid)
+        for i, j in itertools.combinations(range(len(config.stages)), 2)
+    )
+    return Profile(config.name, stages, pairs, prompts, image_name, max_new_tokens, gamma, torch_threads)
+
+
+def _image(config: PipelineConfig, image: Any) -> tuple[Any, str | None]:
+    """-> (the decoded picture or None, how to name it); a bad image or an image for a text target is a ValueError."""
+    from pipespec.requests.images import load_image
+
+    target = config.target
+    takes_images = kind_of(target).takes_images
+    if image is not None and not takes_images:
+        raise ValueError(f"target stage {target.name!r} ({target.kind}) does not take images")
+    if not takes_images:
+        return None, None
+    if image is None:
+        raise ValueError(f"target stage {target.name!r} ({target.kind}) takes images: profile it with --image FILE")
+    return load_image(image), str(image) if isinstance(image, (str, os.PathLike)) else type(image).__name__
+
+
+def _request(pipeline: Any, prompt: str, image: Any, max_new_tokens: int) -> RequestSpec:
+    """A greedy request through the pipeline's front door. Mock pipelines have no tokenizer: their
+    prompt is the text's UTF-8 bytes modulo the vocabulary."""
+    if pipeline.tokenizer is None and pipeline.front_door.processor is None:
+        vocab = pipeline.stages[-1].vocab_size
+        spec, _ = pipeline.request(
+            prompt_token_ids=[b % vocab for b in prompt.encode()], max_new_tokens=max_new_tokens, temperature=0.0
+        )
+    else:
+        spec, _ = pipeline.request(prompt, image=image, max_new_tokens=max_new_tokens, temperature=0.0)
+    return spec
+
+
+def _open(stage: Stage, target: Stage, spec: RequestSpec, reads_features: bool) -> Session:
+    """Open `stage` on `spec`; a DREAM stage (`reads_features`) also gets the target's prefill features."""
+    session = stage.open(spec)
+    if reads_features:
+        target_session = target.open(spec)
+        try:
+            hand_prefill(session, target_session, spec.request_id)
+        finally:
+            target_session.close()
+    return session
+
+
+def _greedy(logits: Any) -> int:
+    return int(logits[-1].argmax())
+
+
+def time_forwards(session: Session, verify_tokens: int, repeats: int) -> tuple[float, float]:
+    """-> median seconds of a 1-token forward and of a `verify_tokens`-token forward, after the prefill.
+
+    One warm-up forward (a DREAM stage prefills in its first), then greedy 1-token steps, then the
+    block of the tokens they generated, fed again and again at the same place (each call rolls back)."""
+    fed = session.prompt_len - 1
+    token = _greedy(session.forward(fed, [session.last_prompt_token]))
+    fed += 1
+    generated: list[int] = []
+    ones: list[float] = []
+    for _ in range(max(repeats, verify_tokens)):
+        start = time.perf_counter()
+        logits = session.forward(fed + len(generated), [token])
+        ones.append(time.perf_counter() - start)
+        generated.append(token)
+        token = _greedy(logits)
+    blocks: list[float] = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        session.forward(fed, generated[:verify_tokens])
+        blocks.append(time.perf_counter() - start)
+    return statistics.median(ones), statistics.median(blocks)
+
+
+def _profile_stage(
+    stages: Sequence[Stage], i: int, config: PipelineConfig, spec: RequestSpec, verify_tokens: int, repeats: int
+) -> StageProfile:
+    session = _open(stages[i], stages[-1], spec, kind_of(config.stages[i]).reads_target_features)
+    try:
+        one_s, block_s = time_forwards(session, verify_tokens, repeats)
+    finally:
+        session.close()
+    name = config.stages[i].name
+    log.info("stage %s: %.2f ms a token, %.2f ms for %d", name, one_s * 1e3, block_s * 1e3, verify_tokens)
+    return StageProfile(name, config.stages[i].kind, one_s, block_s, verify_tokens)
+
+
+def _profile_pair(
+    stages: Sequence[Stage],
+    names: Sequence[str],
+    raw: Mapping[str, Any],
+    i: int,
+    j: int,
+    requests: Sequence[RequestSpec],
+    gamma: int,
+    valid: int | None,
+) -> PairProfile:
+    """Stage i drafting for stage j in the chain (i, j, ..., target); skipped if that chain is invalid."""
+    try:
+        chain = sub_config(raw, [i, *range(j, len(names))])
+    except ConfigError as e:
+        log.info("pair %s -> %s skipped: %s", names[i], names[j], e)
+        return PairProfile(names[i], names[j], None, skipped=str(e))
+    drafter = _drafter(stages[i], chain, stages[-1].vocab_size, valid)
+    verifier = FeaturedVerifier(stages[j], stages[-1]) if kind_of(chain.stages[1]).reads_target_features else stages[j]
+    total = PairStats(names[i], names[j])
+    for spec in requests:
+        total.merge(generate_sync(verifier, spec, drafter, gamma).pair)
+    log.info("pair %s -> %s: alpha %.3f over %d drafts", names[i], names[j], total.token_acceptance, total.num_draft_tokens)
+    return PairProfile(
+        names[i],
+        names[j],
+        total.token_acceptance,
+        total.num_draft_tokens,
+        total.num_accepted_tokens,
+        total.mean_acceptance_length,
+    )
+
+
+def _drafter(loaded: Stage, chain: PipelineConfig, width: int, valid: int | None) -> Stage:
+    """The drafter of the chain's first link: a mock is rebuilt for this chain (its agreement is with the
+    stage after it); any other stage does not depend on its chain, so the loaded one serves."""
+    if not kind_of(chain.stages[0]).depends_on_chain:
+        return loaded
+    from pipespec.stages import build_stage
+
+    return build_stage(chain.stages[0], chain.stages, width, valid)
