@@ -296,7 +296,7 @@ def real_sweep(
     models: Path, prompts: int = 4, tokens: int = 48, dtype: str = "float32", tick: Tick | None = None
 ) -> list[ScalingRow]:
     """On a local Ray (started and stopped here): one stage per device, as far as the devices go."""
-    from pipespec.commands.demo import demo_config, time_requests
+    from pipespec.cli.demo import demo_config, time_requests
     from pipespec.cluster.pipeline import local_ray
 
     requests = real_requests(prompts, tokens)
@@ -437,7 +437,7 @@ def write_outputs(rows: Sequence[ScalingRow], out: Path, settings: dict[str, Any
 def main(argv: Sequence[str] | None = None) -> int:
     from tqdm import tqdm
 
-    from pipespec.commands.demo import DEMO_MODELS
+    from pipespec.cli.demo import DEMO_MODELS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=len(CHAIN), help=f"emulated sweep: 1 .. this many (at most {len(CHAIN)})")

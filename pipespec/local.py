@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipespec.pipeline.assembly import Entrance, link_coordinator, link_in_process, link_to_verifier, serve_runner
 from pipespec.config import PipelineConfig
-from pipespec.pipeline.coordinator import Coordinator
+from pipespec.serving.coordinator import Coordinator
 from pipespec.requests.frontdoor import TargetInfo
 from pipespec.requests.generate_args import GenerateArgs
 from pipespec.protocol.links import Inbox, InProcessLink, Link

@@ -1,4 +1,4 @@
-"""`pipespec demo`'s helpers (pipespec/commands/demo.py) that need no Ray: the truth printed under the answer."""
+"""`pipespec demo`'s helpers (pipespec/cli/demo.py) that need no Ray: the truth printed under the answer."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from pipespec.commands.demo import DEMO_MODELS, picture_truth
+from pipespec.cli.demo import DEMO_MODELS, picture_truth
 
 
 def test_the_shipped_picture_s_truth_is_found_by_its_bytes(tmp_path):

@@ -10,8 +10,8 @@ import textwrap
 
 
 COORDINATOR_MODULES = (
-    "pipespec.pipeline.coordinator",
-    "pipespec.pipeline.ledger",
+    "pipespec.serving.coordinator",
+    "pipespec.serving.ledger",
     "pipespec.requests.stopping",
     "pipespec.requests.outputs",
     "pipespec.protocol.params",

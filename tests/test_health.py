@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pipespec import Client, LocalPipeline, load_config
 from pipespec.pipeline.assembly import Entrance, link_coordinator, link_to_verifier, serve_runner
 from pipespec.config import PipelineConfig
-from pipespec.pipeline.coordinator import Coordinator
+from pipespec.serving.coordinator import Coordinator
 from pipespec.requests.frontdoor import TargetInfo
 from pipespec.engine.runner import StageRunner
 from pipespec.serving.serving import Serving

@@ -23,7 +23,7 @@ import pytest
 
 import pipespec
 from pipespec import LocalPipeline, load_config
-from pipespec.pipeline.coordinator import Coordinator
+from pipespec.serving.coordinator import Coordinator
 from pipespec.requests.frontdoor import FrontDoor
 from pipespec.requests.outputs import Delta
 from pipespec.serving.body_limit import body_bytes

@@ -83,7 +83,7 @@ def violations(root: Path) -> list[str]:
     return sorted(found)
 
 
-def torch_chain(root: Path, start: str = "pipespec.pipeline.coordinator") -> list[str] | None:
+def torch_chain(root: Path, start: str = "pipespec.serving.coordinator") -> list[str] | None:
     """The chain of import-time imports from `start` (or a package above it) to torch, or None."""
     known = modules(root)
     parents: dict[str, str | None] = {m: None for m in (*_packages(start), start)}  # importing it runs its packages too
@@ -121,9 +121,9 @@ def broken(tmp_path: Path) -> Path:
     """A pipespec tree that breaks every rule once."""
     files = {
         "pipespec/__init__.py": "",
-        "pipespec/pipeline/__init__.py": "",
-        "pipespec/pipeline/coordinator.py": "from pipespec.pipeline import ledger\n",
-        "pipespec/pipeline/ledger.py": "from ..util import helper\n",
+        "pipespec/serving/__init__.py": "",
+        "pipespec/serving/coordinator.py": "from pipespec.serving import ledger\n",
+        "pipespec/serving/ledger.py": "from ..util import helper\n",
         "pipespec/util.py": "import torch.nn\n\ndef helper():\n    import ray\n",
         "pipespec/client.py": "def connect():\n    import grpc\n",
         "pipespec/planning/plan.py": "from demo.world import render\nfrom tests.fixtures import toy_models\n",
@@ -145,7 +145,7 @@ def test_the_rules_catch_a_broken_tree(broken: Path):
         "pipespec/planning/plan.py: imports tests.fixtures.toy_models (the runtime never imports tests/)",
         "pipespec/util.py: imports ray (ray only in pipespec/cluster/)",
     ]
-    assert torch_chain(broken) == ["pipespec.pipeline.coordinator", "pipespec.pipeline.ledger", "pipespec.util", "torch.nn"]
+    assert torch_chain(broken) == ["pipespec.serving.coordinator", "pipespec.serving.ledger", "pipespec.util", "torch.nn"]
 
 
 def test_a_torch_import_inside_a_function_is_not_an_import_time_one(broken: Path):

@@ -1,9 +1,9 @@
-"""Tests for pipespec/pipeline/ledger.py: the ledger of committed prefixes accepts only commits that continue
+"""Tests for pipespec/serving/ledger.py: the ledger of committed prefixes accepts only commits that continue
 the committed prefix exactly, and raises `LedgerError` on gaps, duplicates and double opens."""
 
 import pytest
 
-from pipespec.pipeline.ledger import Ledger, LedgerError
+from pipespec.serving.ledger import Ledger, LedgerError
 
 
 @pytest.fixture

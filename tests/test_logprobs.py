@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipespec import Client, LocalPipeline
 from pipespec.config import sub_pipeline
-from pipespec.pipeline.coordinator import Coordinator
+from pipespec.serving.coordinator import Coordinator
 from pipespec.protocol.logprobs import TokenLogprobs
 from pipespec.protocol.messages import Closed, Commit, RequestSpec
 from pipespec.protocol.params import SamplingParams

@@ -177,7 +177,7 @@ def test_an_actor_takes_its_level_from_the_environment(root_logger, monkeypatch)
     assert root_logger.level == logging.INFO
 
 
-COMMANDS = ("pipespec/cli.py", "pipespec/cluster/launch.py", "training/train.py")
+COMMANDS = ("pipespec/cli/__init__.py", "pipespec/cluster/launch.py", "training/train.py")
 ENTRY_POINTS = sorted(
     path
     for path in [*ROOT.glob("experiments/*.py"), *ROOT.glob("demo/*.py"), *(ROOT / p for p in COMMANDS)]

@@ -22,7 +22,7 @@ import pytest
 
 from pipespec import Client, LocalPipeline
 from pipespec.requests.chat import MAX_MESSAGES
-from pipespec.commands.demo import DEMO_MODELS, demo_config
+from pipespec.cli.demo import DEMO_MODELS, demo_config
 from pipespec.stages.causal_lm import CausalLMStage
 from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 from tests.fixtures.exactness import text_pipeline

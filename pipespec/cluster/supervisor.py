@@ -7,7 +7,7 @@ constructor again (its models loaded) and nothing else. The supervisor watches e
 
 - a device: serves its stages again (new ports), links each stage's drafter on another device to it
   and it to its verifier on another device, and gives the coordinator its new control links; the
-  coordinator tells the stages which requests rejoin (pipespec.pipeline.coordinator);
+  coordinator tells the stages which requests rejoin (pipespec.serving.coordinator);
 - the coordinator: serves it again on the same address, linked to every stage, and its HTTP
   server, if it has one, on the same port. The requests it held are gone with it (their clients
   saw the stream fail); each stage closed them when it lost the coordinator's stream.

@@ -1,6 +1,6 @@
-"""What the commands share beyond `pipespec.cli`: the parts every entry point uses, and the demo.
+"""What every command line shares (`pipespec`, the Ray job's `pipespec.cluster.launch`, the experiments,
+the demo's training): the parts below the commands themselves.
 
 - `logs`: logging set up the same way by every command and actor (`--log-level`, a config file)
-- `examples`: the example configs shipped in pipespec/configs, by name
-- `demo`: `pipespec demo`, the embedded default, run and measured into a report the CLI prints
+- `examples`: the example configs shipped in pipespec/configs, by name (`pipespec serve mock3`)
 """

@@ -1,8 +1,7 @@
-"""A whole pipeline, above its stages: how it is assembled and how its requests are coordinated.
+"""A pipeline's parts, built from its config and connected: the same wiring for every way it runs.
 
-- `assembly`: how a config's parts are built and connected, the same for every way it runs
-- `coordinator`: opens requests on every stage and turns the target's commits into a client stream
-- `ledger`: the committed prefix of each request, and nothing else
+- `assembly`: the coordinator's side (`Entrance`: front door, coordinator, detokenizer) and the links
+  between stage runners, in process or over gRPC streams (imported when called: no gRPC at import)
 
-Torch-free, like the coordinator itself (tests/test_layering.py checks it).
+The Ray side (placement groups, actors, supervision) is pipespec.cluster; in one process, pipespec.local.
 """

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipespec.config import PipelineConfig
-from pipespec.pipeline.coordinator import Coordinator
+from pipespec.serving.coordinator import Coordinator
 from pipespec.requests.frontdoor import FrontDoor, TargetInfo
 from pipespec.requests.images import load_target_processor
 from pipespec.protocol.links import Inbox, InProcessLink, Link

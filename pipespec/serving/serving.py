@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from pipespec.pipeline.coordinator import Coordinator
+from pipespec.serving.coordinator import Coordinator
 from pipespec.requests.frontdoor import FrontDoor, new_request_id
 from pipespec.requests.generate_args import GenerateArgs
 from pipespec.protocol.messages import RequestSpec

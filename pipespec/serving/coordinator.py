@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pipespec.config import FaultSpec
-from pipespec.pipeline.ledger import Ledger, LedgerError
+from pipespec.serving.ledger import Ledger, LedgerError
 from pipespec.protocol.links import Link
 from pipespec.protocol.messages import Close, Closed, Commit, Failed, Message, Open, RequestSpec
 from pipespec.requests.outputs import Delta

@@ -12,7 +12,7 @@
 Every command takes `--log-level LEVEL` (DEBUG, INFO, WARNING, ERROR, CRITICAL; default WARNING, INFO
 for `plan`), or a logging config file named by $PIPESPEC_LOGGING_CONFIG (pipespec.commands.logs).
 
-`demo` runs the embedded default on a local Ray (see pipespec.commands.demo): the shipped models (tiny -> dream
+`demo` runs the embedded default on a local Ray (see pipespec.cli.demo): the shipped models (tiny -> dream
 -> VLM target, trained on the generated visual world) answer a question about a picture, streamed
 token by token; then pipeline and target-alone runs alternate, and a table shows each stage pair's
 acceptance, the median tokens per second of each side and their median ratio, and whether the answers match.
@@ -50,7 +50,7 @@ def _fail(command: str, why: object) -> int:
 
 
 def demo(args: argparse.Namespace) -> int:
-    from pipespec.commands.demo import DEFAULT_PROMPT, run_demo
+    from pipespec.cli.demo import DEFAULT_PROMPT, run_demo
     from pipespec.planning.placement import Devices
 
     if args.runs < 1:
@@ -255,6 +255,3 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(args.command, e)
     return args.run(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())
