@@ -1,9 +1,16 @@
-"""The layering rules of the source tree (design section 5), read from the code with `ast`:
+"""The structure of the source tree (design section 5), read from the code with `ast`:
 
-- ray is imported only in pipespec/cluster/;
-- grpc only in the transport (pipespec/transport/ and the generated pipespec/protos/);
+- rooms by role: the top level of pipespec/ is the public face (the package's `__init__`, the CLI,
+  config, errors, client, local); every other module sits in a room (a subpackage) whose `__init__`
+  says what it holds;
+- layers: each room (or public module) has a place in `LAYERS`, lowest first, and imports only from
+  its own place and those below it, never upward;
+- no import circle, counting every import (in functions and under `if TYPE_CHECKING` too), in the
+  runtime and in the packages beside it (training/, demo/, experiments/);
+- ray is imported only in pipespec/cluster/; grpc only in the transport (pipespec/transport/ and the
+  generated pipespec/protos/);
 - torch never by the coordinator, at import time, through any chain of pipespec imports;
-- nothing in the runtime (pipespec/) imports experiments/, demo/ or tests/.
+- nothing in the runtime (pipespec/) imports experiments/, demo/, training/ or tests/.
 
 Each rule is also run on a small tree that breaks it, so a checker that finds nothing cannot pass.
 """
@@ -17,13 +24,37 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OUTSIDE_THE_RUNTIME = ("experiments", "demo", "tests")
+OUTSIDE_THE_RUNTIME = ("experiments", "demo", "training", "tests")
+PUBLIC_FACE = ("__init__", "cli", "config", "errors", "client", "local")  # the modules at pipespec's top level
+
+# Lowest first. A module belongs to the longest entry that prefixes its name and imports only from its
+# own entry and the entries before it.
+LAYERS = (
+    "pipespec.errors",  # the runtime's errors
+    "pipespec.commands",  # what every command line shares: logging, the shipped example configs
+    "pipespec.protocol",  # the messages between stages, their codec and links; torch-free
+    "pipespec.stages.kinds",  # the table of stage kinds and their options, which the config reads
+    "pipespec.config",  # a pipeline config, validated
+    "pipespec.engine",  # what runs inside a stage's process: runner, scheduler, choice, ...
+    "pipespec.requests",  # a request's way in and out: arguments, chat, images, front door, outputs
+    "pipespec.stages",  # the stage kinds themselves, and building them
+    "pipespec.serving",  # the coordinator, served to clients (one Serving, the HTTP server)
+    "pipespec.protos",  # the generated gRPC code
+    "pipespec.transport",  # gRPC: stage streams, the coordinator service, health
+    "pipespec.pipeline",  # a config's parts built and connected
+    "pipespec.local",  # the whole pipeline in one process
+    "pipespec.planning",  # profiling and the plan
+    "pipespec.cluster",  # Ray
+    "pipespec.client",  # the remote Python client
+    "pipespec.cli",  # the pipespec command
+    "pipespec",  # the package's own __init__: the public names
+)
 
 
-def modules(root: Path) -> dict[str, Path]:
-    """Dotted name -> file, for every module of the `pipespec` package under `root`."""
+def modules(root: Path, package: str = "pipespec") -> dict[str, Path]:
+    """Dotted name -> file, for every module of `package` under `root`."""
     found = {}
-    for path in sorted((root / "pipespec").rglob("*.py")):
+    for path in sorted((root / package).rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
         found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
@@ -108,6 +139,90 @@ def _packages(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
+def misplaced(root: Path) -> list[str]:
+    """Modules at pipespec's top level outside the public face, and rooms whose `__init__` says nothing."""
+    found = []
+    for path in sorted((root / "pipespec").iterdir()):
+        if path.suffix == ".py" and path.stem not in PUBLIC_FACE:
+            found.append(f"pipespec/{path.name}: a top-level module outside the public face {PUBLIC_FACE}")
+    for init in sorted((root / "pipespec").rglob("__init__.py")):
+        if not ast.get_docstring(ast.parse(init.read_text())):
+            found.append(f"{init.relative_to(root).as_posix()}: a room without a docstring saying what it holds")
+    return found
+
+
+def layer(module: str) -> int | None:
+    """The index in LAYERS of `module`'s entry: the longest entry that is it or a package above it (the
+    root entry, `pipespec`, is its `__init__` alone)."""
+    entries = [i for i, e in enumerate(LAYERS) if module == e or ("." in e and module.startswith(e + "."))]
+    return max(entries, key=lambda i: len(LAYERS[i]), default=None)
+
+
+def edges(root: Path, packages: tuple[str, ...] = ("pipespec",)) -> dict[str, set[str]]:
+    """Module -> the modules of `packages` it imports (every import: in functions and TYPE_CHECKING too)."""
+    known = {m: p for package in packages for m, p in modules(root, package).items()}
+    return {m: {n for n in imports(path, m) if n in known and n != m} for m, path in known.items()}
+
+
+def upward(root: Path) -> list[str]:
+    """Every pipespec module in no layer, and every import of a module from a higher layer."""
+    found = []
+    for module, targets in sorted(edges(root).items()):
+        if layer(module) is None:
+            found.append(f"{module}: in no layer of LAYERS")
+            continue
+        for target in sorted(targets):
+            if layer(target) is not None and layer(target) > layer(module):
+                found.append(f"{module} imports {target} ({LAYERS[layer(target)]} is above {LAYERS[layer(module)]})")
+    return found
+
+
+def circles(root: Path, packages: tuple[str, ...] = ("pipespec",)) -> list[list[str]]:
+    """The import circles among `packages`' modules: each strongly connected set of two or more modules
+    (Tarjan's algorithm), sorted."""
+    graph = edges(root, packages)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in graph[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while not component or component[-1] != module:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+PACKAGES = ("pipespec", "training", "demo", "experiments")
+
+
+def test_the_top_level_is_the_public_face_and_every_room_says_what_it_holds():
+    assert misplaced(ROOT) == []
+
+
+def test_no_module_imports_upward():
+    assert upward(ROOT) == []
+
+
+def test_no_import_circle():
+    assert circles(ROOT, PACKAGES) == []
+
+
 def test_the_source_tree_keeps_its_layers():
     assert violations(ROOT) == []
 
@@ -127,8 +242,16 @@ def broken(tmp_path: Path) -> Path:
         "pipespec/util.py": "import torch.nn\n\ndef helper():\n    import ray\n",
         "pipespec/client.py": "def connect():\n    import grpc\n",
         "pipespec/planning/plan.py": "from demo.world import render\nfrom tests.fixtures import toy_models\n",
-        "pipespec/cluster/__init__.py": "import ray\n",
+        "pipespec/cluster/__init__.py": '"""Ray."""\nimport ray\n',
         "pipespec/transport/__init__.py": "import grpc\n",
+        "pipespec/planning/__init__.py": '"""Planning."""\n',
+        "pipespec/engine/__init__.py": '"""The engine."""\n',
+        "pipespec/engine/runner.py": "from pipespec.engine.step import plan\n",
+        "pipespec/engine/step.py": "def plan():\n    from pipespec.engine.runner import run\n",
+        "pipespec/protocol/__init__.py": '"""The protocol."""\n',
+        "pipespec/protocol/codec.py": "from pipespec.config import LimitsSpec\n",
+        "pipespec/config.py": "from pipespec.errors import ConfigError\n",
+        "pipespec/errors.py": "",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -146,6 +269,20 @@ def test_the_rules_catch_a_broken_tree(broken: Path):
         "pipespec/util.py: imports ray (ray only in pipespec/cluster/)",
     ]
     assert torch_chain(broken) == ["pipespec.serving.coordinator", "pipespec.serving.ledger", "pipespec.util", "torch.nn"]
+
+
+def test_the_structure_checks_catch_a_broken_tree(broken: Path):
+    assert misplaced(broken) == [
+        "pipespec/util.py: a top-level module outside the public face ('__init__', 'cli', 'config', 'errors', 'client', 'local')",
+        "pipespec/__init__.py: a room without a docstring saying what it holds",
+        "pipespec/serving/__init__.py: a room without a docstring saying what it holds",
+        "pipespec/transport/__init__.py: a room without a docstring saying what it holds",
+    ]
+    assert upward(broken) == [
+        "pipespec.protocol.codec imports pipespec.config (pipespec.config is above pipespec.protocol)",
+        "pipespec.util: in no layer of LAYERS",
+    ]
+    assert circles(broken) == [["pipespec.engine.runner", "pipespec.engine.step"]]
 
 
 def test_a_torch_import_inside_a_function_is_not_an_import_time_one(broken: Path):

@@ -82,8 +82,11 @@ def test_the_wheel_installs_pipespec_alone_and_serves_a_packaged_config(tmp_path
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names}
     assert tops == {"pipespec", wheel.name.split("-py")[0] + ".dist-info"}, tops
+    rooms = ("engine", "protocol", "requests", "planning", "pipeline", "serving", "commands", "cli")
     for shipped in ("pipespec/protos/pipespec.proto", "pipespec/configs/mock3.yaml", "pipespec/stages/dream/model.py"):
         assert shipped in names
+    assert {f"pipespec/{room}/__init__.py" for room in rooms} <= set(names)
+    assert [n for n in names if "training" in n or n.endswith("/train.py")] == []  # DREAM's training stays out
     protos_wheel = build_wheel(other_protos_project(tmp_path), dist, "protos")
 
     venv = fresh_venv(tmp_path)
