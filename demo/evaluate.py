@@ -58,8 +58,7 @@ class KindScore:
 def evaluate_target(models: Path, per_kind: int, seed: int, max_new_tokens: int = 128) -> dict[str, dict]:
     """Score the target's greedy answers to `per_kind` held-out questions of every kind; -> {kind:
     KindScore.as_dict()}, in KINDS order, then "describe_exact"."""
-    from demo.train import IMAGE_SIZE
-    from demo.world import KINDS, chance, describes_exactly, examples, render, score
+    from demo.world import IMAGE_SIZE, KINDS, chance, describes_exactly, examples, render, score
     from pipespec import LocalPipeline, load_config
 
     config = load_config({"stages": [{"name": "target", "kind": "vlm", "model": str(models / "target"), "dtype": "float32"}]})

@@ -29,6 +29,7 @@ import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -36,14 +37,18 @@ from tqdm import tqdm
 
 from demo.evaluate import evaluate_target, summary
 from demo.tower import pretrain_tower
+from demo.world import IMAGE_SIZE
 from demo.llava_template import CHAT_TEMPLATE
 from training.optimiser import Optimiser
 from pipespec.commands.logs import add_log_level, setup_logging
 
+if TYPE_CHECKING:
+    from transformers import LlamaConfig, PreTrainedTokenizerBase
+
 log = logging.getLogger(__name__)
 
 MODELS = Path("models/demo")
-IMAGE_SIZE, PATCH = 64, 8  # 64 image tokens
+PATCH = 8  # 64 image tokens of the world's IMAGE_SIZE pictures
 # Deep and narrow: a forward on this CPU costs about 0.45 ms per layer plus the bytes of its weights, so
 # 24 narrow layers make the target several times as costly as its drafters (DREAM's blocks have the
 # target's width), within the ship budget.
@@ -95,11 +100,23 @@ def load_tokenizer(models: Path):
 # ---- the target -------------------------------------------------------------------------------------
 
 
+def llama_config(tokenizer: PreTrainedTokenizerBase, shape: dict[str, int], tie_word_embeddings: bool) -> LlamaConfig:
+    """A Llama language model's config of `shape` (TARGET's or TINY's sizes) over `tokenizer`'s vocabulary
+    and special tokens: the target's text half, or the tiny drafter."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=shape["hidden"], intermediate_size=shape["intermediate"],
+        num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"], num_key_value_heads=shape["heads"],
+        max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=tie_word_embeddings,
+    )  # fmt: skip
+
+
 def build_target(tokenizer, seed: int = 0):
     from transformers import (
         CLIPImageProcessor,
         CLIPVisionConfig,
-        LlamaConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
@@ -109,13 +126,7 @@ def build_target(tokenizer, seed: int = 0):
         hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
         image_size=IMAGE_SIZE, patch_size=PATCH, projection_dim=192,
     )  # fmt: skip
-    h = TARGET
-    text = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=h["hidden"], intermediate_size=h["intermediate"],
-        num_hidden_layers=h["layers"], num_attention_heads=h["heads"], num_key_value_heads=h["heads"],
-        max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
-    )  # fmt: skip
+    text = llama_config(tokenizer, TARGET, tie_word_embeddings=False)
     config = LlavaConfig(
         vision_config=vision.to_dict(), text_config=text.to_dict(), image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
         vision_feature_select_strategy="default", vision_feature_layer=-1,
@@ -225,18 +236,12 @@ def train_target(models: Path, minutes: float, steps: int, batch_size: int, seed
 
 def train_tiny(models: Path, minutes: float, steps: int, batch_size: int, seed: int) -> Path:
     """A small Llama on the same conversations, text only (what a text drafter sees)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from demo.world import examples
 
     tokenizer = load_tokenizer(models)
-    h = TINY
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=h["hidden"], intermediate_size=h["intermediate"],
-        num_hidden_layers=h["layers"], num_attention_heads=h["heads"], num_key_value_heads=h["heads"],
-        max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
-    )  # fmt: skip
+    config = llama_config(tokenizer, TINY, tie_word_embeddings=True)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     data = batches(examples("train", 50_000, seed + 1), None, tokenizer, batch_size, random.Random(seed), with_image=False)

@@ -198,7 +198,12 @@ def _shape_polygon(kind: str, cx: float, cy: float, d: float) -> list[tuple[floa
     raise ValueError(f"unknown shape {kind!r}")
 
 
-def render(scene: Scene, size: int = 64) -> Image.Image:
+# The pictures' side in pixels: what the demo's models are trained on, evaluated on and shown (`render` draws
+# any size).
+IMAGE_SIZE = 64
+
+
+def render(scene: Scene, size: int = IMAGE_SIZE) -> Image.Image:
     """The scene as a `size` x `size` RGB picture, deterministic (shapes drawn 4x larger, then averaged down).
 
     Small shapes are about 0.16 * size across (10 px at 64), large ones 0.28 * size (18 px), each in
@@ -643,7 +648,7 @@ def examples(split: str, n: int, seed: int = 0) -> list[Example]:
     return out
 
 
-def samples(split: str, n: int, seed: int = 0, size: int = 64) -> list[tuple[Image.Image, str, str]]:
+def samples(split: str, n: int, seed: int = 0, size: int = IMAGE_SIZE) -> list[tuple[Image.Image, str, str]]:
     """(rendered image, prompt, kind) of `examples(split, n, seed)`: the `--samples` interface of
     training.train (the kind splits its evaluation)."""
     return [(render(ex.scene, size), ex.prompt, ex.kind) for ex in examples(split, n, seed)]

@@ -27,7 +27,7 @@ from pipespec import LocalPipeline, load_config
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
 from pipespec.engine.synchronous import generate_sync
-from pipespec.stages import load_stages
+from pipespec.stages.build import load_stages
 from pipespec.commands.logs import add_log_level, setup_logging
 
 PROMPTS = [(1, 2, 3), (7, 5, 9, 4), (11, 3)]

@@ -172,7 +172,8 @@ def _relative(path: Path) -> str:
 
 def demo_configs(directory: Path) -> dict[str, Path]:
     """The demo's pipeline (tiny -> dream -> target, 2/3 core each) and its target alone (both cores), as YAML."""
-    from pipespec.cli.demo import DEMO_MODELS, demo_raw
+    from pipespec.cli import DEMO_MODELS
+    from pipespec.cli.demo import demo_raw
 
     cores = os.cpu_count() or 1
     sides = {

@@ -75,7 +75,7 @@ def main() -> None:
 def measure(args: argparse.Namespace) -> list[tuple[str, float, float, float]]:
     """-> [(pipeline, in-process us, one-process gRPC us, Ray us)] per committed token."""
     from tests.fixtures.toy_models import build_family
-    from pipespec.stages import load_stages
+    from pipespec.stages.build import load_stages
 
     def in_ray(config, tokens):
         return float("nan") if args.no_ray else ray_per_token_us(config, tokens, args.runs)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from tests.fixtures.vlm_zoo import family_tokenizer
+from tests.fixtures.vlm_zoo.common import family_tokenizer
 from demo.llava_template import CHAT_TEMPLATE
 from pipespec.commands.logs import add_log_level, setup_logging
 

@@ -53,7 +53,7 @@ from pipespec.planning.analytical import chain_rates, sync_speedup
 from pipespec.config import ConfigError, PipelineConfig
 from pipespec.requests.outputs import Generation
 from pipespec.engine.stage import Stage
-from pipespec.protocol.stats import PairStats
+from pipespec.protocol.stats import merged_pairs
 from pipespec.engine.synchronous import generate_sync
 from pipespec.commands.logs import add_log_level, setup_logging
 
@@ -275,15 +275,6 @@ def real_requests(prompts: int, tokens: int, seed: int = 3) -> list[dict]:
     return [dict(prompt=ex.prompt, image=render(ex.scene, IMAGE_SIZE), max_new_tokens=tokens) for ex in held_out]
 
 
-def merged_pairs(generations: Sequence[Generation]) -> list[PairStats]:
-    """Each pair's statistics summed over requests."""
-    pairs = [PairStats(p.drafter, p.verifier) for p in generations[0].stats.pairs]
-    for g in generations:
-        for mine, theirs in zip(pairs, g.stats.pairs):
-            mine.merge(theirs)
-    return pairs
-
-
 def seconds_per_forward(generations: Sequence[Generation]) -> list[float]:
     """Per stage, upstream first: compute seconds per model call over all requests (prefill included)."""
     stages = len(generations[0].stats.stages)
@@ -309,7 +300,7 @@ def real_sweep(
             timed = time_requests(config, requests)
             generations = [g for g, _ in timed]
             reference = reference or [g.token_ids for g in generations]
-            alphas = tuple(p.token_acceptance for p in merged_pairs(generations))
+            alphas = tuple(p.token_acceptance for p in merged_pairs(g.stats.pairs for g in generations))
             predicted = predicted_tokens_per_s(seconds_per_forward(generations), alphas, verify_windows(config))
             tps = sum(len(g.token_ids) for g in generations) / sum(s for _, s in timed)
             base = rows[0] if rows else None
@@ -437,7 +428,7 @@ def write_outputs(rows: Sequence[ScalingRow], out: Path, settings: dict[str, Any
 def main(argv: Sequence[str] | None = None) -> int:
     from tqdm import tqdm
 
-    from pipespec.cli.demo import DEMO_MODELS
+    from pipespec.cli import DEMO_MODELS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=len(CHAIN), help=f"emulated sweep: 1 .. this many (at most {len(CHAIN)})")

@@ -7,7 +7,8 @@ The names users touch: `load_config` and `LocalPipeline` (one process), `Client`
 from typing import TYPE_CHECKING, Any
 
 from pipespec.client import Client
-from pipespec.config import ConfigError, PipelineConfig, load_config
+from pipespec.config import PipelineConfig, load_config
+from pipespec.errors import ConfigError
 from pipespec.requests.outputs import Delta, Generation, GenerationError, RequestRefused
 
 if TYPE_CHECKING:

@@ -18,10 +18,12 @@ defaults.
 A request that fails raises `GenerationError`, from `stream` after the deltas committed before it,
 with the message `LocalPipeline` gives. A refused one raises its subclass `RequestRefused`, also a
 ValueError as `LocalPipeline`'s refusal is: what the Client can see itself (a bad type or range, a
-missing image file: `GenerateArgs.checked()`) before anything is sent, and what needs the pipeline
-(its limits, its tokenizer) from the server's front door. A failure inside the pipeline, and a
-coordinator that cannot be reached or is lost (naming its address), raise `GenerationError`. A loop
-over `stream` never ends without a finish reason or an error.
+missing image file: building the request's `GenerateArgs`) from the call to `stream` / `astream` /
+`generate` itself, before anything is sent, and what needs the pipeline (its limits, its tokenizer)
+from the server's front door. A failure inside the pipeline, and a coordinator that cannot be reached
+or is lost (naming its address), raise `GenerationError`. A loop over `stream` never ends without a
+finish reason or an error. `max_new_tokens` means what it means on every way in (left out: 64; None:
+as many as the pipeline's limits allow; pipespec.requests.generate_args).
 
 A Client holds one gRPC channel (one connection), made on its first request and reused by every
 request after it, from any thread; `astream` holds one per event loop. `close()` (`aclose()` in
@@ -50,23 +52,23 @@ class Client:
 
     @staticmethod
     def _args(prompt: str | None, **kwargs: Any) -> GenerateArgs:
-        """The request's keywords checked, the image encoded; RequestRefused naming a bad value."""
+        """The request's `GenerateArgs` (checked as they are built), the image encoded for the wire;
+        RequestRefused naming a bad value."""
         try:
-            args = GenerateArgs(prompt, **kwargs).checked()
+            args = GenerateArgs(prompt, **kwargs)
             return replace(args, image=image_bytes(args.image)[0]) if args.image is not None else args
         except ValueError as e:
             raise RequestRefused(str(e)) from None
 
     def stream(self, prompt: str | None = None, **kwargs: Any) -> Iterator[Delta]:
-        """Yield deltas as they are committed; keywords as in `GenerateArgs`."""
-        args = self._args(prompt, **kwargs)
-        yield from self.coordinator.stream(args, self.timeout)
+        """The deltas as they are committed, yielded as the result is iterated; keywords as in
+        `GenerateArgs`. A bad value raises RequestRefused from this call, before anything is sent."""
+        return self.coordinator.stream(self._args(prompt, **kwargs), self.timeout)
 
-    async def astream(self, prompt: str | None = None, **kwargs: Any) -> AsyncIterator[Delta]:
-        """The async twin of `stream`."""
-        args = self._args(prompt, **kwargs)
-        async for delta in self.coordinator.astream(args, self.timeout):
-            yield delta
+    def astream(self, prompt: str | None = None, **kwargs: Any) -> AsyncIterator[Delta]:
+        """The async twin of `stream` (`async for delta in client.astream(...)`); a bad value raises
+        RequestRefused from this call."""
+        return self.coordinator.astream(self._args(prompt, **kwargs), self.timeout)
 
     def generate(self, prompt: str | None = None, **kwargs: Any) -> Generation:
         return Generation.from_deltas(self.stream(prompt, **kwargs))

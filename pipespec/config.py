@@ -3,7 +3,7 @@
 Every error names the offending key path and value (`stages[1].kind: unknown kind 'causal-lm' ...`),
 and unknown keys are errors with a did-you-mean hint. Nothing downstream re-validates. What each
 kind adds (its own keys, whether it loads a model, where in a chain it may sit) is asked of the
-registry of stage kinds, `pipespec.stages.registry`. Model directories must exist; whether their
+table of stage kinds, `pipespec.stages.kinds`. Model directories must exist; whether their
 tokenizers agree is checked by `pipespec.requests.tokenization` before any weights load.
 
 A stage on a GPU (`device: cuda` or `cuda:N`) reserves one: its `resources` default to a CPU and a
@@ -26,7 +26,7 @@ import yaml
 
 from pipespec.errors import ConfigError
 from pipespec.protocol.params import SamplingParams, VerifyMode
-from pipespec.stages.registry import KINDS, MockOptions, NgramOptions, kind_of
+from pipespec.stages.kinds import KINDS, MockOptions, NgramOptions, kind_of
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -34,7 +34,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 @dataclass(frozen=True)
 class StageSpec:
     name: str
-    kind: str  # a name of the registry of stage kinds (pipespec.stages.registry)
+    kind: str  # a name of the table of stage kinds (pipespec.stages.kinds)
     model: str | None = None  # directory that from_pretrained loads (kinds that load a model)
     max_lookahead: int = 8  # uncommitted tokens this stage may run ahead of its verifier
     verify_window: int | None = None  # most drafts one step verifies; None: half the drafter's lookahead

@@ -1,8 +1,8 @@
 """The runtime's errors that are not about one generation: an invalid config, a peer breaking the protocol.
 
-`ConfigError` has its own module so that both `pipespec.config` and the registry of stage kinds it
-validates with (`pipespec.stages.registry`, whose per-kind checks raise it) can import it;
-`pipespec.config` re-exports it, and that is where users import it from.
+`ConfigError` has its own module, the lowest of the runtime, so that everything that raises it imports
+it from here: `pipespec.config`, the table of stage kinds it validates with (`pipespec.stages.kinds`),
+the stages themselves. `pipespec.config` re-exports it, and that is where users import it from.
 """
 
 

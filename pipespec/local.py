@@ -60,7 +60,7 @@ class LocalPipeline:
         self._clients: list = []
         self.entrance = Entrance.check(config)  # before any weights load
         if stages is None:
-            from pipespec.stages import load_stages
+            from pipespec.stages.build import load_stages
 
             stages = load_stages(config, self.entrance.tokenizer_size)
         self.stages = list(stages)

@@ -1,5 +1,9 @@
 """Shared fixtures, saved to disk once per test session: a family of small random Llama models, and a
-small random LLaVA family with an untrained DREAM drafter for its target."""
+small random LLaVA family with an untrained DREAM drafter for its target.
+
+Per test module, over the toy Llamas that the module loads itself (its `loaded` fixture: stage name ->
+stage, the target among them): the target alone as a pipeline (`reference`) and as a Hugging Face model
+(`target_model`), both on `toy_device` ("cpu"; a module overrides it to run them elsewhere)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,30 @@ def family(tmp_path_factory) -> dict:
     from tests.fixtures.toy_models import build_family
 
     return {name: str(path) for name, path in build_family(tmp_path_factory.mktemp("toy")).items()}
+
+
+@pytest.fixture(scope="module")
+def toy_device() -> str:
+    """Where `reference` and `target_model` run; tests/test_gpu.py overrides it with "cuda"."""
+    return "cpu"
+
+
+@pytest.fixture(scope="module")
+def reference(family, loaded, toy_device):
+    """The target alone: a 1-stage `LocalPipeline` over the module's already-loaded target (`loaded["target"]`)."""
+    from tests.fixtures.exactness import text_pipeline
+
+    with text_pipeline(family, loaded, ["target"], device=toy_device) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def target_model(family, toy_device):
+    """The toy target as a Hugging Face model (fp32, eval mode), for references outside the pipeline."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(family["target"], dtype=torch.float32).to(toy_device).eval()
 
 
 @pytest.fixture(scope="session")

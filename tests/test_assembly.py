@@ -12,7 +12,7 @@ from pipespec.requests.frontdoor import TargetInfo
 from pipespec.requests.generate_args import GenerateArgs
 from pipespec.protocol.links import InProcessLink
 from pipespec.engine.runner import StageRunner
-from pipespec.stages import load_stages
+from pipespec.stages.build import load_stages
 from pipespec.requests.tokenization import IncrementalDetokenizer
 
 

@@ -1,7 +1,7 @@
 """Tests for pipespec/requests/chat.py: a conversation (system, user and assistant turns) as every way in takes it.
 
 - Bad messages are refused naming the message or part (`conversation`, `check`, and through
-  `GenerateArgs.checked()` the image's place).
+  `GenerateArgs` the image's place).
 - A system + user + assistant + user conversation renders through a text tokenizer's chat template
   (the toy family's tokenizer, given one) and through the demo target's processor (models/demo/target,
   with an image) to the ids the template gives, drafters get the text-only view (no image), and a
@@ -129,33 +129,32 @@ def test_bad_messages_are_refused_naming_them(case):
         check(conversation(messages)[0])
     assert str(refused.value) == why
     with pytest.raises(ValueError) as refused_too:
-        GenerateArgs(messages=messages).checked()  # what every way in runs
+        GenerateArgs(messages=messages)  # what every way in builds
     assert str(refused_too.value) == why
 
 
 def test_an_image_needs_its_place_and_a_place_its_image():
     place = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what is it"}]}]
     with pytest.raises(ValueError, match=r"the messages have an image part but no image is given \(image=, or the part's"):
-        GenerateArgs(messages=place).checked()
+        GenerateArgs(messages=place)
     with pytest.raises(ValueError, match=r'an image needs its place in the messages: a \{"type": "image"\} part'):
-        GenerateArgs(messages=[USER], image=b"png").checked()
+        GenerateArgs(messages=[USER], image=b"png")
     carried = [{"role": "user", "content": [{"type": "image", "image": b"png"}, {"type": "text", "text": "what is it"}]}]
     with pytest.raises(ValueError, match="the image is given twice: in a message part and as image="):
-        GenerateArgs(messages=carried, image=b"png").checked()
+        GenerateArgs(messages=carried, image=b"png")
     with pytest.raises(ValueError, match=r"messages\[0\].role must be one of"):
         check((ChatMessage("tool", (Part("hi"),)),))
 
 
-def test_checked_messages_are_chat_messages_and_the_image_moves_to_image():
+def test_messages_are_kept_as_chat_messages_and_the_image_moves_to_image():
     args = GenerateArgs(
         messages=[*CHAT[:1], {"role": "user", "content": [{"type": "image", "image": b"png"}, {"type": "text", "text": "hi"}]}]
     )
-    checked = args.checked()
-    assert checked.messages == (
+    assert args.messages == (
         ChatMessage("system", (Part("Answer in a few words."),)),
         ChatMessage("user", (IMAGE, Part("hi"))),
     )
-    assert checked.image == b"png"
+    assert args.image == b"png"
 
 
 # ---- rendering through chat templates ------------------------------------------------------------
@@ -193,7 +192,7 @@ def test_a_conversation_renders_through_a_text_tokenizers_template(text_family):
     assert tokenizer.apply_chat_template(TEXT_CHAT, add_generation_prompt=True, tokenize=False) == rendered
     want = tokenizer.apply_chat_template(TEXT_CHAT, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert list(want) == tokenizer.encode(rendered, add_special_tokens=False)
-    messages = GenerateArgs(messages=TEXT_CHAT).checked().conversation()
+    messages = GenerateArgs(messages=TEXT_CHAT).conversation()
     assert encode_prompt(tokenizer, messages) == list(want)
     with LocalPipeline(text_config(text_family, ["target"])) as alone:
         spec, _ = alone.request(messages=TEXT_CHAT)
@@ -261,7 +260,7 @@ def test_messages_cross_the_wire_unchanged():
         {"role": "assistant", "content": "a red circle"},
         {"role": "user", "content": [{"type": "text", "text": "where"}, {"type": "text", "text": " is it?"}]},
     ]
-    args = GenerateArgs(messages=messages, image=b"\x89PNG bytes", max_new_tokens=9).checked()
+    args = GenerateArgs(messages=messages, image=b"\x89PNG bytes", max_new_tokens=9)
     wire = to_proto(args).SerializeToString()
     assert from_proto(pb.GenerateRequest.FromString(wire)) == args
     assert from_proto(pb.GenerateRequest.FromString(wire)).messages[1].parts == (Part(""), IMAGE, Part("what is it"))

@@ -6,6 +6,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -13,10 +15,38 @@ import yaml
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
+PIPESPEC = str(Path(sys.executable).with_name("pipespec"))
 
-def test_serve_then_generate(family, tmp_path):
+
+def ray_env() -> dict[str, str]:
+    """This environment, with Ray kept on loopback and no cluster to join: each command starts its own."""
     from pipespec.cluster.pipeline import RAY_ENV
 
+    return {**os.environ, **RAY_ENV, "RAY_ADDRESS": ""}
+
+
+@contextmanager
+def serving(config: Path) -> Iterator[str]:
+    """`pipespec serve CONFIG` in a process of its own; yields the address it prints once serving, then
+    stops it with SIGTERM, on which it must exit 0."""
+    server = subprocess.Popen(
+        [PIPESPEC, "serve", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ray_env()
+    )
+    try:
+        address = None
+        for line in server.stdout:  # blocks until serve prints its address (or exits)
+            if "serving" in line:
+                address = line.rsplit(" at ", 1)[1].strip()
+                break
+        assert address, "pipespec serve exited without serving"
+        yield address
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=120)
+    assert server.returncode == 0
+
+
+def test_serve_then_generate(family, tmp_path):
     config = {
         "name": "cli",
         "stages": [
@@ -27,33 +57,23 @@ def test_serve_then_generate(family, tmp_path):
     }
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
-    pipespec = str(Path(sys.executable).with_name("pipespec"))
-    env = {**os.environ, **RAY_ENV, "RAY_ADDRESS": ""}
-    server = subprocess.Popen(
-        [pipespec, "serve", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    try:
-        address = None
-        for line in server.stdout:  # blocks until serve prints its address (or exits)
-            if "serving" in line:
-                address = line.rsplit(" at ", 1)[1].strip()
-                break
-        assert address, "pipespec serve exited without serving"
+    env = ray_env()
+    with serving(path) as address:
         out = subprocess.run(
-            [pipespec, "generate", "--address", address, "--prompt", "the red circle", "--max-new-tokens", "12"],
+            [PIPESPEC, "generate", "--address", address, "--prompt", "the red circle", "--max-new-tokens", "12"],
             capture_output=True, text=True, timeout=120, env=env,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr
         assert "[length; 12 tokens; mean acceptance length tiny->target" in out.stderr
         bad = subprocess.run(
-            [pipespec, "generate", "--address", address, "--prompt", "x", "--temperature", "-2"],
+            [PIPESPEC, "generate", "--address", address, "--prompt", "x", "--temperature", "-2"],
             capture_output=True,
             text=True,
             env=env,
         )
         assert bad.returncode == 2 and bad.stderr == "pipespec generate: temperature must be >= 0, got -2.0\n"  # nothing sent
         over = subprocess.run(
-            [pipespec, "generate", "--address", address, "--prompt", "x", "--max-new-tokens", "9000"],
+            [PIPESPEC, "generate", "--address", address, "--prompt", "x", "--max-new-tokens", "9000"],
             capture_output=True,
             text=True,
             env=env,
@@ -62,10 +82,6 @@ def test_serve_then_generate(family, tmp_path):
             over.returncode == 1
             and over.stderr == "pipespec generate: max_new_tokens 9000 is over limits.max_new_tokens (8192)\n"
         )
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.communicate(timeout=120)
-    assert server.returncode == 0
 
 
 def test_serve_a_vlm_then_generate_with_an_image(tmp_path):
@@ -73,7 +89,6 @@ def test_serve_a_vlm_then_generate_with_an_image(tmp_path):
     import numpy as np
     from PIL import Image
 
-    from pipespec.cluster.pipeline import RAY_ENV
     from tests.fixtures.vlm_zoo import build_zoo_family
     from pipespec import LocalPipeline, load_config
     from pipespec.cli import _printable
@@ -87,44 +102,29 @@ def test_serve_a_vlm_then_generate_with_an_image(tmp_path):
         expected = alone.generate("the red circle", image=str(picture), max_new_tokens=12).text
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
-    pipespec = str(Path(sys.executable).with_name("pipespec"))
-    env = {**os.environ, **RAY_ENV, "RAY_ADDRESS": ""}
-    server = subprocess.Popen(
-        [pipespec, "serve", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    try:
-        address = None
-        for line in server.stdout:
-            if "serving" in line:
-                address = line.rsplit(" at ", 1)[1].strip()
-                break
-        assert address, "pipespec serve exited without serving"
+    with serving(path) as address:
         run = lambda *extra: subprocess.run(  # noqa: E731
-            [pipespec, "generate", "--address", address, "--prompt", "the red circle", "--max-new-tokens", "12", *extra],
-            capture_output=True, text=True, timeout=120, env=env,
+            [PIPESPEC, "generate", "--address", address, "--prompt", "the red circle", "--max-new-tokens", "12", *extra],
+            capture_output=True, text=True, timeout=120, env=ray_env(),
         )  # fmt: skip
         out = run("--image", str(picture))
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == _printable(expected).strip()
         missing = run("--image", str(tmp_path / "nope.png"))
         assert missing.returncode == 2 and f"image file '{tmp_path / 'nope.png'}' does not exist" in missing.stderr
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.communicate(timeout=120)
-    assert server.returncode == 0
 
 
 def test_demo_runs_the_shipped_models_exactly(tmp_path):
     """`pipespec demo`: local Ray, tiny -> dream -> VLM target from models/demo, figures as JSON."""
     import json
 
-    from pipespec.cluster.pipeline import RAY_ENV
-
-    pipespec = str(Path(sys.executable).with_name("pipespec"))
     out = tmp_path / "demo.json"
-    env = {**os.environ, **RAY_ENV, "RAY_ADDRESS": ""}
     run = subprocess.run(
-        [pipespec, "demo", "--max-new-tokens", "24", "--json", str(out)], capture_output=True, text=True, timeout=300, env=env
+        [PIPESPEC, "demo", "--max-new-tokens", "24", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ray_env(),
     )
     assert run.returncode == 0, run.stdout + run.stderr
     figures = json.loads(out.read_text())
@@ -150,14 +150,10 @@ def test_an_unknown_strategy_is_refused_before_anything_starts(capsys):
 
 
 def test_serve_names_resources_it_can_never_place_and_exits_2(tmp_path):
-    from pipespec.cluster.pipeline import RAY_ENV
-
     stage = {"name": "t", "kind": "mock", "vocab_size": 16, "resources": {"num_cpus": 1000}}
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump({"name": "huge", "stages": [stage], "server": {"port": 0}}))
-    pipespec = str(Path(sys.executable).with_name("pipespec"))
-    env = {**os.environ, **RAY_ENV, "RAY_ADDRESS": ""}
-    out = subprocess.run([pipespec, "serve", str(path)], capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run([PIPESPEC, "serve", str(path)], capture_output=True, text=True, timeout=300, env=ray_env())
     assert out.returncode == 2, out.stderr
     assert "{'CPU': 1000.0}] can never be placed (pack): no node has the resources" in out.stderr
     assert "Traceback" not in out.stderr

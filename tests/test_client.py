@@ -6,6 +6,9 @@ loop. `stream` yields what was committed and then raises the same `GenerationErr
 a request that fails mid-stream, one refused by the Client's own checks (nothing is sent), and an
 address where nothing listens (naming it). A refusal, the Client's or the server's front door's, is
 a `RequestRefused`: a ValueError too, as `LocalPipeline`'s is. A message's image part is sent as encoded bytes.
+`max_new_tokens` means the same on every way in (None, unset on the wire, `max_tokens` left out: as
+many as the limits allow; the keyword left out: 64) and a bad one is refused with one message on each:
+LocalPipeline, the Client, the raw wire, HTTP and `pipespec generate`.
 
 The server: a small mock pipeline (`LocalPipeline`) behind the coordinator's gRPC service on
 127.0.0.1, the service recording each `Generate`'s connection and request.
@@ -30,13 +33,16 @@ import pytest
 from PIL import Image
 
 from pipespec import Client, GenerationError, LocalPipeline, RequestRefused, load_config
+from pipespec.cli import main as cli
 from pipespec.requests.chat import IMAGE, ChatMessage, Part
+from pipespec.requests.generate_args import DEFAULT_MAX_NEW_TOKENS
 from pipespec.requests.images import image_bytes
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 from pipespec.transport.generate_request import from_proto
 from tests.fixtures.faults import kill_stage
+from tests.fixtures.openai_http import post
 
 REQUESTS = [dict(prompt_token_ids=[5, 9, 1 + i], max_new_tokens=6) for i in range(12)]
 
@@ -300,3 +306,90 @@ def test_an_image_in_a_message_part_is_sent_as_encoded_bytes(served, tmp_path):
                 ChatMessage("system", (Part("Be brief."),)),
                 ChatMessage("user", (IMAGE, Part("What colour is it?"))),
             )
+
+
+# ---- max_new_tokens: one meaning, one message, on every way in ---------------------------------------
+
+MOST = 80  # `limited`'s limits.max_new_tokens; the mock target has no context limit and no end of sequence
+IDS = [5, 9, 2]
+
+
+@pytest.fixture(scope="module")
+def limited() -> Iterator[tuple[Served, int]]:
+    """mock2 with limits.max_new_tokens = MOST, served over gRPC and HTTP: (served, HTTP port)."""
+    stage = {"kind": "mock", "vocab_size": 64, "max_lookahead": 4}
+    stages = [{"name": "drafter", "agreement": 0.7, **stage}, {"name": "target", **stage}]
+    with LocalPipeline(load_config({"stages": stages, "limits": {"max_new_tokens": MOST}})) as pipe, serve(pipe) as served:
+        yield served, pipe.serve_http()
+
+
+def raw_generate(address: str, request: pb.GenerateRequest) -> list[pb.GenerateResponse]:
+    """`request` sent as it is, no client-side check."""
+    with grpc.insecure_channel(address) as channel:
+        return list(pb_grpc.CoordinatorStub(channel).Generate(request, timeout=60))
+
+
+def test_max_new_tokens_means_the_same_on_every_way_in(limited, capsys):
+    """None (LocalPipeline, the Client), unset on the wire, `max_tokens` left out or null over HTTP: as
+    many as the pipeline's limits allow (MOST here). The Python API's keyword left out, and `pipespec
+    generate` without `--max-new-tokens`: DEFAULT_MAX_NEW_TOKENS, sent as a number."""
+    served, port = limited
+    pipe, recorded = served.pipe, served.service.requests
+    assert len(pipe.generate(prompt_token_ids=IDS, max_new_tokens=None).token_ids) == MOST
+    assert len(pipe.generate(prompt_token_ids=IDS).token_ids) == DEFAULT_MAX_NEW_TOKENS
+    with Client(served.address) as client:
+        assert len(client.generate(prompt_token_ids=IDS, max_new_tokens=None).token_ids) == MOST
+        assert not recorded[-1].HasField("max_new_tokens")  # None crosses as unset
+
+        async def astream() -> list[int]:
+            return [t async for d in client.astream(prompt_token_ids=IDS, max_new_tokens=None) for t in d.token_ids]
+
+        assert len(asyncio.run(astream())) == MOST
+        assert len(client.generate(prompt_token_ids=IDS).token_ids) == DEFAULT_MAX_NEW_TOKENS
+        assert recorded[-1].max_new_tokens == DEFAULT_MAX_NEW_TOKENS
+    responses = raw_generate(served.address, pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=IDS)))
+    assert sum(len(r.chunk.token_ids) for r in responses) == MOST  # unset on the wire
+    assert responses[-1].finished.stats.generated_tokens == MOST
+    for absent in ({}, {"max_tokens": None}):
+        status, answer = post(port, "/v1/completions", {"model": pipe.serving.model, "prompt": IDS, **absent})
+        assert status == 200 and answer["usage"]["completion_tokens"] == MOST, absent
+    sent = len(recorded)
+    assert cli(["generate", "--address", served.address, "--prompt", "hi"]) == 1  # the mock has no tokenizer
+    assert "no tokenizer" in capsys.readouterr().err
+    assert len(recorded) == sent + 1 and recorded[-1].max_new_tokens == DEFAULT_MAX_NEW_TOKENS
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (0, "max_new_tokens must be a positive integer, got 0"),
+        (-5, "max_new_tokens must be a positive integer, got -5"),
+        (2**63, "max_new_tokens must be a positive integer below 2**63, got 9223372036854775808"),
+        (MOST + 1, f"max_new_tokens {MOST + 1} is over limits.max_new_tokens ({MOST})"),
+    ],
+    ids=["0", "negative", "beyond int64", "over the limit"],
+)
+def test_a_bad_max_new_tokens_is_refused_with_one_message_on_every_way_in(limited, value, message, capsys):
+    """LocalPipeline, the Client (before anything is sent, but for a limit: the server's), the raw wire,
+    HTTP (naming `max_tokens`) and `pipespec generate` (exit 2 before anything is sent, 1 for a limit)."""
+    served, port = limited
+    pipe, recorded = served.pipe, served.service.requests
+    limit = value == MOST + 1  # only the pipeline knows it
+    with pytest.raises(ValueError) as in_process:
+        pipe.generate(prompt_token_ids=IDS, max_new_tokens=value)
+    assert str(in_process.value) == message
+    sent = len(recorded)
+    with Client(served.address) as client, pytest.raises(RequestRefused) as by_client:
+        ask = client.generate if limit else client.stream  # a bad value: refused by the call itself, nothing iterated
+        ask(prompt_token_ids=IDS, max_new_tokens=value)
+    assert str(by_client.value) == message and len(recorded) == sent + limit
+    if value < 2**63:  # what the wire can carry
+        responses = raw_generate(served.address, pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=IDS), max_new_tokens=value))
+        assert [r.WhichOneof("kind") for r in responses] == ["error"] and responses[0].error.message == message
+    status, answer = post(port, "/v1/completions", {"model": pipe.serving.model, "prompt": IDS, "max_tokens": value})
+    assert status == 400 and answer["error"]["param"] == "max_tokens"
+    assert answer["error"]["message"] == re.sub("^max_new_tokens", "max_tokens", message)
+    sent = len(recorded)
+    assert cli(["generate", "--address", served.address, "--prompt", "hi", "--max-new-tokens", str(value)]) == 1 + (not limit)
+    assert capsys.readouterr().err == f"pipespec generate: {message}\n"
+    assert len(recorded) == sent + limit  # refused before anything is sent, unless only the server can see it

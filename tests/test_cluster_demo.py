@@ -1,4 +1,5 @@
-"""`pipespec demo`'s helpers (pipespec/cli/demo.py) that need no Ray: the truth printed under the answer."""
+"""`pipespec demo`'s helpers (pipespec/cli/demo.py) that need no Ray: the truth printed under the answer,
+what it refuses before anything starts, the report it returns."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import json
 import shutil
 from pathlib import Path
 
-from pipespec.cli.demo import DEMO_MODELS, picture_truth
+from pipespec.cli import DEMO_MODELS, main
+from pipespec.cli.demo import DemoReport, picture_truth
+from pipespec.commands.examples import config_path
+from pipespec.config import load_config
+from pipespec.protocol.stats import PairStats, merged_pairs
 
 
 def test_the_shipped_picture_s_truth_is_found_by_its_bytes(tmp_path):
@@ -25,3 +30,40 @@ def test_the_shipped_picture_s_truth_is_found_by_its_bytes(tmp_path):
 def test_no_truth_without_its_record(tmp_path):
     shutil.copy(DEMO_MODELS / "example.png", tmp_path / "example.png")
     assert picture_truth(Path(tmp_path), None) is None
+
+
+def test_what_the_demo_cannot_run_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["demo", "--models", str(tmp_path)]) == 2
+    assert (
+        capsys.readouterr().err == f"pipespec demo: no demo models under {tmp_path}; train them with `python -m demo.train all`\n"
+    )
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not a picture")
+    assert main(["demo", "--models", str(DEMO_MODELS.resolve()), "--image", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pipespec demo: ") and err.count("\n") == 1
+
+
+def test_pairs_are_merged_over_requests_in_pipeline_order():
+    first = [PairStats("tiny", "dream", 1, 4, 3, 1, [1, 1, 1]), PairStats("dream", "target", 1, 2, 2, 0, [1, 1])]
+    second = [PairStats("tiny", "dream", 2, 8, 4, 2, [2, 1, 1])]
+    merged = merged_pairs([first, second])
+    assert [(p.drafter, p.verifier) for p in merged] == [("tiny", "dream"), ("dream", "target")]
+    assert (merged[0].num_drafts, merged[0].num_accepted_tokens, merged[0].accepted_per_position) == (3, 7, [3, 2, 2])
+    assert first[0].num_drafts == 1  # the inputs are left as they were
+
+
+def test_the_report_holds_the_figures_and_renders_them():
+    pair = PairStats("tiny", "target", num_drafts=2, num_draft_tokens=8, num_accepted_tokens=6)
+    config = load_config(config_path("mock3"))
+    report = DemoReport(pipeline=(20.0, 30.0), alone=(10.0, 10.0), exact=True, pairs=(pair,), threads=2, config=config)
+    figures = report.as_dict()
+    assert figures["speedup_vs_target"] == 2.5 and figures["tokens_per_second"] == 25.0 and figures["exact"] is True
+    assert figures["pairs"] == [
+        {"drafter": "tiny", "verifier": "target", "num_drafts": 2, "num_draft_tokens": 8, "num_accepted_tokens": 6,
+         "mean_acceptance_length": 4.0}
+    ]  # fmt: skip
+    lines = report.lines()
+    assert lines[1].split() == ["1", "20.0", "10.0", "2.00x"] and lines[5].split()[:2] == ["tiny", "->"]
+    assert "(medians of 2 alternating runs): speedup 2.50x" in lines[-1]
+    assert lines[-1].endswith("identical to the target alone: yes")

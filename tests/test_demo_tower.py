@@ -81,9 +81,10 @@ def served_projector_input(model_dir: Path, scene) -> torch.Tensor:
 
 @functools.cache
 def served_stage(model_dir: str):
+    from pipespec.config import StageSpec
     from pipespec.stages.vlm import VLMStage
 
-    return VLMStage("target", model_dir, "float32")
+    return VLMStage(StageSpec("target", "vlm", model_dir, dtype="float32"))
 
 
 def test_the_projector_receives_what_the_tower_learnt(pretrained):

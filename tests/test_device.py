@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pipespec import ConfigError, LocalPipeline, load_config
-from pipespec.stages import build_stage
+from pipespec.stages.build import build_stage
 from pipespec.stages.device import stage_device
 from tests.fixtures.exactness import vlm_chain
 

@@ -238,9 +238,10 @@ def test_a_dream_stage_must_sit_right_before_a_vlm_target(world):
 def trainer(world):
     from pipespec.requests.images import load_processor
     from training.data import examples_for, noise_samples
+    from pipespec.config import StageSpec
     from pipespec.stages.vlm import VLMStage
 
-    stage = VLMStage("target", world["target"], "float32")
+    stage = VLMStage(StageSpec("target", "vlm", world["target"], dtype="float32"))
     examples = examples_for(stage, load_processor(world["target"], "target"), noise_samples("train", 3, 0), 12)
     return stage, examples
 

@@ -22,10 +22,11 @@ def grid_inputs(tmp_path_factory):
     """A zoo target saved to disk (the workers load it from there) and a few short answers."""
     from tests.fixtures.vlm_zoo import build_zoo_family
     from pipespec.requests.images import load_processor
+    from pipespec.config import StageSpec
     from pipespec.stages.vlm import VLMStage
 
     target = str(build_zoo_family("llava", tmp_path_factory.mktemp("ablation"))["target"])
-    stage = VLMStage("target", target, "float32")
+    stage = VLMStage(StageSpec("target", "vlm", target, dtype="float32"))
     examples = examples_for(stage, load_processor(target, "target"), noise_samples("train", 3, 0), 8)
     return stage, examples
 

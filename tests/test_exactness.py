@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipespec.protocol.params import SamplingParams
+from pipespec.config import StageSpec
 from pipespec.stages.causal_lm import CausalLMStage
 from tests.fixtures.exactness import assert_same, sampling_cases, text_pipeline
+from tests.fixtures.toy_models import prompt_ids
 
 CHAINS = {2: ["tiny", "target"], 3: ["tiny", "mid", "target"], 4: ["other", "tiny", "mid", "target"]}
 NEW_TOKENS = 20
@@ -29,26 +30,12 @@ NEW_TOKENS = 20
 @pytest.fixture(scope="module")
 def loaded(family):
     """Each model loaded once (fp32) and shared by every pipeline of this module."""
-    return {name: CausalLMStage(name, path, "float32") for name, path in family.items()}
+    return {name: CausalLMStage(StageSpec(name, "causal_lm", path, dtype="float32")) for name, path in family.items()}
 
 
 @pytest.fixture(scope="module")
 def prompts(family):
-    from tests.fixtures.toy_models import corpus
-
-    tok = AutoTokenizer.from_pretrained(family["target"])
-    return [tok.encode(line)[:12] for line in corpus(20, seed=7)]
-
-
-@pytest.fixture(scope="module")
-def reference(family, loaded):
-    with text_pipeline(family, loaded, ["target"]) as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def target_model(family):
-    return AutoModelForCausalLM.from_pretrained(family["target"], dtype=torch.float32).eval()
+    return prompt_ids(family["target"], 20, length=12, seed=7)
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Tests for pipespec/transport/generate_request.py: a request's `GenerateArgs` survive the trip
-through the wire's `GenerateRequest`, every field, set or None, empty or out of range (the front door
-refuses those as LocalPipeline does); what the wire cannot carry at all is a ValueError naming the field."""
+through the wire's `GenerateRequest`, every field, set or None (`max_new_tokens` None is unset and
+unset is None); a bad raw request is refused where it is read with the message LocalPipeline gives;
+what the wire cannot carry is never built."""
 
 from __future__ import annotations
 
@@ -45,47 +46,77 @@ def test_sampling_left_none_is_unset_on_the_wire():
 def test_absent_values_are_unset_on_the_wire():
     request = to_proto(GenerateArgs(prompt_token_ids=(5, 6)))
     assert not request.HasField("prompt") and not request.HasField("image") and list(request.stop) == []
-    assert list(request.prompt_token_ids.ids) == [5, 6] and request.max_new_tokens == 64
+    assert list(request.prompt_token_ids.ids) == [5, 6] and request.HasField("max_new_tokens") and request.max_new_tokens == 64
 
 
-AS_GIVEN = {
-    "prompt and token ids": GenerateArgs("both", prompt_token_ids=(5,)),
-    "empty token ids": GenerateArgs("hi", prompt_token_ids=()),
-    "empty image": GenerateArgs("hi", image=b""),
-    "no prompt": GenerateArgs(),
-    "empty prompt": GenerateArgs(""),
-    "max_new_tokens 0": GenerateArgs("hi", max_new_tokens=0),
-    "out of range": GenerateArgs(
-        "hi", max_new_tokens=2**40, temperature=float("inf"), top_p=7.0, top_k=-3, seed=2**64 - 1, stop=("",)
-    ),
+def test_max_new_tokens_none_is_unset_and_unset_is_none():
+    """One meaning both ways: None (as many as the pipeline's limits allow) crosses as unset, and an
+    unset field is read as None, not as the Python API's default."""
+    assert not to_proto(GenerateArgs("hi", max_new_tokens=None)).HasField("max_new_tokens")
+    assert from_proto(pb.GenerateRequest(prompt="hi")) == GenerateArgs("hi", max_new_tokens=None)
+    assert from_proto(pb.GenerateRequest(prompt="hi", max_new_tokens=64)) == GenerateArgs("hi")
+
+
+def test_an_empty_image_crosses_as_given():
+    """What the front door refuses (pipespec.requests.images), the wire carries as the caller gave it."""
+    args = GenerateArgs("hi", image=b"")
+    assert from_proto(pb.GenerateRequest.FromString(to_proto(args).SerializeToString())) == args
+
+
+def raw(**fields) -> pb.GenerateRequest:
+    """A request as another client may send it: `prompt_token_ids` a list, the rest as the wire's fields."""
+    ids = fields.pop("prompt_token_ids", None)
+    return pb.GenerateRequest(**fields, **({} if ids is None else {"prompt_token_ids": pb.TokenIds(ids=ids)}))
+
+
+BAD_ON_THE_WIRE = {  # a raw request, the same values given to GenerateArgs
+    "prompt and token ids": dict(prompt="both", prompt_token_ids=[5]),
+    "empty token ids": dict(prompt_token_ids=[]),
+    "no prompt": {},
+    "empty prompt": dict(prompt=""),
+    "max_new_tokens 0": dict(prompt="hi", max_new_tokens=0),
+    "max_new_tokens negative": dict(prompt="hi", max_new_tokens=-4),
+    "temperature inf": dict(prompt="hi", temperature=float("inf")),
+    "top_p 7": dict(prompt="hi", top_p=7.0),
+    "top_k -3": dict(prompt="hi", top_k=-3),
+    "empty stop string": dict(prompt="hi", stop=[""]),
+    "logprobs 9": dict(prompt="hi", logprobs=9),
 }
 
 
-@pytest.mark.parametrize("args", AS_GIVEN.values(), ids=AS_GIVEN.keys())
-def test_a_request_crosses_as_given(args):
-    """Even what the front door will refuse: it must see it as the caller gave it, not as unset."""
-    wire = to_proto(args).SerializeToString()
-    assert from_proto(pb.GenerateRequest.FromString(wire)) == args
-
-
-def test_an_unset_max_new_tokens_is_the_default():
-    assert from_proto(pb.GenerateRequest(prompt="hi")) == GenerateArgs("hi")
+@pytest.mark.parametrize("fields", BAD_ON_THE_WIRE.values(), ids=BAD_ON_THE_WIRE.keys())
+def test_a_bad_request_from_the_wire_is_refused_where_it_is_read_as_in_process(fields):
+    """The wire carries what the front door must refuse; reading it builds the GenerateArgs, refused
+    with the message LocalPipeline gives (the coordinator answers it as a refusal)."""
+    request = pb.GenerateRequest.FromString(raw(**fields).SerializeToString())
+    with pytest.raises(ValueError) as in_process:
+        GenerateArgs(**fields)
+    with pytest.raises(ValueError) as from_the_wire:
+        from_proto(request)
+    assert str(from_the_wire.value) == str(in_process.value)
 
 
 @pytest.mark.parametrize(
-    "args, field",
+    "kwargs, message",
     [
-        (GenerateArgs("hi", seed=2**70), "seed"),
-        (GenerateArgs("hi", seed=-1), "seed"),
-        (GenerateArgs("hi", max_new_tokens="64"), "max_new_tokens"),
-        (GenerateArgs("hi", top_k=2.5), "top_k"),
-        (GenerateArgs("hi", top_k=True), "top_k"),
-        (GenerateArgs("hi", temperature="hot"), "temperature"),
-        (GenerateArgs(prompt_token_ids=(1, 2**63)), "prompt_token_ids"),
-        (GenerateArgs("\ud800"), "prompt"),
-        (GenerateArgs("hi", stop=(5,)), "stop"),
+        (dict(prompt="hi", seed=2**70), "seed must be in"),
+        (dict(prompt="hi", seed=-1), "seed must be in"),
+        (dict(prompt="hi", max_new_tokens="64"), "max_new_tokens must be a positive integer"),
+        (dict(prompt="hi", max_new_tokens=2**63), "max_new_tokens must be a positive integer below"),
+        (dict(prompt="hi", top_k=2.5), "top_k must be an integer"),
+        (dict(prompt="hi", top_k=True), "top_k must be an integer"),
+        (dict(prompt="hi", temperature="hot"), "temperature must be a number"),
+        (dict(prompt_token_ids=(1, 2**63)), r"prompt_token_ids\[1\] must be a token id"),
+        (dict(prompt="\ud800"), "prompt is not valid text"),
+        (dict(prompt="hi", stop=(5,)), r"stop\[0\] must be a string"),
     ],
 )
-def test_what_the_wire_cannot_carry_is_a_value_error_naming_the_field(args, field):
-    with pytest.raises(ValueError, match=rf"^GenerateRequest\.{field} cannot carry"):
-        to_proto(args)
+def test_what_the_wire_cannot_carry_is_never_built(kwargs, message):
+    """A GenerateArgs holds only what the wire carries: a value it could not carry is refused when it is built."""
+    with pytest.raises(ValueError, match=f"^{message}"):
+        GenerateArgs(**kwargs)
+
+
+def test_an_image_not_yet_encoded_is_a_value_error_naming_the_field():
+    with pytest.raises(ValueError, match=r"^GenerateRequest\.image cannot carry 'cat\.png'"):
+        to_proto(GenerateArgs("hi", image="cat.png"))

@@ -15,10 +15,9 @@ from dataclasses import replace
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipespec import LocalPipeline
-from pipespec.config import PipelineConfig
+from pipespec.config import PipelineConfig, StageSpec
 from pipespec.stages.causal_lm import CausalLMStage
 from tests.fixtures.exactness import (
     assert_same,
@@ -29,6 +28,7 @@ from tests.fixtures.exactness import (
     text_pipeline,
     vlm_chain,
 )
+from tests.fixtures.toy_models import prompt_ids
 
 pytestmark = pytest.mark.gpu
 
@@ -38,28 +38,23 @@ REJECTION = {"verify": "rejection"}
 
 
 @pytest.fixture(scope="module")
-def on_gpu(family):
+def loaded(family):
     """The toy Llamas, each loaded once on the GPU (fp32) and shared by every pipeline here."""
-    return {name: CausalLMStage(name, family[name], "float32", "cuda") for name in ("tiny", "mid", "target")}
+    return {
+        name: CausalLMStage(StageSpec(name, "causal_lm", family[name], dtype="float32", device="cuda"))
+        for name in ("tiny", "mid", "target")
+    }
+
+
+@pytest.fixture(scope="module")
+def toy_device() -> str:
+    """The shared `reference` and `target_model` (tests/conftest.py) on the GPU too."""
+    return "cuda"
 
 
 @pytest.fixture(scope="module")
 def prompts(family):
-    from tests.fixtures.toy_models import corpus
-
-    tok = AutoTokenizer.from_pretrained(family["target"])
-    return [tok.encode(line)[:12] for line in corpus(8, seed=7)]
-
-
-@pytest.fixture(scope="module")
-def reference(family, on_gpu):
-    with text_pipeline(family, on_gpu, ["target"], device="cuda") as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def target_model(family):
-    return AutoModelForCausalLM.from_pretrained(family["target"], dtype=torch.float32).to("cuda").eval()
+    return prompt_ids(family["target"], 8, length=12, seed=7)
 
 
 def generate_kwargs(params) -> dict:
@@ -91,9 +86,9 @@ def on_cpu(config: PipelineConfig, name: str) -> PipelineConfig:
 
 
 @pytest.mark.parametrize("k", [2, 3])
-def test_text_chains_on_one_gpu_equal_the_target_alone(k, family, on_gpu, prompts, reference, target_model):
-    assert all(next(on_gpu[n].model.parameters()).device.type == "cuda" for n in CHAINS[k])
-    with text_pipeline(family, on_gpu, CHAINS[k], device="cuda") as p:
+def test_text_chains_on_one_gpu_equal_the_target_alone(k, family, loaded, prompts, reference, target_model):
+    assert all(next(loaded[n].model.parameters()).device.type == "cuda" for n in CHAINS[k])
+    with text_pipeline(family, loaded, CHAINS[k], device="cuda") as p:
         assert_equals_target_alone(p, reference, prompts, target_model)
 
 
@@ -123,10 +118,10 @@ def test_features_cross_grpc_links_from_the_gpu(llava_dream_zoo, image_reference
 
 
 @pytest.mark.parametrize("over_grpc", [False, True], ids=["in-process", "grpc"])
-def test_q_rows_leave_the_gpu(family, on_gpu, prompts, over_grpc):
+def test_q_rows_leave_the_gpu(family, loaded, prompts, over_grpc):
     """Rejection sampling ships each drafter's q rows (on the GPU) to its verifier; the output's
     distribution is the target's (tests/test_rejection_chain.py), here it must just run through."""
-    with text_pipeline(family, on_gpu, CHAINS[3], device="cuda", sampling=REJECTION, over_grpc=over_grpc) as p:
+    with text_pipeline(family, loaded, CHAINS[3], device="cuda", sampling=REJECTION, over_grpc=over_grpc) as p:
         futures = [
             p.submit(prompt_token_ids=q, max_new_tokens=NEW_TOKENS, temperature=0.8, seed=i) for i, q in enumerate(prompts)
         ]
@@ -138,8 +133,8 @@ def test_q_rows_leave_the_gpu(family, on_gpu, prompts, over_grpc):
 # ---- a drafter on the CPU, its verifier on the GPU --------------------------------------------------
 
 
-def test_a_cpu_drafter_before_a_gpu_target(family, on_gpu, prompts, reference, target_model):
-    stages = [CausalLMStage("tiny", family["tiny"], "float32", "cpu"), on_gpu["target"]]
+def test_a_cpu_drafter_before_a_gpu_target(family, loaded, prompts, reference, target_model):
+    stages = [CausalLMStage(StageSpec("tiny", "causal_lm", family["tiny"], dtype="float32")), loaded["target"]]
     with LocalPipeline(on_cpu(text_chain(family, CHAINS[2], device="cuda"), "tiny"), stages=stages) as p:
         assert_equals_target_alone(p, reference, prompts[:4], target_model)
     rejection = on_cpu(text_chain(family, CHAINS[2], device="cuda", sampling=REJECTION), "tiny")

@@ -9,9 +9,10 @@ is open, like its `Generate`. Every wait is for a message (a watched transition)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
 import pytest
@@ -24,7 +25,7 @@ from pipespec.serving.coordinator import Coordinator
 from pipespec.requests.frontdoor import TargetInfo
 from pipespec.engine.runner import StageRunner
 from pipespec.serving.serving import Serving
-from pipespec.stages import load_stages
+from pipespec.stages.build import load_stages
 from pipespec.transport.auth import call_metadata, new_secret
 from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 from pipespec.transport.health import COORDINATOR_SERVICE, STAGE_SERVICE
@@ -33,6 +34,7 @@ from pipespec.transport.streams import StageClient, StageService
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SECRET = new_secret()
+T = TypeVar("T")
 
 
 def mocks(n: int) -> PipelineConfig:
@@ -113,14 +115,20 @@ async def read(call) -> int:
     return (await asyncio.wait_for(call.read(), 10)).status
 
 
-def test_the_coordinator_and_every_stage_serve_once_linked():
-    async def scenario():
-        async with unlinked(3) as pipe:
-            before = await statuses(pipe)
-            await pipe.link()
-            return before, await statuses(pipe)
+def around_linking(stages: int, probe: Callable[[Unlinked], Awaitable[T]]) -> tuple[T, T]:
+    """What `probe` finds on an unlinked pipeline of `stages` mock stages, then once it is linked."""
 
-    before, after = asyncio.run(scenario())
+    async def scenario() -> tuple[T, T]:
+        async with unlinked(stages) as pipe:
+            before = await probe(pipe)
+            await pipe.link()
+            return before, await probe(pipe)
+
+    return asyncio.run(scenario())
+
+
+def test_the_coordinator_and_every_stage_serve_once_linked():
+    before, after = around_linking(3, statuses)
     assert before == [NOT_SERVING] * 8 and after == [SERVING] * 8
 
 
@@ -135,13 +143,7 @@ def test_a_stages_pipespec_health_says_what_grpc_health_says():
             for client in clients:
                 await client.close()
 
-    async def scenario():
-        async with unlinked(2) as pipe:
-            before = await said(pipe)
-            await pipe.link()
-            return before, await said(pipe)
-
-    before, after = asyncio.run(scenario())
+    before, after = around_linking(2, said)
     assert before == [
         ("not_serving: stage 'm0': its coordinator and verifier not linked", NOT_SERVING),
         ("not_serving: stage 'm1': its coordinator and drafter not linked", NOT_SERVING),

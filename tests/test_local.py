@@ -76,6 +76,13 @@ def test_bad_request_values_are_named(pipe, kwargs, message):
         pipe.generate("the red circle", **kwargs)
 
 
+def test_max_new_tokens_none_is_the_room_the_context_leaves_and_left_out_is_64(pipe):
+    """None: as many as the limits allow, here the room the target's context (512) leaves after the
+    prompt (under limits.max_new_tokens, 8192); the keyword left out: the documented default, 64."""
+    assert pipe.request(prompt_token_ids=[1, 40, 50], max_new_tokens=None)[0].max_new_tokens == 512 - 3
+    assert pipe.request(prompt_token_ids=[1, 40, 50])[0].max_new_tokens == 64
+
+
 def test_bad_prompts(pipe):
     with pytest.raises(ValueError, match="outside the vocabulary"):
         pipe.generate(prompt_token_ids=[1, 10**6])

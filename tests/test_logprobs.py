@@ -26,10 +26,10 @@ from collections.abc import Sequence
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from pipespec import Client, LocalPipeline
-from pipespec.config import sub_pipeline
+from pipespec.config import StageSpec, sub_pipeline
 from pipespec.serving.coordinator import Coordinator
 from pipespec.protocol.logprobs import TokenLogprobs
 from pipespec.protocol.messages import Closed, Commit, RequestSpec
@@ -41,6 +41,7 @@ from pipespec.protocol.stats import StageStats
 from pipespec.engine.step import StepPlan, compute
 from tests.fixtures.exactness import assert_same, text_pipeline
 from tests.fixtures.faults import kill_stage, mock3, restore_stage
+from tests.fixtures.toy_models import prompt_ids
 
 TOL = 1e-5
 CHAIN = ["tiny", "mid", "target"]
@@ -55,26 +56,12 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def loaded(family):
-    return {name: CausalLMStage(name, family[name], "float32") for name in CHAIN}
+    return {name: CausalLMStage(StageSpec(name, "causal_lm", family[name], dtype="float32")) for name in CHAIN}
 
 
 @pytest.fixture(scope="module")
 def prompts(family):
-    from tests.fixtures.toy_models import corpus
-
-    tok = AutoTokenizer.from_pretrained(family["target"])
-    return [tok.encode(line)[:10] for line in corpus(3, seed=11)]
-
-
-@pytest.fixture(scope="module")
-def alone(family, loaded):
-    with text_pipeline(family, loaded, ["target"]) as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def target_model(family):
-    return AutoModelForCausalLM.from_pretrained(family["target"], dtype=torch.float32).eval()
+    return prompt_ids(family["target"], 3, length=10, seed=11)
 
 
 def keywords(params: SamplingParams, k: int = K) -> dict:
@@ -129,12 +116,12 @@ def assert_exact(got, want, prompt, params, target_model) -> None:
 
 
 @pytest.mark.parametrize("lookahead", [1, 4])
-def test_a_chain_reports_the_logprobs_of_the_target_alone(lookahead, family, loaded, prompts, alone, target_model):
+def test_a_chain_reports_the_logprobs_of_the_target_alone(lookahead, family, loaded, prompts, reference, target_model):
     with text_pipeline(family, loaded, CHAIN, lookahead) as p:
         accepted = 0
         for params in CASES:
             futures = [
-                (q, p.submit(prompt_token_ids=q, **keywords(params)), alone.submit(prompt_token_ids=q, **keywords(params)))
+                (q, p.submit(prompt_token_ids=q, **keywords(params)), reference.submit(prompt_token_ids=q, **keywords(params)))
                 for q in prompts
             ]
             for q, fut, ref in futures:
@@ -156,17 +143,17 @@ def test_rejection_sampling_reports_the_targets_processed_distribution(family, l
                 assert_logprobs_close(got.logprobs, hf_logprobs(target_model, q, got.token_ids, params, K))
 
 
-def test_no_logprobs_unless_asked_and_no_alternatives_for_zero(family, loaded, prompts, alone):
+def test_no_logprobs_unless_asked_and_no_alternatives_for_zero(family, loaded, prompts, reference):
     with text_pipeline(family, loaded, CHAIN) as p:
         plain = p.generate(prompt_token_ids=prompts[0], max_new_tokens=NEW_TOKENS)
         zero = p.generate(prompt_token_ids=prompts[0], max_new_tokens=NEW_TOKENS, logprobs=0)
     assert plain.logprobs == [] and zero.token_ids == plain.token_ids
     assert [(lp.token, lp.top_ids, lp.top_logprobs) for lp in zero.logprobs] == [(t, (), ()) for t in plain.token_ids]
-    want = alone.generate(prompt_token_ids=prompts[0], max_new_tokens=NEW_TOKENS, logprobs=1).logprobs
+    want = reference.generate(prompt_token_ids=prompts[0], max_new_tokens=NEW_TOKENS, logprobs=1).logprobs
     assert all(close(a.logprob, b.logprob) for a, b in zip(zero.logprobs, want, strict=True))
 
 
-def test_the_client_receives_them_over_grpc(family, loaded, prompts, alone, target_model):
+def test_the_client_receives_them_over_grpc(family, loaded, prompts, reference, target_model):
     from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 
     params = SamplingParams(temperature=0.8, top_k=2, seed=4)  # 3 of the 5 alternatives have no mass: -inf on the wire
@@ -181,7 +168,7 @@ def test_the_client_receives_them_over_grpc(family, loaded, prompts, alone, targ
             asyncio.run_coroutine_threadsafe(server.stop(grace=None), p.loop).result()
     assert all(len(d.logprobs) == len(d.token_ids) for d in deltas) and deltas[-1].finish_reason == "length"
     assert all(x.top_logprobs[2:] == (-math.inf,) * 3 for x in got.logprobs)
-    want = alone.generate(prompt_token_ids=prompts[1], **keywords(params))
+    want = reference.generate(prompt_token_ids=prompts[1], **keywords(params))
     assert_exact(got, want, prompts[1], params, target_model)
     streamed = [x for d in deltas for x in d.logprobs]
     assert [t for d in deltas for t in d.token_ids] == got.token_ids
@@ -251,7 +238,7 @@ def test_a_commit_without_the_logprobs_asked_for_fails_its_request():
 
 
 def test_only_the_target_computes_them():
-    stage = MockStage("m", [mock3().stages[-1].options])
+    stage = MockStage(mock3().stages[-1])
     spec = RequestSpec("r", (1, 2, 3), SamplingParams(temperature=0.8), 8, logprobs=2)
     for depth, expect in [(1, False), (0, True)]:
         session = stage.open(spec)

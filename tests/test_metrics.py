@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipespec.requests.outputs import Delta
 from pipespec.serving.metrics import Metrics
+from pipespec.config import StageSpec
 from pipespec.stages.causal_lm import CausalLMStage
 from pipespec.protocol.stats import PairStats, RequestStats
 from tests.fixtures.exactness import text_pipeline
@@ -96,7 +97,7 @@ REQUESTS = [  # (create keywords, whether streamed)
 @pytest.fixture(scope="module")
 def served(family):
     names = ["tiny", "mid", "target"]
-    loaded = {name: CausalLMStage(name, family[name], "float32") for name in names}
+    loaded = {name: CausalLMStage(StageSpec(name, "causal_lm", family[name], dtype="float32")) for name in names}
     with text_pipeline(family, loaded, names) as pipe:
         yield pipe, pipe.serve_http()
 

@@ -5,21 +5,22 @@ from __future__ import annotations
 import torch
 
 from pipespec import LocalPipeline, load_config
-from pipespec.config import NgramOptions
+from pipespec.config import NgramOptions, StageSpec
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
+from pipespec.stages.build_context import BuildContext
 from pipespec.stages.ngram import NgramStage
 
 
 def test_proposes_what_followed_the_longest_earlier_match():
-    stage = NgramStage("ng", NgramOptions(min_n=1, max_n=3), vocab_size=20)
+    stage = NgramStage(StageSpec("ng", "ngram", options=NgramOptions(min_n=1, max_n=3)), BuildContext(width=20))
     assert stage.propose([5, 6, 7, 9, 5, 6, 7]) == 9  # the 3-gram (5, 6, 7) was followed by 9
     assert stage.propose([1, 2, 3, 4]) is None  # nothing repeats
     assert stage.propose([3, 8, 1, 3]) == 8  # falls back to the 1-gram (3,)
 
 
 def test_rows_are_one_hot_or_uniform_and_follow_truncation():
-    stage = NgramStage("ng", NgramOptions(), vocab_size=10)
+    stage = NgramStage(StageSpec("ng", "ngram", options=NgramOptions()), BuildContext(width=10))
     session = stage.open(RequestSpec("r", (4, 5, 6, 4), SamplingParams(), 8))
     rows = session.forward(3, [4, 5])  # context 4 5 6 4 5: after "4 5" came 6
     assert rows.shape == (2, 10)

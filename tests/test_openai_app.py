@@ -22,7 +22,9 @@ import pytest
 
 from pipespec import Client, LocalPipeline
 from pipespec.requests.chat import MAX_MESSAGES
-from pipespec.cli.demo import DEMO_MODELS, demo_config
+from pipespec.cli import DEMO_MODELS
+from pipespec.cli.demo import demo_config
+from pipespec.config import StageSpec
 from pipespec.stages.causal_lm import CausalLMStage
 from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 from tests.fixtures.exactness import text_pipeline
@@ -44,7 +46,9 @@ SAMPLING = [{}, {"temperature": 0.8, "top_p": 0.9, "seed": 7}]  # greedy, and se
 
 @pytest.fixture(scope="module")
 def loaded(family):
-    return {name: CausalLMStage(name, family[name], "float32") for name in ("tiny", "mid", "target")}
+    return {
+        name: CausalLMStage(StageSpec(name, "causal_lm", family[name], dtype="float32")) for name in ("tiny", "mid", "target")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +227,8 @@ def test_bad_values_are_named_as_the_request_names_them(text):
     refused = [  # (the body's extra fields, the field named, what the message says)
         ({"top_logprobs": 2}, "top_logprobs", "top_logprobs needs logprobs"),
         ({"logprobs": True, "top_logprobs": 6}, "top_logprobs", "top_logprobs: Input should be less than or equal to 5"),
-        ({"max_tokens": 0}, "max_tokens", "max_tokens: Input should be greater than or equal to 1"),
+        ({"max_tokens": 0}, "max_tokens", "max_tokens must be a positive integer, got 0"),  # max_new_tokens=0's message
+        ({"max_completion_tokens": 0}, "max_completion_tokens", "max_completion_tokens must be a positive integer, got 0"),
         ({"max_tokens": 10**6}, "max_tokens", "max_tokens 1000000 is over limits.max_new_tokens (8192)"),
         (
             {"max_completion_tokens": 10**6},
@@ -239,8 +244,9 @@ def test_bad_values_are_named_as_the_request_names_them(text):
     for extra, param, named in refused:
         status, answer = post(port, "/v1/chat/completions", {**ask, **extra})
         assert status == 400 and answer["error"]["param"] == param and named in answer["error"]["message"], (extra, answer)
-    status, answer = post(port, "/v1/completions", {"model": pipe.serving.model, "prompt": [], "max_tokens": 0})
+    status, answer = post(port, "/v1/completions", {"model": pipe.serving.model, "prompt": [5], "max_tokens": 0})
     assert status == 400 and answer["error"]["param"] == "max_tokens"
+    assert answer["error"]["message"] == "max_tokens must be a positive integer, got 0"
     status, answer = post(port, "/v1/completions", {"model": pipe.serving.model, "prompt": [], "max_tokens": 2})
     assert status == 400 and answer["error"] == {
         "message": "prompt is empty: at least one token is needed",

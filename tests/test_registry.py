@@ -1,5 +1,6 @@
-"""The registry of stage kinds: one entry per kind a config accepts, capability flags that say what its
-stages and sessions are, and a registry (with the config validated through it) that stays torch-free."""
+"""The table of stage kinds: one entry per kind a config accepts, capability flags that say what its
+stages and sessions are, one builder per kind, and a table (with the config validated through it) that
+stays torch-free."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pipespec.config import ConfigError, load_config
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
 from pipespec.engine.stage import FeatureReader, FeatureSource
-from pipespec.stages.registry import KINDS, kind_of
+from pipespec.stages.build import BUILDERS
+from pipespec.stages.kinds import KINDS, kind_of
 
 USER_KINDS = ("causal_lm", "ngram", "dream", "vlm", "mock")  # as design section 6 and the config's errors list them
 
@@ -21,19 +23,23 @@ USER_KINDS = ("causal_lm", "ngram", "dream", "vlm", "mock")  # as design section
 def test_every_kind_a_config_accepts_has_one_entry_in_the_order_errors_list_them():
     assert tuple(KINDS) == USER_KINDS
     assert [kind.name for kind in KINDS.values()] == list(USER_KINDS)
+    assert set(BUILDERS) == set(KINDS)  # every kind is built by its stage class
     with pytest.raises(ConfigError, match=r"unknown kind 'lstm'; expected one of causal_lm, ngram, dream, vlm, mock$"):
         load_config({"stages": [{"name": "t", "kind": "lstm"}]})
 
 
-def test_the_registry_and_what_validates_through_it_import_without_torch():
-    modules = "pipespec.stages.registry, pipespec.config, pipespec.requests.frontdoor, pipespec.requests.images, pipespec.requests.tokenization"
+def test_the_table_and_what_validates_through_it_import_without_torch():
+    modules = (
+        "pipespec.stages.kinds, pipespec.stages.build, pipespec.config, "
+        "pipespec.requests.frontdoor, pipespec.requests.images, pipespec.requests.tokenization"
+    )
     code = f"import sys, {modules}\nassert 'torch' not in sys.modules, 'torch was imported'"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_a_kinds_capabilities_are_what_its_stages_and_sessions_have(llava_dream_zoo):
-    """Two chains built through the registry hold every kind: each session reads or gives the target's
+    """Two chains built from their configs hold every kind: each session reads or gives the target's
     features exactly when its kind says so, and the front door takes images exactly when the target's kind does."""
     model = lambda name, kind: {"name": name, "kind": kind, "model": llava_dream_zoo[name], "dtype": "float32"}  # noqa: E731
     chains = [

@@ -41,7 +41,7 @@ def chain_config(k):
 
 
 def exact_distribution(config) -> dict[tuple[int, ...], float]:
-    target = MockStage("t", [config.stages[-1].options])
+    target = MockStage(config.stages[-1])
     probs = {}
     for seq in itertools.product(range(V), repeat=NEW):
         ctx, p = list(PROMPT), 1.0

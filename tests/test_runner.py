@@ -18,6 +18,7 @@ from pipespec.protocol.links import DelayLink
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
 from pipespec.engine.stage import KVLengthError
+from pipespec.stages.build_context import BuildContext
 
 
 def mock_config(agreements, lookahead=4, latencies=None):
@@ -77,7 +78,7 @@ def test_emulated_latency_pipeline_speculates(target_alone):
 def test_kv_invariant_fires_on_a_bad_keep():
     from pipespec.stages.mock import MockStage
 
-    stage = MockStage("m", [mock_config([1.0]).stages[0].options])
+    stage = MockStage(mock_config([1.0]).stages[0])
     session = stage.open(RequestSpec("r", (1, 2, 3), SamplingParams(), 8))
     session.forward(2, [3, 4])
     with pytest.raises(KVLengthError, match="keep 9"):
@@ -96,7 +97,7 @@ def test_a_stage_failure_ends_only_its_request(target_alone):
             return session
 
     config = mock_config([0.7, 1.0])
-    stages = [Faulty("m0", [s.options for s in config.stages]), MockStage("m1", [config.stages[1].options])]
+    stages = [Faulty(config.stages[0], BuildContext(config.stages)), MockStage(config.stages[1])]
     with LocalPipeline(config, stages=stages) as p:
         good = [p.submit(**r) for r in requests(6)]
         bad = p.submit(prompt_token_ids=[13, 2, 3], max_new_tokens=40)

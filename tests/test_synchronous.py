@@ -8,7 +8,7 @@ from pipespec import LocalPipeline, load_config
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
 from pipespec.engine.synchronous import generate_sync
-from pipespec.stages import load_stages
+from pipespec.stages.build import load_stages
 
 TARGET = {"name": "t", "kind": "mock", "vocab_size": 50}
 

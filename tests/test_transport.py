@@ -71,7 +71,7 @@ def test_real_models_over_grpc_equal_target_alone(family):
 
 def test_health_reports_open_requests():
     from pipespec.engine.runner import StageRunner
-    from pipespec.stages import load_stages
+    from pipespec.stages.build import load_stages
 
     async def check():
         runner = StageRunner(load_stages(mocks([1.0]))[0], name="m0", depth=0, max_lookahead=0)

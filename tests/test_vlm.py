@@ -20,6 +20,8 @@ from PIL import Image
 
 from tests.fixtures.vlm_zoo import FAMILIES, build_zoo_family
 from pipespec import GenerationError, LocalPipeline, load_config
+from pipespec.config import StageSpec
+from pipespec.stages.build_context import BuildContext
 from pipespec.stages.causal_lm import CausalLMStage
 from pipespec.stages.vlm import VLMStage
 
@@ -42,14 +44,15 @@ class Zoo:
     def __init__(self, family: str, root):
         self.family = family
         self.paths = {k: str(v) for k, v in build_zoo_family(family, root / family).items()}
-        target = VLMStage("target", self.paths["target"], "float32")
+        target = VLMStage(StageSpec("target", "vlm", self.paths["target"], dtype="float32"))
         from transformers import AutoTokenizer
 
         valid = len(AutoTokenizer.from_pretrained(self.paths["target"]))
         self.valid = valid
         self.stages = {"target": target}
         for name in ("tiny", "mid"):
-            self.stages[name] = CausalLMStage(name, self.paths[name], "float32", width=target.vocab_size, valid=valid)
+            spec = StageSpec(name, "causal_lm", self.paths[name], dtype="float32")
+            self.stages[name] = CausalLMStage(spec, BuildContext(width=target.vocab_size, valid=valid))
 
     def config(self, names, lookahead=4):
         stages = []
@@ -157,9 +160,8 @@ def test_text_only_request_on_a_vlm_target(zoo):
 
 def test_features_for_the_dream_drafter(zoo):
     """Prefill exposes merged embeddings, post-norm hidden states and the attention image tokens receive."""
-    stage = VLMStage(
-        "target", zoo.paths["target"], "float32", width=zoo.stages["target"].vocab_size, valid=zoo.valid, image_attention=True
-    )
+    at = BuildContext(width=zoo.stages["target"].vocab_size, valid=zoo.valid, sends_features=True)  # a drafter reads them
+    stage = VLMStage(StageSpec("target", "vlm", zoo.paths["target"], dtype="float32"), at)
     spec, _ = zoo.pipeline(["target"]).request(PROMPTS[0], image=IMAGES[1], max_new_tokens=4)
     session = stage.open(spec)
     plain = zoo.stages["target"].open(spec)
@@ -280,7 +282,7 @@ def test_a_text_model_as_vlm_is_a_config_error(llava):
     from pipespec.config import ConfigError
 
     with pytest.raises(ConfigError, match="is not an image-text-to-text model"):
-        VLMStage("target", llava.paths["tiny"], "float32")
+        VLMStage(StageSpec("target", "vlm", llava.paths["tiny"], dtype="float32"))
 
 
 # ---- the image through the gRPC front door -------------------------------------------------------

@@ -37,6 +37,7 @@ from training.data import Example
 from training.evaluation import ALL, acceptance_lengths
 from training.loop import train
 from training.variants import Variant
+from pipespec.config import StageSpec
 from pipespec.stages.vlm import VLMStage
 
 
@@ -130,7 +131,7 @@ _worker: dict = {}  # in a worker process: the target stage and the examples, lo
 
 def _load_worker(target: str, examples: str, threads: int) -> None:
     torch.set_num_threads(threads)
-    _worker["stage"] = VLMStage("target", target, "float32")
+    _worker["stage"] = VLMStage(StageSpec("target", "vlm", target, dtype="float32"))
     _worker.update(torch.load(examples, weights_only=False))
 
 

@@ -39,6 +39,7 @@ from training.data import Samples, examples_for
 from training.evaluation import ALL, acceptance_lengths
 from training.loop import train
 from training.variants import VARIANTS, Variant
+from pipespec.config import StageSpec
 from pipespec.stages.vlm import VLMStage
 from pipespec.commands.logs import add_log_level, setup_logging
 
@@ -93,7 +94,7 @@ def main() -> None:
         parser.error("--samples MODULE:FUNCTION is required (e.g. demo.world:samples for the demo's world)")
     setup_logging(args.log_level, fmt="%(message)s")
     torch.manual_seed(args.seed)
-    stage = VLMStage("target", args.target, "float32")
+    stage = VLMStage(StageSpec("target", "vlm", args.target, dtype="float32"))
     processor = load_processor(args.target, "--target")
     samples = load_samples(args.samples)
     train_set = examples_for(stage, processor, list(samples("train", args.train_samples, args.seed)), args.max_new_tokens)

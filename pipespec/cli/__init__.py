@@ -1,7 +1,7 @@
 """The `pipespec` command line.
 
     pipespec demo [--prompt TEXT] [--image FILE] [--max-new-tokens N] [--runs N] [--plan auto [--devices N]]
-                  [--json FILE]
+                  [--models DIR] [--json FILE]
     pipespec serve CONFIG [--address RAY_ADDRESS] [--host H] [--port P] [--strategy pack|spread|strict-pack|strict-spread]
                    [--http-port N [--http-host H] [--allowed-local-media-path DIR]] [--plan auto [--devices N] [--image FILE]]
     pipespec generate --address HOST:PORT --prompt TEXT [--system TEXT] [--image FILE] [--max-new-tokens N]
@@ -16,6 +16,8 @@ for `plan`), or a logging config file named by $PIPESPEC_LOGGING_CONFIG (pipespe
 -> VLM target, trained on the generated visual world) answer a question about a picture, streamed
 token by token; then pipeline and target-alone runs alternate, and a table shows each stage pair's
 acceptance, the median tokens per second of each side and their median ratio, and whether the answers match.
+Its models are `--models`, by default models/demo in the working directory (`make demo` runs it in the
+repository).
 
 `generate` sends the prompt as the user's message, after `--system`'s when given. It refuses a bad
 value with one line on stderr: exit 2 when this side sees it (a value out of range, a missing image
@@ -34,6 +36,7 @@ recommendation and why, and runs it.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -49,9 +52,13 @@ def _fail(command: str, why: object) -> int:
     return 2
 
 
-def demo(args: argparse.Namespace) -> int:
-    from pipespec.cli.demo import DEFAULT_PROMPT, run_demo
+DEMO_MODELS = Path("models", "demo")  # `pipespec demo`'s models: the working directory's (`make demo` runs in the repository)
+
+
+def demo_command(args: argparse.Namespace) -> int:  # not `demo`: the submodule pipespec.cli.demo takes that name
+    from pipespec.cli.demo import DEFAULT_PROMPT, DemoError, demo_request, demo_setup, planning_line, run_demo
     from pipespec.planning.placement import Devices
+    from pipespec.requests.outputs import GenerationError
 
     if args.runs < 1:
         return _fail("demo", f"--runs must be at least 1, got {args.runs}")
@@ -61,20 +68,28 @@ def demo(args: argparse.Namespace) -> int:
         devices = Devices.of_this_machine(args.devices) if args.plan == "auto" else None
     except ValueError as e:
         return _fail("demo", e)
-    models = {"models": Path(args.models)} if args.models else {}
-    return run_demo(
-        args.prompt or DEFAULT_PROMPT,
-        args.image,
-        args.max_new_tokens,
-        args.dtype,
-        args.json,
-        runs=args.runs,
-        plan=devices,
-        **models,
-    )
+    try:
+        request = demo_request(args.models, args.prompt or DEFAULT_PROMPT, args.image, args.max_new_tokens)
+        if devices is not None:
+            print(planning_line(devices), flush=True)
+        setup = demo_setup(request, args.dtype, devices)
+        print("\n".join(setup.lines()), flush=True)
+        report = run_demo(setup, args.runs, on_text=lambda text: print(text, end="", flush=True))
+    except DemoError as e:  # what it was given cannot run (nothing is left running)
+        return _fail("demo", e)
+    except GenerationError as e:  # a request failed in the pipeline
+        print()
+        print(f"pipespec demo: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(report.lines()))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    return 0 if report.exact else 1
 
 
 def serve(args: argparse.Namespace) -> int:
+    from pipespec.cluster.launch import ServeOptions
     from pipespec.cluster.launch import serve as launch
     from pipespec.commands.examples import config_path
 
@@ -90,41 +105,37 @@ def serve(args: argparse.Namespace) -> int:
         except ValueError as e:  # ConfigError included
             return _fail("serve", e)
         print(explain(chosen), flush=True)
-    http = (args.http_port, args.http_host, args.allowed_local_media_path)
-    return launch(config, args.address, args.host, args.port, args.strategy, *http)
+    return launch(config, ServeOptions.from_flags(args))
 
 
 def generate(args: argparse.Namespace) -> int:
     from pipespec.client import Client
-    from pipespec.requests.generate_args import GenerateArgs
-    from pipespec.requests.images import image_bytes
     from pipespec.requests.outputs import GenerationError
 
-    request = dict(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        stop=args.stop,
-        logprobs=args.logprobs,
-    )
-    if args.system is None:
-        request["prompt"] = args.prompt
-    else:  # a conversation: the system message, then the prompt (after the image, if any)
+    prompt, messages = args.prompt, None
+    if args.system is not None:  # a conversation: the system message, then the prompt (after the image, if any)
         user = [{"type": "image"}] if args.image is not None else []
         user.append({"type": "text", "text": args.prompt})
-        request["messages"] = [{"role": "system", "content": args.system}, {"role": "user", "content": user}]
-    try:  # what this side can check, checked here: exit 2 like a usage error, nothing sent
-        GenerateArgs(**request, image=args.image).checked()
-        if args.image is not None:
-            request["image"] = image_bytes(args.image)[0]  # read once, named if it is missing
-    except ValueError as e:
-        return _fail("generate", e)
+        prompt, messages = None, [{"role": "system", "content": args.system}, {"role": "user", "content": user}]
     logprobs: list[TokenLogprobs] = []
     with Client(args.address) as client:
+        try:  # the request's GenerateArgs, built (checked) once by the Client, the image read: nothing sent yet
+            deltas = client.stream(
+                prompt,
+                messages=messages,
+                image=args.image,
+                max_new_tokens=args.max_new_tokens,
+                temperature=args.temperature,
+                top_p=args.top_p,
+                top_k=args.top_k,
+                seed=args.seed,
+                stop=args.stop,
+                logprobs=args.logprobs,
+            )
+        except ValueError as e:  # refused on this side: exit 2 like a usage error
+            return _fail("generate", e)
         try:
-            for last in client.stream(**request):  # the last delta: the finish reason and the statistics
+            for last in deltas:  # the last delta: the finish reason and the statistics
                 print(_printable(last.text), end="", flush=True)
                 logprobs.extend(last.logprobs)
         except GenerationError as e:  # refused by the server's front door, failed there, or not reached
@@ -150,8 +161,6 @@ def _logprob_lines(logprobs: list[TokenLogprobs]) -> list[str]:
 
 
 def plan(args: argparse.Namespace) -> int:
-    import json
-
     from pipespec.planning.placement import Devices
     from pipespec.planning.plan import format_plan, recommend, write_config
     from pipespec.planning.profiling import profile, read_config
@@ -175,8 +184,16 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_plan_flags(parser: argparse.ArgumentParser, plan_help: str) -> None:
+    """`--plan auto` and the `--devices` it places the stages on (demo, serve); `plan_help` says what auto runs."""
+    parser.add_argument("--plan", choices=["auto"], help=plan_help)
+    parser.add_argument(
+        "--devices", type=int, help="with --plan auto: split this machine's cores into N devices (default: one per core)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    from pipespec.cluster.bundles import STRATEGIES
+    from pipespec.cluster.launch import add_serve_arguments
     from pipespec.commands.logs import LoggingConfigError, add_log_level, setup_logging
 
     parser = argparse.ArgumentParser(prog="pipespec", description="Asynchronous hierarchical speculative decoding.")
@@ -192,32 +209,21 @@ def main(argv: list[str] | None = None) -> int:
         help="float32 (default) compares exactly with the target alone; in bfloat16 a verifier's block "
         "logits can differ in the last bit from one-token decoding and flip a near-tie",
     )
-    d.add_argument("--models", help="the trained demo models (default: models/demo; python -m demo.train)")
+    d.add_argument(
+        "--models",
+        type=Path,
+        default=DEMO_MODELS,
+        help="the trained demo models (default: models/demo in the working directory; python -m demo.train)",
+    )
     d.add_argument("--runs", type=int, default=3, help="pipeline and target-alone runs, alternating (default 3 each)")
-    d.add_argument(
-        "--plan", choices=["auto"], help="auto: profile the models, run the chain and placement `pipespec plan` recommends"
-    )
-    d.add_argument(
-        "--devices", type=int, help="with --plan auto: split this machine's cores into N devices (default: one per core)"
-    )
+    _add_plan_flags(d, "auto: profile the models, run the chain and placement `pipespec plan` recommends")
     d.add_argument("--json", help="also write the figures as JSON to this file")
     add_log_level(d)
-    d.set_defaults(run=demo)
+    d.set_defaults(run=demo_command)
     s = sub.add_parser("serve", help="start a pipeline on Ray (a local one by default) and serve it")
-    s.add_argument("config", help="a pipeline YAML file, or the name of an example shipped in pipespec/configs (e.g. mock3)")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    s.add_argument("--host", help="interface the servers bind (default: the config's server.host)")
-    s.add_argument("--port", type=int, help="coordinator port (default: the config's server.port)")
-    s.add_argument("--strategy", default="pack", choices=list(STRATEGIES), help="how devices are placed on nodes")
-    s.add_argument("--http-port", type=int, help="also serve OpenAI-compatible HTTP on this port (0 = any; default: none)")
-    s.add_argument("--http-host", help="interface the HTTP server binds (default: the coordinator's host)")
-    s.add_argument("--allowed-local-media-path", help="a directory whose files image_url may name (default: none)")
-    s.add_argument(
-        "--plan", choices=["auto"], help="auto: profile the config here, serve the chain and placement `pipespec plan` recommends"
-    )
-    s.add_argument(
-        "--devices", type=int, help="with --plan auto: split this machine's cores into N devices (default: one per core)"
-    )
+    add_serve_arguments(s)  # CONFIG, --host, --port, --strategy, --http-port, --http-host, --allowed-local-media-path
+    _add_plan_flags(s, "auto: profile the config here, serve the chain and placement `pipespec plan` recommends")
     s.add_argument("--image", help="with --plan auto: a picture to profile a VLM target on")
     add_log_level(s)
     s.set_defaults(run=serve)
@@ -254,4 +260,3 @@ def main(argv: list[str] | None = None) -> int:
     except LoggingConfigError as e:
         return _fail(args.command, e)
     return args.run(args)
-

@@ -12,44 +12,56 @@ Measured honestly: pipeline runs and target-alone runs alternate (`--runs`, 3 ea
 both loaded and warm, the target alone in this process with as many torch threads as the pipeline's
 devices have cores in total; the speedup is the median of the rounds' ratios. The table shows each
 stage pair's acceptance over all runs, and whether every answer equals the target alone's.
+
+Three steps, each returning data that the command prints (pipespec.cli): `demo_request` checks what
+was asked (the models directory is an argument: the command's `--models`), `demo_setup` chooses the
+pipeline, `run_demo` runs it and returns a `DemoReport`; the first answer's text goes to an `on_text`
+callback as it streams. What the demo cannot run raises `DemoError`; a failed generation,
+`GenerationError`. `timed`, `time_requests` and `demo_config` serve the experiments too.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipespec.cluster.pipeline import local_ray, start_pipeline
-from pipespec.config import ConfigError, PipelineConfig, load_config
-from pipespec.requests.outputs import Delta, Generation, GenerationError
+from pipespec.config import PipelineConfig, load_config
+from pipespec.errors import ConfigError
 from pipespec.planning.placement import Devices
-from pipespec.protocol.stats import PairStats
+from pipespec.protocol.stats import PairStats, merged_pairs
+from pipespec.requests.outputs import Delta, Generation
 
 if TYPE_CHECKING:
     from pipespec.planning.plan import Plan
 
-log = logging.getLogger(__name__)
-
-DEMO_MODELS = Path(__file__).resolve().parents[2] / "models" / "demo"
 DEFAULT_PROMPT = "Describe the image."
+CHAIN = ["tiny", "dream", "target"]  # the shipped models, upstream to downstream
 Run = tuple[Generation, float]  # an answer and the seconds it took
+OnText = Callable[[str], None]  # shows text as it comes
+
+
+class DemoError(Exception):
+    """What the demo was given cannot run: no models, a picture that is missing or not one, a pipeline
+    this machine cannot hold. The message says which."""
 
 
 def demo_raw(models: Path, names: list[str], dtype: str, cpus: float) -> dict[str, Any]:
-    """The demo pipeline of the stages `names` (of tiny, dream, target), each on a device of `cpus` cores, as a mapping."""
+    """The demo pipeline of the stages `names` (of tiny, dream, target), each on a device of `cpus` cores,
+    as a mapping; the models' paths absolute (an actor may run in another directory)."""
     kinds = {"tiny": "causal_lm", "dream": "dream", "target": "vlm"}
     lookahead = {"tiny": 6, "dream": 6, "target": 0}
     stages = [
         {
-            "name": n, "kind": kinds[n], "model": str(models / n), "dtype": dtype, "max_lookahead": lookahead[n],
-            "resources": {"num_cpus": cpus},
+            "name": n, "kind": kinds[n], "model": str((models / n).resolve()), "dtype": dtype,
+            "max_lookahead": lookahead[n], "resources": {"num_cpus": cpus},
         }
         for n in names
     ]  # fmt: skip
@@ -60,7 +72,7 @@ def demo_config(models: Path, names: list[str], dtype: str, cpus: float) -> Pipe
     return load_config(demo_raw(models, names, dtype, cpus))
 
 
-def default_image(models: Path = DEMO_MODELS) -> Any:
+def default_image(models: Path) -> Any:
     """The demo's default picture: a held-out picture of the world the models were trained on."""
     from PIL import Image
 
@@ -83,7 +95,7 @@ def picture_truth(models: Path, image: Any) -> str | None:
 def serving(config: PipelineConfig, warm_up: dict) -> Iterator[Any]:
     """Serve `config` on the running Ray; yield a `Client` to it once `warm_up` (a request's keywords) has
     gone through every stage; stop the pipeline on exit."""
-    from pipespec import Client
+    from pipespec.client import Client
 
     running = start_pipeline(config)
     try:
@@ -94,25 +106,23 @@ def serving(config: PipelineConfig, warm_up: dict) -> Iterator[Any]:
         running.stop()
 
 
-def timed(stream: Callable[..., Iterator[Delta]], request: dict, echo: bool = False) -> Run:
-    """Stream one request (`Client.stream` or `LocalPipeline.stream`) -> (its Generation, seconds); `echo` prints it."""
+def timed(stream: Callable[..., Iterator[Delta]], request: dict, on_text: OnText | None = None) -> Run:
+    """Stream one request (`Client.stream` or `LocalPipeline.stream`) -> (its Generation, seconds);
+    `on_text` is given each delta's text as it comes."""
     start = time.perf_counter()
     deltas = []
     for delta in stream(**request):
         deltas.append(delta)
-        if echo:
-            print(delta.text, end="", flush=True)
-    seconds = time.perf_counter() - start
-    if echo:
-        print("\n")
-    return Generation.from_deltas(deltas), seconds
+        if on_text is not None:
+            on_text(delta.text)
+    return Generation.from_deltas(deltas), time.perf_counter() - start
 
 
-def time_requests(config: PipelineConfig, requests: list[dict], echo: bool = False) -> list[Run]:
+def time_requests(config: PipelineConfig, requests: list[dict], on_text: OnText | None = None) -> list[Run]:
     """Serve `config` on the running Ray, warm it up, then stream `requests` one after another
-    (keyword dicts for `Client.stream`); -> [(Generation, seconds)]. `echo` prints the first answer."""
+    (keyword dicts for `Client.stream`); -> [(Generation, seconds)]. `on_text`: the first answer's text."""
     with serving(config, requests[0]) as client:
-        return [timed(client.stream, request, echo and i == 0) for i, request in enumerate(requests)]
+        return [timed(client.stream, request, on_text if i == 0 else None) for i, request in enumerate(requests)]
 
 
 def placement_lines(config: PipelineConfig) -> list[str]:
@@ -125,28 +135,34 @@ def placement_lines(config: PipelineConfig) -> list[str]:
     return lines
 
 
-def run_demo(
-    prompt: str = DEFAULT_PROMPT,
-    image: Any = None,
-    max_new_tokens: int = 96,
-    dtype: str = "float32",
-    json_path: str | None = None,
-    models: Path = DEMO_MODELS,
-    runs: int = 3,
-    plan: Devices | None = None,
-) -> int:
-    """`plan`: the devices to place the stages on with `pipespec plan`'s recommendation (None: all three
-    stages, a device each)."""
-    from pipespec.local import LocalPipeline
+def _count(n: float, thing: str) -> str:
+    return f"{n:g} {thing}{'s' if n != 1 else ''}"
 
+
+@dataclass(frozen=True)
+class DemoRequest:
+    """What the demo asks, checked: a question about a picture, of the models under `models`."""
+
+    models: Path
+    prompt: str
+    image: Any  # a picture file's path, or the default picture (a PIL image)
+    max_new_tokens: int
+    truth: str | None  # what the picture shows, when it is the shipped example
+
+    def keywords(self) -> dict[str, Any]:
+        """The request, as `Client.stream` and `LocalPipeline.stream` take it."""
+        return dict(prompt=self.prompt, image=self.image, max_new_tokens=self.max_new_tokens)
+
+
+def demo_request(models: Path, prompt: str = DEFAULT_PROMPT, image: Any = None, max_new_tokens: int = 96) -> DemoRequest:
+    """Check what the demo is asked, before anything starts: DemoError without models under `models`,
+    without the example picture when `image` is None, or for an `image` that is not a picture."""
     if not (models / "target" / "config.json").is_file():
-        print(f"pipespec: no demo models under {models}; train them with `python -m demo.train all`")
-        return 2
+        raise DemoError(f"no demo models under {models}; train them with `python -m demo.train all`")
     if image is None and not (models / "example.png").is_file():
-        print(
-            f"pipespec: no example picture under {models}; give one with --image FILE or write it with `python -m demo.train picture`"
+        raise DemoError(
+            f"no example picture under {models}; give one with --image FILE or write it with `python -m demo.train picture`"
         )
-        return 2
     truth = picture_truth(models, image)
     if image is None:
         image = default_image(models)
@@ -156,115 +172,159 @@ def run_demo(
         try:
             load_image(image_bytes(image)[0])
         except ValueError as e:
-            print(f"pipespec: {e}")
-            return 2
-    request = dict(prompt=prompt, image=image, max_new_tokens=max_new_tokens)
-    config, chosen = pipeline_config(models, dtype, plan, prompt, image)
-    threads = max(1, round(config.cpus()))
-    print(f"\npipeline: {' -> '.join(s.name for s in config.stages)}  (models/demo, trained on the generated world; {dtype})")
-    print("placement:", *placement_lines(config), sep="\n")
-    print(f"target alone: in this process, {_count(threads, 'torch thread')} (the pipeline's cores)")
-    print(f"prompt: {prompt!r}\n")
+            raise DemoError(str(e)) from None
+    return DemoRequest(models, prompt, image, max_new_tokens, truth)
+
+
+def planning_line(plan: Devices) -> str:
+    """What `demo_setup` is about to do with `plan`, said before it profiles (a few seconds)."""
+    return f"planning for {_count(plan.count, 'device')} of {_count(plan.cpus, 'core')} (profiling here) ..."
+
+
+@dataclass(frozen=True)
+class DemoSetup:
+    """The demo about to run: its request, the pipeline, and the plan that chose it (None: the default)."""
+
+    request: DemoRequest
+    config: PipelineConfig
+    dtype: str
+    chosen: Plan | None = None
+
+    @property
+    def threads(self) -> int:
+        """The target alone's torch threads: as many as the pipeline's devices have cores in all."""
+        return max(1, round(self.config.cpus()))
+
+    def lines(self) -> list[str]:
+        """What runs: the plan's reasons (when planned), the chain, its placement, the target alone, the prompt."""
+        from pipespec.planning.plan import explain
+
+        chain = " -> ".join(s.name for s in self.config.stages)
+        return [
+            *([explain(self.chosen)] if self.chosen else []),
+            "",
+            f"pipeline: {chain}  (models/demo, trained on the generated world; {self.dtype})",
+            "placement:",
+            *placement_lines(self.config),
+            f"target alone: in this process, {_count(self.threads, 'torch thread')} (the pipeline's cores)",
+            f"prompt: {self.request.prompt!r}",
+            "",
+        ]
+
+
+def demo_setup(request: DemoRequest, dtype: str = "float32", plan: Devices | None = None) -> DemoSetup:
+    """The demo's pipeline: tiny -> dream -> target, a device each; or, with `plan`, what `pipespec plan`
+    recommends for those devices, profiled here on the demo's request. DemoError for a plan that fails."""
+    if plan is None:
+        return DemoSetup(request, demo_config(request.models, CHAIN, dtype, Devices.of_this_machine(len(CHAIN)).cpus), dtype)
+    from pipespec.planning.plan import auto
+
+    try:
+        raw, chosen = auto(demo_raw(request.models, CHAIN, dtype, plan.cpus), plan, prompts=[request.prompt], image=request.image)
+        return DemoSetup(request, load_config(raw), dtype, chosen)
+    except ConfigError as e:
+        raise DemoError(str(e)) from None
+
+
+def run_demo(setup: DemoSetup, runs: int = 3, on_text: OnText | None = None) -> DemoReport:
+    """Run `setup` on a local Ray: `runs` rounds of the pipeline then the target alone, both warm ->
+    the figures. `on_text` is given the first answer as it streams, then the lines under it (what the
+    picture shows, when known). DemoError when the pipeline does not fit this machine; GenerationError
+    (pipespec.requests.outputs) when a request fails."""
+    from pipespec.local import LocalPipeline
+
+    request, threads = setup.request.keywords(), setup.threads
     rounds: list[tuple[Run, Run]] = []
     try:
         with local_ray():
-            alone_config = demo_config(models, ["target"], dtype, threads)
-            with serving(config, request) as client, LocalPipeline(alone_config, torch_threads=threads) as alone:
+            alone_config = demo_config(setup.request.models, ["target"], setup.dtype, threads)
+            with serving(setup.config, request) as client, LocalPipeline(alone_config, torch_threads=threads) as alone:
                 alone.generate(**{**request, "max_new_tokens": 4})
                 for i in range(runs):  # alternate, so that whatever else the machine does falls on both sides
-                    rounds.append((timed(client.stream, request, echo=i == 0), timed(alone.stream, request)))
-                    if i == 0 and truth is not None:
-                        print(f"the picture shows: {truth}\n")
+                    rounds.append((timed(client.stream, request, on_text if i == 0 else None), timed(alone.stream, request)))
+                    if i == 0 and on_text is not None:
+                        truth = setup.request.truth
+                        on_text("\n\n" + (f"the picture shows: {truth}\n\n" if truth is not None else ""))
     except ConfigError as e:  # the placement does not fit this machine
-        print(f"pipespec: {e}")
-        return 2
-    except GenerationError as e:
-        print(f"pipespec: {e}")
-        return 1
-    return report(rounds, config, threads, chosen, json_path)
+        raise DemoError(str(e)) from None
+    return DemoReport.of(rounds, setup)
 
 
-def pipeline_config(
-    models: Path, dtype: str, plan: Devices | None, prompt: str, image: Any
-) -> tuple[PipelineConfig, Plan | None]:
-    """The demo's pipeline: tiny -> dream -> target, a device each; or, with `plan`, what `pipespec plan`
-    recommends for those devices, profiled here on the demo's request (printed with its reasons)."""
-    names = ["tiny", "dream", "target"]
-    if plan is None:
-        return demo_config(models, names, dtype, Devices.of_this_machine(len(names)).cpus), None
-    from pipespec.planning.plan import auto, explain
+@dataclass(frozen=True)
+class DemoReport:
+    """What `run_demo` measured: each round's tokens per second, the pipeline's and the target alone's;
+    each stage pair's statistics over all the pipeline's runs; whether every answer equals the target
+    alone's."""
 
-    print(f"planning for {_count(plan.count, 'device')} of {_count(plan.cpus, 'core')} (profiling here) ...")
-    raw, chosen = auto(demo_raw(models, names, dtype, plan.cpus), plan, prompts=[prompt], image=image)
-    print(explain(chosen))
-    return load_config(raw), chosen
+    pipeline: tuple[float, ...]  # tokens per second, per round
+    alone: tuple[float, ...]  # the target alone's, per round
+    exact: bool
+    pairs: tuple[PairStats, ...]
+    threads: int  # the target alone's torch threads
+    config: PipelineConfig = field(repr=False)  # the pipeline's
+    predicted: float | None = None  # the tokens per second `pipespec plan` predicted (None: not planned)
 
-
-def _count(n: float, thing: str) -> str:
-    return f"{n:g} {thing}{'s' if n != 1 else ''}"
-
-
-def report(
-    rounds: list[tuple[Run, Run]], config: PipelineConfig, threads: int, chosen: Plan | None, json_path: str | None
-) -> int:
-    """Print the rounds (pipeline, target alone), the pairs' acceptance and the median ratio; write the JSON
-    figures; -> 0 if every answer equals the target alone's."""
-    piped, alone = [_rate(p) for p, _ in rounds], [_rate(a) for _, a in rounds]
-    ratios = [p / a for p, a in zip(piped, alone)]
-    exact = all(p[0].token_ids == a[0].token_ids for p, a in rounds)
-    pairs = merged_pairs([p[0] for p, _ in rounds])
-    print(f"{'round':<8}{'pipeline tok/s':>16}{'target alone tok/s':>20}{'ratio':>8}")
-    for k, (p, a, r) in enumerate(zip(piped, alone, ratios), 1):
-        print(f"{k:<8}{p:>16.1f}{a:>20.1f}{r:>7.2f}x")
-    print(f"\n{'drafter -> verifier':<22}{'drafts':>8}{'drafted':>9}{'accepted':>10}{'acceptance':>12}{'mean acc. len':>15}")
-    for pair in pairs:
-        print(
-            f"{pair.drafter + ' -> ' + pair.verifier:<22}{pair.num_drafts:>8}{pair.num_draft_tokens:>9}"
-            f"{pair.num_accepted_tokens:>10}{pair.acceptance_rate:>12.2f}{pair.mean_acceptance_length:>15.2f}"
+    @classmethod
+    def of(cls, rounds: Sequence[tuple[Run, Run]], setup: DemoSetup) -> DemoReport:
+        """The figures of `rounds` (pipeline, target alone) of `setup`."""
+        return cls(
+            pipeline=tuple(_rate(p) for p, _ in rounds),
+            alone=tuple(_rate(a) for _, a in rounds),
+            exact=all(p[0].token_ids == a[0].token_ids for p, a in rounds),
+            pairs=tuple(merged_pairs(p[0].stats.pairs for p, _ in rounds)),
+            threads=setup.threads,
+            config=setup.config,
+            predicted=setup.chosen.recommended.tokens_per_s if setup.chosen else None,
         )
-    figures = {
-        "exact": exact,
-        "speedup_vs_target": statistics.median(ratios),
-        "tokens_per_second": statistics.median(piped),
-        "target_alone_tokens_per_second": statistics.median(alone),
-        "target_alone_threads": threads,
-        "rounds": [{"pipeline": p, "target_alone": a, "ratio": r} for p, a, r in zip(piped, alone, ratios)],
-        "placement": [
-            {"stages": [config.stages[i].name for i in indices], "resources": dict(config.stages[indices[0]].resources)}
-            for indices in config.devices()
-        ],
-        "lookaheads": {s.name: s.max_lookahead for s in config.stages[:-1]},
-        "predicted_tokens_per_second": chosen.recommended.tokens_per_s if chosen else None,
-        "pairs": [
-            {
-                k: v
-                for k, v in pair.as_dict().items()
-                if k in ("drafter", "verifier", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "mean_acceptance_length")
-            }
-            for pair in pairs
-        ],
-    }
-    predicted = f" (predicted {chosen.recommended.tokens_per_s:.1f})" if chosen else ""
-    print(
-        f"\npipeline {figures['tokens_per_second']:.1f} tok/s{predicted}, target alone {figures['target_alone_tokens_per_second']:.1f} "
-        f"tok/s (medians of {len(rounds)} alternating runs): speedup {figures['speedup_vs_target']:.2f}x (the median of "
-        f"the rounds' ratios); "
-        f"identical to the target alone: {'yes' if exact else 'NO'}"
-    )
-    if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(figures, indent=2) + "\n")
-    return 0 if exact else 1
+
+    @property
+    def ratios(self) -> list[float]:
+        return [p / a for p, a in zip(self.pipeline, self.alone)]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures, as `--json` writes them."""
+        config = self.config
+        kept = ("drafter", "verifier", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "mean_acceptance_length")
+        return {
+            "exact": self.exact,
+            "speedup_vs_target": statistics.median(self.ratios),
+            "tokens_per_second": statistics.median(self.pipeline),
+            "target_alone_tokens_per_second": statistics.median(self.alone),
+            "target_alone_threads": self.threads,
+            "rounds": [{"pipeline": p, "target_alone": a, "ratio": r} for p, a, r in zip(self.pipeline, self.alone, self.ratios)],
+            "placement": [
+                {"stages": [config.stages[i].name for i in indices], "resources": dict(config.stages[indices[0]].resources)}
+                for indices in config.devices()
+            ],
+            "lookaheads": {s.name: s.max_lookahead for s in config.stages[:-1]},
+            "predicted_tokens_per_second": self.predicted,
+            "pairs": [{k: v for k, v in pair.as_dict().items() if k in kept} for pair in self.pairs],
+        }
+
+    def lines(self) -> list[str]:
+        """The rounds' table, the pairs' table and the summary line."""
+        lines = [f"{'round':<8}{'pipeline tok/s':>16}{'target alone tok/s':>20}{'ratio':>8}"]
+        for k, (p, a, r) in enumerate(zip(self.pipeline, self.alone, self.ratios), 1):
+            lines.append(f"{k:<8}{p:>16.1f}{a:>20.1f}{r:>7.2f}x")
+        lines += [
+            "",
+            f"{'drafter -> verifier':<22}{'drafts':>8}{'drafted':>9}{'accepted':>10}{'acceptance':>12}{'mean acc. len':>15}",
+        ]
+        for pair in self.pairs:
+            lines.append(
+                f"{pair.drafter + ' -> ' + pair.verifier:<22}{pair.num_drafts:>8}{pair.num_draft_tokens:>9}"
+                f"{pair.num_accepted_tokens:>10}{pair.acceptance_rate:>12.2f}{pair.mean_acceptance_length:>15.2f}"
+            )
+        predicted = f" (predicted {self.predicted:.1f})" if self.predicted is not None else ""
+        lines += [
+            "",
+            f"pipeline {statistics.median(self.pipeline):.1f} tok/s{predicted}, target alone "
+            f"{statistics.median(self.alone):.1f} tok/s (medians of {len(self.pipeline)} alternating runs): speedup "
+            f"{statistics.median(self.ratios):.2f}x (the median of the rounds' ratios); "
+            f"identical to the target alone: {'yes' if self.exact else 'NO'}",
+        ]
+        return lines
 
 
 def _rate(run: Run) -> float:
     return len(run[0].token_ids) / run[1]
-
-
-def merged_pairs(generations: list[Generation]) -> list[PairStats]:
-    """Each stage pair's statistics summed over `generations`, in the order of the first."""
-    merged = [PairStats(p.drafter, p.verifier) for p in generations[0].stats.pairs]
-    for generation in generations:
-        for total, pair in zip(merged, generation.stats.pairs):
-            total.merge(pair)
-    return merged

@@ -73,7 +73,7 @@ class DeviceActor:
         setup_logging()  # as the launcher does (its runtime_env: pipespec.commands.logs.actor_env)
         import torch
 
-        from pipespec.stages import build_stage
+        from pipespec.stages.build import build_stage
 
         self.cores = pin_process(cores) if cores is not None else None
         torch.set_num_threads(torch_threads)

@@ -20,46 +20,76 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipespec.cluster.actors import HttpSpec
 from pipespec.cluster.bundles import STRATEGIES
-from pipespec.cluster.pipeline import ray_env, start_pipeline
-from pipespec.config import ConfigError, load_config
-from pipespec.commands.examples import config_path
 from pipespec.commands.logs import LoggingConfigError, add_log_level, setup_logging
+from pipespec.errors import ConfigError
+
+if TYPE_CHECKING:  # ray's, imported when serving: the command line builds its parser without it
+    from pipespec.cluster.actors import HttpSpec
 
 
-def serve(
-    config_arg: str | Mapping[str, Any],
-    ray_address: str | None,
-    host: str | None,
-    port: int | None,
-    strategy: str,
-    http_port: int | None = None,
-    http_host: str | None = None,
-    allowed_media: str | None = None,
-) -> int:
-    """Serve `config_arg` (a config file, a shipped example's name, or a parsed config) until stopped.
-    `host`, `port`: where clients connect (None: the config's server.host, server.port); `http_port`:
-    serve OpenAI-compatible HTTP there too (None: no HTTP server), on `http_host` (None: `host`),
-    reading `image_url` file paths under `allowed_media` only (None: none)."""
+@dataclass(frozen=True)
+class ServeOptions:
+    """How `serve` runs a pipeline: the flags of `pipespec serve` and of this module (`from_flags`)."""
+
+    ray_address: str | None = None  # None: the job's cluster ($RAY_ADDRESS), else a local Ray of our own
+    host: str | None = None  # where clients connect (None: the config's server.host)
+    port: int | None = None  # (None: the config's server.port; 0: any free port)
+    strategy: str = "pack"  # how devices are placed on nodes (pipespec.cluster.bundles.STRATEGIES)
+    http_port: int | None = None  # also serve OpenAI-compatible HTTP here (None: no HTTP server; 0: any)
+    http_host: str | None = None  # the HTTP server's interface (None: `host`)
+    allowed_media: str | None = None  # the directory whose files `image_url` may name (None: none)
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace) -> ServeOptions:
+        """The options parsed from `--address` and the flags `add_serve_arguments` adds."""
+        return cls(
+            args.address, args.host, args.port, args.strategy, args.http_port, args.http_host, args.allowed_local_media_path
+        )
+
+
+def add_serve_arguments(
+    parser: argparse.ArgumentParser,
+    host_help: str = "interface the servers bind (default: the config's server.host)",
+    port_help: str = "coordinator port (default: the config's server.port)",
+) -> None:
+    """CONFIG and the flags `serve` takes (all of `ServeOptions` but `--address`, whose help each command
+    words for itself), with `pipespec serve`'s help unless `host_help`, `port_help` say otherwise."""
+    parser.add_argument("config", help="a pipeline YAML file, or the name of an example shipped in pipespec/configs (e.g. mock3)")
+    parser.add_argument("--host", help=host_help)
+    parser.add_argument("--port", type=int, help=port_help)
+    parser.add_argument("--strategy", default="pack", choices=list(STRATEGIES), help="how devices are placed on nodes")
+    parser.add_argument("--http-port", type=int, help="also serve OpenAI-compatible HTTP on this port (0 = any; default: none)")
+    parser.add_argument("--http-host", help="interface the HTTP server binds (default: the coordinator's host)")
+    parser.add_argument("--allowed-local-media-path", help="a directory whose files image_url may name (default: none)")
+
+
+def serve(config_arg: str | Mapping[str, Any], options: ServeOptions = ServeOptions()) -> int:
+    """Serve `config_arg` (a config file, a shipped example's name, or a parsed config) as `options`
+    say until stopped; -> the exit status (2: it could not start, 1: it could not be restored)."""
+    from pipespec.cluster.pipeline import ray_env, start_pipeline
+    from pipespec.commands.examples import config_path
+    from pipespec.config import load_config
+
     ray_env()
     import ray
 
     try:
         config = load_config(config_path(config_arg) if isinstance(config_arg, str) else config_arg)
-        http = _http(http_port, http_host, allowed_media)
+        http = _http(options)
     except ConfigError as e:
         print(f"pipespec: {e}", file=sys.stderr)
         return 2
-    if ray_address is None and not os.environ.get("RAY_ADDRESS"):
+    if options.ray_address is None and not os.environ.get("RAY_ADDRESS"):
         ray.init(address="local", include_dashboard=False)  # a Ray of our own on this machine
     else:
-        ray.init(address=ray_address)  # the cluster we were submitted to (RAY_ADDRESS) or asked for
+        ray.init(address=options.ray_address)  # the cluster we were submitted to (RAY_ADDRESS) or asked for
     try:
-        running = start_pipeline(config, host=host, port=port, strategy=strategy, http=http)
+        running = start_pipeline(config, host=options.host, port=options.port, strategy=options.strategy, http=http)
     except ConfigError as e:  # nothing left running: start_pipeline cleans up after itself
         print(f"pipespec: {e}", file=sys.stderr)
         return 2
@@ -90,31 +120,31 @@ def serve(
     return 1 if failures else 0
 
 
-def _http(port: int | None, host: str | None, allowed_media: str | None) -> HttpSpec | None:
-    """The HTTP server the flags ask for (None: no --http-port); ConfigError for a flag without it or a
+def _http(options: ServeOptions) -> HttpSpec | None:
+    """The HTTP server `options` ask for (None: no --http-port); ConfigError for a flag without it or a
     media directory that is not one."""
-    if port is None:
-        if host is not None or allowed_media is not None:
+    from pipespec.cluster.actors import HttpSpec
+
+    if options.http_port is None:
+        if options.http_host is not None or options.allowed_media is not None:
             raise ConfigError("--http-host and --allowed-local-media-path are for the HTTP server: give --http-port too")
         return None
     media = None
-    if allowed_media is not None:
-        media = Path(allowed_media).resolve()  # the coordinator's actor may run in another directory
+    if options.allowed_media is not None:
+        media = Path(options.allowed_media).resolve()  # the coordinator's actor may run in another directory
         if not media.is_dir():
-            raise ConfigError(f"--allowed-local-media-path {allowed_media!r} is not a directory")
-    return HttpSpec(port, host, media)
+            raise ConfigError(f"--allowed-local-media-path {options.allowed_media!r} is not a directory")
+    return HttpSpec(options.http_port, options.http_host, media)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config", help="a pipeline YAML file, or the name of an example shipped in pipespec/configs (e.g. mock3)")
     parser.add_argument("--address", help="Ray cluster address (default: the job's cluster, else a local Ray)")
-    parser.add_argument("--host", help="interface the gRPC servers bind (default: the config's server.host)")
-    parser.add_argument("--port", type=int, help="coordinator port (default: the config's server.port; 0 = any)")
-    parser.add_argument("--strategy", default="pack", choices=list(STRATEGIES), help="how devices are placed on nodes")
-    parser.add_argument("--http-port", type=int, help="also serve OpenAI-compatible HTTP on this port (0 = any; default: none)")
-    parser.add_argument("--http-host", help="interface the HTTP server binds (default: the coordinator's host)")
-    parser.add_argument("--allowed-local-media-path", help="a directory whose files image_url may name (default: none)")
+    add_serve_arguments(
+        parser,
+        host_help="interface the gRPC servers bind (default: the config's server.host)",
+        port_help="coordinator port (default: the config's server.port; 0 = any)",
+    )
     add_log_level(parser, default="INFO")
     args = parser.parse_args(argv)
     try:
@@ -122,8 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     except LoggingConfigError as e:
         print(f"pipespec: {e}", file=sys.stderr)
         return 2
-    http = (args.http_port, args.http_host, args.allowed_local_media_path)
-    return serve(args.config, args.address, args.host, args.port, args.strategy, *http)
+    return serve(args.config, ServeOptions.from_flags(args))
 
 
 if __name__ == "__main__":

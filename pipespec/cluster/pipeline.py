@@ -6,8 +6,10 @@ of whole CPUs gets its own cores (pipespec.cluster.cores) unless `pin_cores` is 
 is small and sits outside the group. The target's device is built first (an ngram drafter needs the
 target's vocabulary), then each device serves gRPC, each drafter whose verifier is on another device
 connects to it, the coordinator connects to every stage, and only when every stream is attached is
-the pipeline's address returned. Every actor restarts when its process dies (`faults.max_restarts`);
-`RunningPipeline.supervise()` puts a restarted one back in place (pipespec.cluster.supervisor).
+the pipeline's address returned: `start_pipeline` checks what it can refuse before anything starts,
+places the devices (the group, their nodes and cores), then starts and wires the actors. Every actor
+restarts when its process dies (`faults.max_restarts`); `RunningPipeline.supervise()` puts a restarted
+one back in place (pipespec.cluster.supervisor).
 
 Trust and addresses (design 5c): one secret per pipeline, made here and handed to every stage server,
 every stream and the coordinator. The coordinator runs on the launcher's node and serves clients on
@@ -41,12 +43,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from pipespec.pipeline.assembly import Entrance
 from pipespec.cluster.actors import WILDCARDS, CoordinatorActor, DeviceActor, HttpSpec, address
 from pipespec.cluster.bundles import STRATEGIES, bundle, unplaceable
-from pipespec.cluster.cores import slices
+from pipespec.cluster.cores import CoreSlice, slices
 from pipespec.cluster.supervisor import Supervisor
-from pipespec.config import ConfigError, PipelineConfig
+from pipespec.config import PipelineConfig
+from pipespec.errors import ConfigError
 from pipespec.requests.frontdoor import TargetInfo
 from pipespec.commands.logs import actor_env
-from pipespec.stages import check_vocabularies
+from pipespec.stages.build import check_vocabularies
 from pipespec.transport.auth import new_secret
 
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -213,7 +216,39 @@ def start_pipeline(
     where the coordinator serves (default: the config's server.host and .port); `http`: its HTTP server
     too (its host defaults to the coordinator's). ConfigError, before anything starts, for a strategy
     it does not know, a port in use and resources the cluster can never hold; after
-    `placement_timeout_s` for resources it has but not free."""
+    `placement_timeout_s` for resources it has but not free; a failure once actors start removes them."""
+    checked = _check(config, host, port, strategy, http)
+    return _start(checked, _place(checked, placement_timeout_s, pin_cores))
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A pipeline that can be started, as `_check` settled it."""
+
+    config: PipelineConfig
+    host: str  # what the coordinator binds
+    port: int  # where it serves (0: any free port)
+    strategy: str  # one of STRATEGIES
+    http: HttpSpec | None  # the coordinator's HTTP server, its host resolved (None: none)
+    tokenizer_size: int | None  # the shared tokenizer's (pipespec.stages.vocabulary), for every device
+    bundles: list[dict[str, float]]  # one per device, in the order of config.devices()
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """Where `_place` put the devices: a ready placement group, one bundle per device."""
+
+    group: object
+    cores: list[CoreSlice | None]  # per device: the cores its threads are pinned to (None: not pinned)
+    here: str  # the launcher's node: the coordinator's too
+    stage_host: str | None  # what the stage servers bind (None: their node's address)
+
+
+def _check(config: PipelineConfig, host: str | None, port: int | None, strategy: str, http: HttpSpec | None) -> _Checked:
+    """What can be refused before anything starts, refused with a ConfigError: a strategy not known,
+    the coordinator's or the HTTP server's port in use here (or the two on one address), a config whose
+    stages cannot share a tokenizer (pipespec.pipeline.assembly.Entrance, before any actor loads
+    weights), devices whose resources this cluster can never hold. Starts nothing."""
     if strategy not in STRATEGIES:
         raise ConfigError(f"placement strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
     host = config.server.host if host is None else host
@@ -224,74 +259,89 @@ def start_pipeline(
         if http.port != 0 and (http.host, http.port) == (host, port):
             raise ConfigError(f"the HTTP server and the coordinator's gRPC cannot share {address(host, port)} (--http-port)")
         _check_port(http.host, http.port, "the HTTP server", "--http-port")
-    valid = Entrance.check(config).tokenizer_size  # config-time checks, before any actor loads weights
-    specs = config.stages
-    devices = config.devices()
-    bundles = [bundle(specs[d[0]].resources) or {"CPU": 0.01} for d in devices]
+    tokenizer_size = Entrance.check(config).tokenizer_size
+    bundles = [bundle(config.stages[d[0]].resources) or {"CPU": 0.01} for d in config.devices()]
     why = unplaceable(bundles, [n["Resources"] for n in ray.nodes() if n["Alive"]], strategy)
     if why is not None:
         raise ConfigError(f"pipeline {config.name!r}: its stages' resources {bundles} can never be placed ({strategy}): {why}")
+    return _Checked(config, host, port, strategy, http, tokenizer_size, bundles)
+
+
+def _place(checked: _Checked, timeout_s: float, pin_cores: bool) -> _Placement:
+    """Reserve one bundle per device (a placement group) and wait for it; ConfigError, the group removed,
+    when it is not placed within `timeout_s`. Then give each bundle of whole CPUs its own cores on its
+    node (unless not `pin_cores`) and choose what the stage servers bind: `host` when the whole pipeline
+    is on the launcher's node (or `host` binds every interface), else each its own node's address, the
+    one its neighbours can reach."""
+    config, bundles, strategy = checked.config, checked.bundles, checked.strategy
     group = placement_group(bundles, strategy=STRATEGIES[strategy], name=f"pipespec-{config.name}")
     try:
-        ray.get(group.ready(), timeout=placement_timeout_s)
+        ray.get(group.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(group)
         raise ConfigError(
             f"pipeline {config.name!r}: its stages' resources {bundles} could not be placed ({strategy}) within "
-            f"{placement_timeout_s:.0f} s; the cluster has {ray.available_resources()} available"
+            f"{timeout_s:.0f} s; the cluster has {ray.available_resources()} available"
         ) from None
     node_of = ray.util.placement_group_table(group)["bundles_to_node_id"]
     nodes = [node_of[k] for k in range(len(bundles))]
-    cores = slices([b.get("CPU", 0.0) for b in bundles], nodes)
-    here = ray.get_runtime_context().get_node_id()  # the launcher's node: the coordinator's too
-    # stages bind `host` when the whole pipeline is on this node (or `host` binds every interface);
-    # else each binds and advertises its own node's address, the one its neighbours can reach
-    stage_host = host if all(n == here for n in nodes) or host in WILDCARDS else None
+    cores = slices([b.get("CPU", 0.0) for b in bundles], nodes) if pin_cores else [None] * len(bundles)
+    here = ray.get_runtime_context().get_node_id()
+    stage_host = checked.host if all(n == here for n in nodes) or checked.host in WILDCARDS else None
+    return _Placement(group, cores, here, stage_host)
+
+
+def _start(checked: _Checked, placed: _Placement) -> RunningPipeline:
+    """Start the pipeline in its placement: the target's device first (its vocabulary sizes the
+    drafters'), then the others; check that their vocabularies agree; serve every stage, start the
+    coordinator on the launcher's node, link each drafter to its verifier on another device and the
+    coordinator to every stage; -> the pipeline once every stream is attached. On any failure every
+    actor started and the placement group are removed."""
+    config = checked.config
+    specs, devices = config.stages, config.devices()
     secret = new_secret()
     runtime_env = {"env_vars": env} if (env := actor_env()) else None  # the actors log as this process does
 
-    def actor(k: int, target_vocab: int | None):
+    def device_actor(k: int, target_vocab: int | None) -> object:
         resources = dict(specs[devices[k][0]].resources)
-        threads = max(1, int(resources.get("num_cpus", 1)))
-        options = {
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=k),
-            "num_cpus": resources.pop("num_cpus", 0),
-            "num_gpus": resources.pop("num_gpus", 0),
-            "resources": resources or None,
-            "max_concurrency": 1000,
-            "max_restarts": config.faults.max_restarts,
-            "runtime_env": runtime_env,
-        }
-        return DeviceActor.options(**options).remote(
-            config, devices[k], target_vocab, valid, threads, cores[k] if pin_cores else None
-        )
+        cpus, gpus = resources.pop("num_cpus", 0), resources.pop("num_gpus", 0)
+        return DeviceActor.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placed.group, placement_group_bundle_index=k),
+            num_cpus=cpus,
+            num_gpus=gpus,
+            resources=resources or None,
+            max_concurrency=1000,
+            max_restarts=config.faults.max_restarts,
+            runtime_env=runtime_env,
+        ).remote(config, devices[k], target_vocab, checked.tokenizer_size, max(1, int(cpus)), placed.cores[k])
 
     last = next(k for k, d in enumerate(devices) if len(specs) - 1 in d)  # the target's device
     actors: list = [None] * len(devices)
     coordinator = None
     try:
-        actors[last] = actor(last, None)
+        actors[last] = device_actor(last, None)
         vocab = ray.get(actors[last].vocab_sizes.remote())[len(specs) - 1]
-        actors = [a if a is not None else actor(k, vocab) for k, a in enumerate(actors)]
+        actors = [a if a is not None else device_actor(k, vocab) for k, a in enumerate(actors)]
         sizes = {i: v for d in ray.get([a.vocab_sizes.remote() for a in actors]) for i, v in d.items()}
         check_vocabularies(specs, [sizes[i] for i in range(len(specs))])
+        stage_host = placed.stage_host
         served = {i: a for d in ray.get([a.serve.remote(stage_host, secret) for a in actors]) for i, a in d.items()}
         info = ray.get(actors[last].target_info.remote())
-        on_this_node = NodeAffinitySchedulingStrategy(here, soft=False)
         coordinator = CoordinatorActor.options(
             num_cpus=0,
             max_concurrency=1000,
-            scheduling_strategy=on_this_node,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(placed.here, soft=False),
             max_restarts=config.faults.max_restarts,
             runtime_env=runtime_env,
         ).remote()
+        host, http = checked.host, checked.http
         running = RunningPipeline(
-            address(host, port), actors, coordinator, group, secret, config, host, stage_host, served, info, http
+            address(host, checked.port), actors, coordinator, placed.group, secret, config, host, stage_host, served, info, http
         )
         running._link_downstream(list(range(len(specs) - 1)), None)
         running.serve_coordinator(timeout=60)
         ray.get([a.attached.remote() for a in actors], timeout=60)
     except BaseException:
-        _tear_down([coordinator, *actors], group)
+        _tear_down([coordinator, *actors], placed.group)
         raise
     return running

@@ -30,19 +30,42 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import ray
 
-if TYPE_CHECKING:
-    from pipespec.cluster.pipeline import RunningPipeline
+from pipespec.config import PipelineConfig
 
 log = logging.getLogger(__name__)
 
 
+class Supervised(Protocol):
+    """What the supervisor watches and puts back together: a running pipeline's actors and the calls
+    that rewire them (pipespec.cluster.pipeline.RunningPipeline)."""
+
+    @property
+    def coordinator(self) -> object: ...
+
+    @property
+    def devices(self) -> Sequence[object]: ...  # the device actors, in the order of config.devices()
+
+    @property
+    def config(self) -> PipelineConfig: ...
+
+    def name_of(self, actor: object) -> str: ...
+
+    def holds_target_or_coordinator(self, actor: object) -> bool: ...
+
+    def device_lost(self, k: int) -> None: ...
+
+    def serve_device(self, k: int) -> None: ...
+
+    def serve_coordinator(self, timeout: float | None = None) -> None: ...
+
+
 class Supervisor:
-    def __init__(self, running: RunningPipeline, on_failure: Callable[[str], None] | None = None) -> None:
+    def __init__(self, running: Supervised, on_failure: Callable[[str], None] | None = None) -> None:
         self.running = running
         self.on_failure = on_failure  # called (on the supervisor's thread) when a restore failed
         self.why: str | None = None  # why the pipeline could not be restored

@@ -56,7 +56,7 @@ from pipespec.engine.patience import Patience
 from pipespec.engine.request_state import NOTHING_TOUCHED, FeatureInbox, RequestState, VerifierSide
 from pipespec.engine.scheduler import Batch, DeviceScheduler, Done
 from pipespec.engine.stage import Stage, unfed_tail
-from pipespec.stages.registry import kind_of
+from pipespec.stages.kinds import kind_of
 from pipespec.protocol.stats import PairStats, StageStats
 from pipespec.engine.step import Outcome, Prefill, StepPlan, compute
 from pipespec.engine.trace import StageTrace

@@ -15,7 +15,7 @@ Stages run on the runner's compute thread, never on the event loop.
 Optional capabilities are protocols of their own: a `TargetStage` tells the front door its context
 limit and end-of-sequence tokens; between a target and the DREAM drafter right before it, the
 target's sessions are `FeatureSource`s and the drafter's `FeatureReader`s (pipespec.engine.handoff). Which
-kind has which is said by the registry of stage kinds (pipespec.stages.registry).
+kind has which is said by the table of stage kinds (pipespec.stages.kinds).
 """
 
 from __future__ import annotations

@@ -28,11 +28,12 @@ from typing import Any
 
 import yaml
 
-from pipespec.config import ConfigError, PipelineConfig, load_config
+from pipespec.config import PipelineConfig, load_config
+from pipespec.errors import ConfigError
 from pipespec.engine.handoff import FeaturedVerifier, hand_prefill
 from pipespec.protocol.messages import RequestSpec
 from pipespec.engine.stage import Session, Stage
-from pipespec.stages.registry import kind_of
+from pipespec.stages.kinds import kind_of
 from pipespec.protocol.stats import PairStats
 from pipespec.engine.synchronous import generate_sync
 
@@ -246,6 +247,6 @@ def _drafter(loaded: Stage, chain: PipelineConfig, width: int, valid: int | None
     stage after it); any other stage does not depend on its chain, so the loaded one serves."""
     if not kind_of(chain.stages[0]).depends_on_chain:
         return loaded
-    from pipespec.stages import build_stage
+    from pipespec.stages.build import build_stage
 
     return build_stage(chain.stages[0], chain.stages, width, valid)

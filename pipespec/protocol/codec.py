@@ -24,7 +24,7 @@ import functools
 import math
 import types
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Protocol, Union, get_args, get_origin, get_type_hints
 
 import msgpack
 import numpy as np
@@ -33,8 +33,6 @@ from pipespec.protocol import logprobs, messages, params, stats
 
 if TYPE_CHECKING:
     import torch
-
-    from pipespec.config import LimitsSpec
 
 _CLASSES: dict[str, type] = {
     cls.__name__: cls
@@ -130,7 +128,14 @@ class FrameError(ValueError):
 SMALL_FRAME_BYTES = 2**20  # the limit of the kinds that carry no tensor or array (Verdict, Commit, Close, ...)
 
 
-def decode(payload: bytes, limits: LimitsSpec | None = None) -> Any:
+class FrameLimits(Protocol):
+    """What decoding a peer's frame reads of a config's limits (a `pipespec.config.LimitsSpec`)."""
+
+    @property
+    def frame_bytes(self) -> int: ...  # the largest frame of a kind that can carry a tensor or an array
+
+
+def decode(payload: bytes, limits: FrameLimits | None = None) -> Any:
     """The message in `payload`; with `limits` (a frame from a peer), a frame that is malformed, mistyped
     or over its kind's size limit raises FrameError."""
     if limits is None:
@@ -146,7 +151,7 @@ def decode(payload: bytes, limits: LimitsSpec | None = None) -> Any:
     return _builder(_MESSAGES[kind])(body, kind)
 
 
-def frame_limit(kind: str, limits: LimitsSpec) -> int:
+def frame_limit(kind: str, limits: FrameLimits) -> int:
     """The largest frame of pipeline message `kind`: `limits.frame_bytes` if it can carry a tensor or an
     array (an Open with its image, a Draft with q rows, TargetFeatures), else SMALL_FRAME_BYTES."""
     return limits.frame_bytes if _BULKY[kind] else SMALL_FRAME_BYTES

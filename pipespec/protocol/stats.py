@@ -3,10 +3,12 @@
 `PairStats` is kept by a verifier about its drafter: how many verification steps saw drafts
 (`num_drafts`), how many draft tokens it checked and accepted, and how often each draft index was
 accepted. Mean acceptance length = 1 + accepted / drafts (the bonus or correction token counts 1).
+`merged_pairs` sums each pair's over several requests.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -73,6 +75,17 @@ class PairStats:
             "mean_acceptance_length": self.mean_acceptance_length,
             "per_position_acceptance": self.per_position_acceptance(),
         }
+
+
+def merged_pairs(per_request: Iterable[Iterable[PairStats]]) -> list[PairStats]:
+    """Each drafter -> verifier pair's statistics summed over requests (each request's pairs), in the
+    order they first appear (pipeline order); the inputs are left as they were."""
+    merged: dict[tuple[str, str], PairStats] = {}
+    for pairs in per_request:
+        for pair in pairs:
+            key = (pair.drafter, pair.verifier)
+            merged.setdefault(key, PairStats(*key)).merge(pair)
+    return list(merged.values())
 
 
 @dataclass

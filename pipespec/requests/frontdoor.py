@@ -2,15 +2,15 @@
 
 Shared by every way in (LocalPipeline, the coordinator's gRPC service, and so the `Client` and
 `pipespec generate`), so a bad value is refused with the same message everywhere, before anything
-reaches a stage, and never disturbs running requests. First `GenerateArgs.checked()` (types and
-ranges), then the config's `limits`, each checked before the work it bounds: the request's own
-values before anything is done, an image's bytes before it is read and its pixels (from its header)
-before it is decoded (pipespec.requests.images), the prompt's characters before it is tokenized and its
-tokens after. `max_new_tokens=None` asks for as many tokens as `limits.max_new_tokens` and the
-target's context leave room for (what the OpenAI API means by leaving `max_tokens` out). An image is
-decoded and run through the target's processor here, once per request. Request ids are random, so
-that no one can name another's request. Torch-free: it knows the target through a `TargetInfo`, not
-the model.
+reaches a stage, and never disturbs running requests. A `GenerateArgs` was checked as it was built
+(types and ranges: pipespec.requests.generate_args); here, the config's `limits`, each checked
+before the work it bounds: the request's own values before anything is done, an image's bytes before
+it is read and its pixels (from its header) before it is decoded (pipespec.requests.images), the
+prompt's characters before it is tokenized and its tokens after. `max_new_tokens=None` is worked out
+here, in its one meaning (GenerateArgs'): as many tokens as `limits.max_new_tokens` and the target's
+context leave room for. An image is decoded and run through the target's processor here, once per
+request. Request ids are random, so that no one can name another's request. Torch-free: it knows the
+target through a `TargetInfo`, not the model.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pipespec.config import LimitsSpec, PipelineConfig, StageSpec
 from pipespec.requests.generate_args import GenerateArgs
 from pipespec.requests.images import encode_image_prompt, encode_text_prompt, load_image
 from pipespec.protocol.messages import RequestSpec
-from pipespec.stages.registry import kind_of
+from pipespec.stages.kinds import kind_of
 from pipespec.requests.tokenization import encode_prompt
 
 if TYPE_CHECKING:
@@ -67,7 +67,6 @@ class FrontDoor:
     def request(self, args: GenerateArgs) -> tuple[RequestSpec, tuple[str, ...]]:
         """Validate one request; sampling defaults come from the config. Raises ValueError naming the
         value, or the limit (`limits.<name>` of the config) and the value over it."""
-        args = args.checked()
         target, limits = self.target, self.config.limits
         _within_limits(args, limits)
         if args.image is not None and not target.takes_images:
@@ -158,7 +157,7 @@ def new_request_id() -> str:
 
 
 def _within_limits(args: GenerateArgs, limits: LimitsSpec) -> None:
-    """The limits a checked request's own values can break, before any work is done on it."""
+    """The limits a request's own values can break, before any work is done on it."""
     if args.max_new_tokens is not None and args.max_new_tokens > limits.max_new_tokens:
         raise ValueError(f"max_new_tokens {args.max_new_tokens} is over limits.max_new_tokens ({limits.max_new_tokens})")
     if len(args.stop) > limits.stop_strings:

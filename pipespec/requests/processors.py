@@ -17,7 +17,7 @@ from typing import Any
 
 from transformers import ProcessorMixin
 
-from pipespec.config import ConfigError
+from pipespec.errors import ConfigError
 
 
 class PixtralImageProcessorOnly(ProcessorMixin):

@@ -11,8 +11,9 @@ import logging
 from typing import Any
 
 from pipespec.requests.chat import ChatMessage
-from pipespec.config import ConfigError, PipelineConfig
-from pipespec.stages.registry import kind_of
+from pipespec.config import PipelineConfig
+from pipespec.errors import ConfigError
+from pipespec.stages.kinds import kind_of
 
 log = logging.getLogger(__name__)
 

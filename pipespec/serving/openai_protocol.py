@@ -10,15 +10,17 @@ take the fields pipespec serves: `max_tokens` (`max_completion_tokens` first for
 logprobs (chat: `logprobs` true with `top_logprobs` alternatives; completions: `logprobs` k). Any
 other field is refused by name, as one pipespec does not honour: a client learns it was ignored.
 Types are checked here, strictly (no string or bool taken for a number), and the bounds of fields
-only HTTP has (`n`, `max_tokens` >= 1, `top_logprobs` <= 5); the other values and ranges by the front
-door (`GenerateArgs.checked`, the config's limits), so every way in refuses them with the same
-message. The messages, as they came, are parsed by pipespec.requests.chat (`conversation`, the one parser of
-content parts); their image, a data URL or a file under the allowed directory (pipespec.serving.media).
+only HTTP has (`n`, `top_logprobs` <= 5); the other values and ranges where every way in checks them
+(building the `GenerateArgs`, then the front door's limits), so every way in refuses them with the
+same message (`max_tokens: 0` as `max_new_tokens=0` is, named `max_tokens`). The messages, as they
+came, are parsed by pipespec.requests.chat (`conversation`, the one parser of content parts); their
+image, a data URL or a file under the allowed directory (pipespec.serving.media).
 
-`max_tokens` left out: as many tokens as the limits and the target's context allow (as OpenAI and
-vLLM do). `n` choices are one request admitted once, choice i seeded `seed + i`; with no `seed`, a
-seed is drawn at random for each request (as OpenAI and vLLM: repeated requests differ when sampling,
-the config's seed is not used), so the choices differ when sampling and each equals the target alone
+`max_tokens` (and `max_completion_tokens`) left out or null: `max_new_tokens=None`, as many tokens
+as the pipeline's limits allow (as OpenAI and vLLM do; its one meaning: pipespec.requests.generate_args).
+`n` choices are one request admitted once, choice i seeded `seed + i`; with no `seed`, a seed is
+drawn at random for each request (as OpenAI and vLLM: repeated requests differ when sampling, the
+config's seed is not used), so the choices differ when sampling and each equals the target alone
 with its seed.
 """
 
@@ -50,7 +52,7 @@ class GenerationRequest(_Strict):
     """The fields both endpoints share."""
 
     model: str
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = None  # None: as many as the pipeline's limits allow; its range: GenerateArgs'
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -81,12 +83,12 @@ class GenerationRequest(_Strict):
 
     def _args(self, max_new_tokens: int | None, **prompt: Any) -> GenerateArgs:
         sampling = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, stop=self.stop)
-        return GenerateArgs(max_new_tokens=max_new_tokens, **sampling, **prompt)  # None: as many as allowed
+        return GenerateArgs(max_new_tokens=max_new_tokens, **sampling, **prompt)  # checked here, as every way in
 
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[dict[str, Any]] = Field(max_length=chat.MAX_MESSAGES)  # parsed by pipespec.requests.chat.conversation
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = None  # as max_tokens, and first
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 

@@ -10,32 +10,30 @@ on the stage's device (pipespec.stages.device).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from pipespec.protocol.messages import RequestSpec
 from pipespec.engine.stage import check_keep, check_length
+from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.device import stage_device
 from pipespec.stages.vocabulary import LogitsFit
+
+if TYPE_CHECKING:
+    from pipespec.config import StageSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class CausalLMStage:
-    def __init__(
-        self,
-        name: str,
-        model_dir: str,
-        dtype: str = "bfloat16",
-        device: str = "cpu",  # cpu, cuda or cuda:N (pipespec.stages.device)
-        width: int | None = None,  # the pipeline's logits width (the target's); None: our own
-        valid: int | None = None,  # the shared tokenizer's size; None: every row is a token
-    ):
-        self.name = name
-        self.device = stage_device(name, device)  # before any weights load
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype]).to(self.device).eval()
-        self.fit = LogitsFit.of(name, self.model.get_output_embeddings().out_features, width, valid)
+    def __init__(self, spec: StageSpec, at: BuildContext = ALONE):
+        """The model in `spec.model`, in `spec.dtype` on `spec.device`; its logits fit `at.width` and `at.valid`."""
+        name = self.name = spec.name
+        self.device = stage_device(name, spec.device)  # before any weights load
+        self.model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=DTYPES[spec.dtype]).to(self.device).eval()
+        self.fit = LogitsFit.of(name, self.model.get_output_embeddings().out_features, at.width, at.valid)
         self.vocab_size = self.fit.width
         self.max_context = getattr(self.model.config, "max_position_embeddings", None)
         eos = self.model.generation_config.eos_token_id

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,16 +23,21 @@ import torch
 from pipespec.engine import noise
 from pipespec.protocol.messages import RequestSpec
 from pipespec.engine.stage import check_keep, check_length
-from pipespec.stages.registry import MockOptions
+from pipespec.stages.build_context import ALONE, BuildContext
+from pipespec.stages.kinds import MockOptions
+
+if TYPE_CHECKING:
+    from pipespec.config import StageSpec
 
 
 class MockStage:
     max_context: int | None = None  # no limit on the context
 
-    def __init__(self, name: str, chain: Sequence[MockOptions]):
-        """chain[0] is this stage's options, chain[-1] the target's (levels d .. 0)."""
-        self.name = name
-        self.chain = tuple(chain)
+    def __init__(self, spec: StageSpec, at: BuildContext = ALONE):
+        """The mock `spec`, emulating its agreement with the stages of `at.chain` after it (alone: the target)."""
+        self.name = spec.name
+        chain = [s.options if s.options is not None else MockOptions() for s in at.chain or (spec,)]
+        self.chain = tuple(chain)  # chain[0] is this stage's options, chain[-1] the target's (levels d .. 0)
         self.options = chain[0]
         self.vocab_size = self.options.vocab_size
         self.world_seed = chain[-1].seed

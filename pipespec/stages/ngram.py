@@ -9,19 +9,27 @@ distributions, so the drafter is valid under every verify mode (rejection ships 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from pipespec.protocol.messages import RequestSpec
 from pipespec.engine.stage import check_keep, check_length
-from pipespec.stages.registry import NgramOptions
+from pipespec.stages.build_context import BuildContext
+from pipespec.stages.kinds import NgramOptions
+
+if TYPE_CHECKING:
+    from pipespec.config import StageSpec
 
 
 class NgramStage:
-    def __init__(self, name: str, options: NgramOptions, vocab_size: int):
-        self.name = name
-        self.options = options
-        self.vocab_size = vocab_size
+    def __init__(self, spec: StageSpec, at: BuildContext):
+        """The drafter `spec` (its options, or the defaults), proposing over the target's vocabulary `at.width`."""
+        if at.width is None:
+            raise ValueError(f"stage {spec.name!r}: an ngram stage only drafts; building it needs the target's vocabulary width")
+        self.name = spec.name
+        self.options: NgramOptions = spec.options if spec.options is not None else NgramOptions()
+        self.vocab_size = at.width
 
     def open(self, request: RequestSpec) -> NgramSession:
         return NgramSession(self, request.text_prompt)

@@ -10,9 +10,9 @@ their position offset on the model object; each session keeps its own and puts i
 each of its forwards, so concurrent requests with different images never share one.
 
 What the DREAM drafter needs of the target is exposed on the session: `prefill_features` holds the merged
-input embeddings, the last layer's post-norm hidden states and (when `image_attention` is on) the
-last-layer attention each prompt position received; `hidden` holds the post-norm hidden states of
-the tokens fed by the latest `forward`.
+input embeddings, the last layer's post-norm hidden states and (when a drafter reads them, the build
+context's `sends_features`) the last-layer attention each prompt position received; `hidden` holds the
+post-norm hidden states of the tokens fed by the latest `forward`.
 """
 
 from __future__ import annotations
@@ -20,20 +20,24 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from transformers import AttentionInterface, AutoModelForImageTextToText, DynamicCache
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-from pipespec.config import ConfigError
+from pipespec.errors import ConfigError
 from pipespec.protocol.messages import ImageInputs, PrefillFeatures, RequestSpec
 from pipespec.engine.stage import check_keep, check_length
+from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.causal_lm import DTYPES
 from pipespec.stages.device import stage_device
 from pipespec.stages.dream.compression import attention_received
 from pipespec.stages.vocabulary import LogitsFit
+
+if TYPE_CHECKING:
+    from pipespec.config import StageSpec
 
 log = logging.getLogger(__name__)
 
@@ -96,27 +100,21 @@ class _Taps:
 
 
 class VLMStage:
-    def __init__(
-        self,
-        name: str,
-        model_dir: str,
-        dtype: str = "bfloat16",
-        device: str = "cpu",  # cpu, cuda or cuda:N (pipespec.stages.device)
-        width: int | None = None,  # see CausalLMStage
-        valid: int | None = None,
-        image_attention: bool = False,  # also compute the last layer's attention weights at prefill
-    ):
-        self.name = name
-        self.device = stage_device(name, device)  # before any weights load
-        self.dtype = DTYPES[dtype]
+    def __init__(self, spec: StageSpec, at: BuildContext = ALONE):
+        """The model in `spec.model`, in `spec.dtype` on `spec.device`; its logits fit `at.width` and `at.valid`.
+        When a DREAM drafter reads its features (`at.sends_features`), prefill also computes the last
+        layer's attention weights (its visual token compression ranks image positions by them)."""
+        name = self.name = spec.name
+        self.device = stage_device(name, spec.device)  # before any weights load
+        self.dtype = DTYPES[spec.dtype]
         try:
-            model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=self.dtype)
+            model = AutoModelForImageTextToText.from_pretrained(spec.model, dtype=self.dtype)
         except ValueError as e:  # a config class the auto mapping does not know: not an image-text model
-            raise ConfigError(f"stage {name!r}: {model_dir!r} is not an image-text-to-text model: {e}") from e
+            raise ConfigError(f"stage {name!r}: {spec.model!r} is not an image-text-to-text model: {e}") from e
         self.model = model.to(self.device).eval()
         config = self.model.config
         text = config.get_text_config()
-        self.fit = LogitsFit.of(name, self.model.get_output_embeddings().out_features, width, valid)
+        self.fit = LogitsFit.of(name, self.model.get_output_embeddings().out_features, at.width, at.valid)
         self.vocab_size = self.fit.width
         self.max_context = getattr(text, "max_position_embeddings", None)
         eos = self.model.generation_config.eos_token_id
@@ -125,7 +123,7 @@ class VLMStage:
         self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else eos or [])
         image_token = getattr(config, "image_token_id", None)
         self.image_token_id = getattr(config, "image_token_index", None) if image_token is None else image_token
-        self.taps = _Taps(self.model, image_attention)
+        self.taps = _Taps(self.model, at.sends_features)
         self.inner = self.model.model
         self.has_rope_deltas = hasattr(self.inner, "rope_deltas")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipespec.config import ConfigError
+from pipespec.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ class CoordinatorClient:
             return pb_grpc.CoordinatorStub(self._aio[loop])
 
     def stream(self, args: GenerateArgs, timeout: float | None) -> Iterator[Delta]:
-        """`args`: checked, the image encoded bytes or None. Leaving early cancels the request on every stage."""
+        """`args`: its image encoded bytes or None. Leaving early cancels the request on every stage."""
         call = self._stub().Generate(to_proto(args), timeout=timeout)
         try:
             for response in call:

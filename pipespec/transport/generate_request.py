@@ -1,13 +1,14 @@
 """`GenerateArgs` to and from the wire's `GenerateRequest`: the one place that maps one to the other.
 
 Every field of the wire says whether it was given (`optional`, token ids in a `TokenIds`), so a
-request crosses as the caller gave it: None stays None (the config's default, or no prompt), and an
-empty prompt, empty token ids or `max_new_tokens=0` arrive as such, to be refused by the front door
-with the message LocalPipeline gives. Integers are 64-bit (a seed unsigned), floats double, so a
-value out of range reaches the front door, which names its limit. A value the wire cannot carry at
-all (a string for an integer, an integer beyond 64 bits) is a ValueError naming the field; a client
-that runs `GenerateArgs.checked()` first never sends one. The image must already be encoded bytes
-(`pipespec.requests.images.image_bytes`): it crosses the wire once per request.
+request crosses as the caller gave it: None is unset and unset is None (`max_new_tokens` unset: as
+many as the pipeline's limits allow, GenerateArgs' one meaning; a sampling value unset: the config's
+default). Integers are 64-bit (a seed unsigned), floats double. A `GenerateArgs` holds only good
+values, and the wire carries every one of them; its image must already be encoded bytes
+(`pipespec.requests.images.image_bytes`): it crosses the wire once per request. What the wire brings
+is checked where it is read, by building the `GenerateArgs` (`from_proto`): a raw request with an
+empty prompt, `max_new_tokens: 0` or a value out of range is a ValueError with the message
+LocalPipeline gives, which the coordinator answers as a refusal.
 """
 
 from __future__ import annotations
@@ -41,13 +42,14 @@ def to_proto(args: GenerateArgs) -> pb.GenerateRequest:
                 request.messages.extend(_message_to_proto(m) for m in value)
             else:
                 setattr(request, name, value)
-        except (TypeError, ValueError) as e:  # ValueError: out of range, or text that is not UTF-8
+        except (TypeError, ValueError) as e:  # an image not yet encoded
             raise ValueError(f"GenerateRequest.{name} cannot carry {reprlib.repr(value)}: {e}") from None
     return request
 
 
 def from_proto(request: pb.GenerateRequest) -> GenerateArgs:
-    given = {name: getattr(request, name) for name in _OPTIONAL if request.HasField(name)}
+    """The request's arguments, checked as they are built (a ValueError names a bad value); an unset field is None."""
+    given = {name: getattr(request, name) if request.HasField(name) else None for name in _OPTIONAL}
     if request.HasField("prompt_token_ids"):
         given["prompt_token_ids"] = tuple(request.prompt_token_ids.ids)
     if request.messages:
@@ -56,7 +58,7 @@ def from_proto(request: pb.GenerateRequest) -> GenerateArgs:
 
 
 def _message_to_proto(message: ChatMessage) -> pb.ChatMessage:
-    """`message` of checked arguments (a `ChatMessage`: `GenerateArgs.checked()` turns mappings into them)."""
+    """`message` of arguments (a `ChatMessage`: building `GenerateArgs` turns mappings into them)."""
     parts = [pb.ContentPart(image=True) if p.image else pb.ContentPart(text=p.text) for p in message.parts]
     return pb.ChatMessage(role=message.role, parts=parts)
 

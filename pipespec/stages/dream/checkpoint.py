@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipespec.config import ConfigError
+from pipespec.errors import ConfigError
 from pipespec.stages.dream.model import DreamConfig, DreamDrafter
 
 MODEL_TYPE = "pipespec-dream"

@@ -15,16 +15,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from pipespec.protocol.messages import RequestSpec, TargetFeatures
 from pipespec.engine.stage import check_keep, check_length
+from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.causal_lm import DTYPES
 from pipespec.stages.device import stage_device
 from pipespec.stages.dream.checkpoint import DreamCheckpoint, load
 from pipespec.stages.dream.compression import kept_positions
 from pipespec.stages.vocabulary import LogitsFit
+
+if TYPE_CHECKING:
+    from pipespec.config import StageSpec
 
 
 class FeatureMemory:
@@ -111,16 +116,9 @@ class DreamStage:
         self.vocab_size = self.fit.width
 
     @classmethod
-    def load(
-        cls,
-        name: str,
-        model_dir: str,
-        dtype: str = "bfloat16",
-        device: str = "cpu",  # cpu, cuda or cuda:N (pipespec.stages.device)
-        width: int | None = None,
-        valid: int | None = None,
-    ) -> DreamStage:
-        return cls(name, load(model_dir, DTYPES[dtype], stage_device(name, device)), width, valid)
+    def from_spec(cls, spec: StageSpec, at: BuildContext = ALONE) -> DreamStage:
+        """The checkpoint in `spec.model`, in `spec.dtype` on `spec.device`; its logits fit `at.width` and `at.valid`."""
+        return cls(spec.name, load(spec.model, DTYPES[spec.dtype], stage_device(spec.name, spec.device)), at.width, at.valid)
 
     def open(self, request: RequestSpec) -> DreamSession:
         return DreamSession(self, request.prompt_token_ids)

@@ -1,29 +1,37 @@
-"""The registry of stage kinds: one `StageKind` per value a config's `kind` can take, and all it implies.
+"""The table of stage kinds: one `StageKind` per value a config's `kind` can take, and what it implies.
 
-An entry says how to build a stage of its kind (importing its class, and torch, only then), which
-YAML keys the kind adds (`options`, a frozen dataclass that checks its own values), whether it loads
-a model directory, where in a chain it may sit (`place`), and its capabilities: taking images,
-reading the target's features (a DREAM drafter) or giving them (a target a DREAM drafter sits right
-before), depending on the stages after it (a mock emulates its agreement with them). The rest of
-the runtime asks `kind_of(spec)` instead of comparing kind strings; adding a kind is its stage module
-plus one entry here. A kind that runs a model computes on its spec's `device` (its stage class
-resolves it through `pipespec.stages.device`); mock and ngram stages compute on the CPU.
+An entry says which YAML keys the kind adds (`options`, a frozen dataclass that checks its own values),
+whether it loads a model directory, where in a chain it may sit (`place`), and its capabilities: taking
+images, reading the target's features (a DREAM drafter) or giving them (a target a DREAM drafter sits
+right before), depending on the stages after it (a mock emulates its agreement with them). The config
+and the runtime ask `kind_of(spec)` instead of comparing kind strings. How a stage of a kind is built
+lives with its stage class; `pipespec.stages.build` maps the kinds' names to their builders, so adding
+a kind is its stage module, one entry here and one there.
 
-Torch-free, and free of `pipespec.config` at import: config validation goes through this module,
-and the coordinator imports the config without torch.
+Below the config: it imports the standard library and `pipespec.errors` only (no config, no stage
+module, no torch), and reads a stage's spec structurally (`SpecLike`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 from pipespec.errors import ConfigError
 
-if TYPE_CHECKING:
-    from pipespec.config import StageSpec
-    from pipespec.engine.stage import Stage
+
+class SpecLike(Protocol):
+    """What this table reads of a stage's spec (a `pipespec.config.StageSpec`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def options(self) -> Any: ...  # the kind's options (an instance of `StageKind.options`), or None
 
 
 class KindOptions(Protocol):
@@ -75,82 +83,36 @@ class NgramOptions:
             raise ConfigError(f"{where}.min_n / max_n: need 1 <= min_n <= max_n, got {self.min_n}, {self.max_n}")
 
 
-@dataclass(frozen=True)
-class BuildContext:
-    """What building one stage needs besides its own spec."""
-
-    chain: Sequence[StageSpec]  # the specs from this stage's down to the target's (inclusive)
-    width: int | None  # the target's vocabulary (logits per row); None when building the target itself
-    valid: int | None  # the shared tokenizer's size; None without one (see pipespec.stages.vocabulary)
-    sends_features: bool  # its drafter reads its features (pipespec.engine.handoff)
-
-
-def _anywhere(chain: Sequence[StageSpec], i: int) -> None:
+def _anywhere(chain: Sequence[SpecLike], i: int) -> None:
     """A kind that may sit at any place of a chain."""
 
 
 @dataclass(frozen=True)
 class StageKind:
-    """Everything the runtime knows of one stage kind: how to build it, its options, where it may sit
-    in a chain and what it can do."""
+    """Everything the config and the runtime ask of one stage kind: its options, where it may sit in a
+    chain and what it can do."""
 
     name: str  # what a config's `kind` says
-    build: Callable[[StageSpec, BuildContext], Stage]  # imports the kind's class (and torch) when called
     loads_model: bool = False  # `model` is required, a directory from_pretrained loads; other kinds take none
     options: type[KindOptions] | None = None  # the kind's own YAML keys, beside the common ones
-    place: Callable[[Sequence[StageSpec], int], None] = _anywhere  # raises a ConfigError if stage i cannot be of this kind
+    place: Callable[[Sequence[SpecLike], int], None] = _anywhere  # raises a ConfigError if stage i cannot be of this kind
     takes_images: bool = False  # as the target, it takes an image with the prompt (pipespec.requests.images)
     reads_target_features: bool = False  # its sessions read its verifier's features (a DREAM drafter)
     gives_target_features: bool = False  # its sessions give the features a DREAM drafter right before it reads
     depends_on_chain: bool = False  # built from the options of every stage after it: one stage per chain
 
 
-# ---- building (each imports its class only here) ---------------------------------------------------
-
-
-def _causal_lm(spec: StageSpec, at: BuildContext) -> Stage:
-    from pipespec.stages.causal_lm import CausalLMStage
-
-    return CausalLMStage(spec.name, spec.model, spec.dtype, spec.device, at.width, at.valid)
-
-
-def _vlm(spec: StageSpec, at: BuildContext) -> Stage:
-    from pipespec.stages.vlm import VLMStage
-
-    # a DREAM drafter also reads the prompt's image attention (its visual token compression ranks by it)
-    return VLMStage(spec.name, spec.model, spec.dtype, spec.device, at.width, at.valid, image_attention=at.sends_features)
-
-
-def _dream(spec: StageSpec, at: BuildContext) -> Stage:
-    from pipespec.stages.dream.stage import DreamStage
-
-    return DreamStage.load(spec.name, spec.model, spec.dtype, spec.device, at.width, at.valid)
-
-
-def _mock(spec: StageSpec, at: BuildContext) -> Stage:
-    from pipespec.stages.mock import MockStage
-
-    return MockStage(spec.name, [s.options for s in at.chain])
-
-
-def _ngram(spec: StageSpec, at: BuildContext) -> Stage:
-    from pipespec.stages.ngram import NgramStage
-
-    assert at.width is not None
-    return NgramStage(spec.name, spec.options, at.width)
-
-
 # ---- places in a chain ------------------------------------------------------------------------------
 
 
-def _first_only(chain: Sequence[StageSpec], i: int) -> None:
+def _first_only(chain: Sequence[SpecLike], i: int) -> None:
     if i != 0:
         raise ConfigError(f"stages[{i}] ({chain[i].name}): an ngram stage has no model to verify with; it can only be first")
     if len(chain) == 1:
         raise ConfigError(f"stages[0] ({chain[0].name}): an ngram stage only drafts; it cannot be the target")
 
 
-def _right_before_a_feature_giving_target(chain: Sequence[StageSpec], i: int) -> None:
+def _right_before_a_feature_giving_target(chain: Sequence[SpecLike], i: int) -> None:
     name = chain[i].name
     if i == len(chain) - 1:
         raise ConfigError(f"stages[{i}] ({name}): a dream drafter cannot be the target")
@@ -161,7 +123,7 @@ def _right_before_a_feature_giving_target(chain: Sequence[StageSpec], i: int) ->
         )
 
 
-def _before_mocks_only(chain: Sequence[StageSpec], i: int) -> None:
+def _before_mocks_only(chain: Sequence[SpecLike], i: int) -> None:
     if any(t.kind != "mock" for t in chain[i + 1 :]):
         raise ConfigError(
             f"stages[{i}] ({chain[i].name}): a mock stage emulates its agreement with the stages after it, so they must be mocks too"
@@ -171,22 +133,22 @@ def _before_mocks_only(chain: Sequence[StageSpec], i: int) -> None:
         raise ConfigError("stages: mock stages have different vocab_size values " + str(sizes))
 
 
-# ---- the registry -----------------------------------------------------------------------------------
+# ---- the table --------------------------------------------------------------------------------------
 
 KINDS: Mapping[str, StageKind] = {
     kind.name: kind
     for kind in (  # in the order error messages list them
-        StageKind("causal_lm", _causal_lm, loads_model=True),
-        StageKind("ngram", _ngram, options=NgramOptions, place=_first_only),
-        StageKind("dream", _dream, loads_model=True, place=_right_before_a_feature_giving_target, reads_target_features=True),
-        StageKind("vlm", _vlm, loads_model=True, takes_images=True, gives_target_features=True),
-        StageKind("mock", _mock, options=MockOptions, place=_before_mocks_only, depends_on_chain=True),
+        StageKind("causal_lm", loads_model=True),
+        StageKind("ngram", options=NgramOptions, place=_first_only),
+        StageKind("dream", loads_model=True, place=_right_before_a_feature_giving_target, reads_target_features=True),
+        StageKind("vlm", loads_model=True, takes_images=True, gives_target_features=True),
+        StageKind("mock", options=MockOptions, place=_before_mocks_only, depends_on_chain=True),
     )
 }
 
 
-def kind_of(spec: StageSpec) -> StageKind:
-    """The registry entry of `spec.kind` (load_config has checked it is one)."""
+def kind_of(spec: SpecLike) -> StageKind:
+    """The table's entry of `spec.kind` (load_config has checked it is one)."""
     kind = KINDS.get(spec.kind)
     if kind is None:
         raise ConfigError(f"stage {spec.name!r}: kind {spec.kind!r} is not available in this build yet")
