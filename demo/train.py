@@ -256,12 +256,13 @@ def train_dream(models: Path, steps: int, seed: int) -> Path:
     import subprocess
     import sys
 
+    models = models.resolve()  # the command runs in the checkout's root, where training/ lies (not installed)
     cmd = [
         sys.executable, "-m", "training.train", "--target", str(models / "target"), "--samples", "demo.world:samples",
         "--out", str(models / "dream"), "--steps", str(steps), "--seed", str(seed), "--train-samples", "1200",
         "--max-new-tokens", "96",
     ]  # fmt: skip
-    subprocess.run(cmd, check=True)
+    subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parents[1])
     return models / "dream"
 
 

@@ -41,6 +41,7 @@ import sys
 from pathlib import Path
 
 from pipespec.protocol.logprobs import TokenLogprobs
+from pipespec.requests.generate_args import DEFAULT_MAX_NEW_TOKENS
 
 
 def _printable(text: str) -> str:
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--prompt", required=True, help="the user's message")
     g.add_argument("--system", help="a system message, sent before the prompt")
     g.add_argument("--image")
-    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     g.add_argument("--temperature", type=float)
     g.add_argument("--top-p", type=float)
     g.add_argument("--top-k", type=int)

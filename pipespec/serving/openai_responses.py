@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from pipespec.protocol.logprobs import TokenLogprobs
 from pipespec.requests.outputs import Delta
-from pipespec.protocol.stats import PairStats, RequestStats
+from pipespec.protocol.stats import PairStats, RequestStats, merged_pairs
 
 FLOOR = -9999.0  # what -inf is sent as
 
@@ -195,18 +195,11 @@ def usage(prompt_tokens: int, tallies: Sequence[ChoiceTally], lookahead: Mapping
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
-        "speculative_decoding": [speculative_decoding(pair, lookahead.get(pair.drafter, 0)) for pair in merged_pairs(tallies)],
+        "speculative_decoding": [
+            speculative_decoding(pair, lookahead.get(pair.drafter, 0))
+            for pair in merged_pairs(t.stats.pairs for t in tallies if t.stats is not None)
+        ],
     }
-
-
-def merged_pairs(tallies: Sequence[ChoiceTally]) -> list[PairStats]:
-    """Each drafter -> verifier pair's statistics summed over the choices, in pipeline order."""
-    merged: dict[tuple[str, str], PairStats] = {}
-    for tally in tallies:
-        for pair in tally.stats.pairs if tally.stats is not None else ():
-            key = (pair.drafter, pair.verifier)
-            merged.setdefault(key, PairStats(*key)).merge(pair)
-    return list(merged.values())
 
 
 def speculative_decoding(pair: PairStats, num_spec_tokens: int) -> dict:
