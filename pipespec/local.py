@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipespec.pipeline.assembly import Entrance, link_coordinator, link_in_process, link_to_verifier, serve_runner
+from pipespec.wiring.assembly import Entrance, link_coordinator, link_in_process, link_to_verifier, serve_runner
 from pipespec.config import PipelineConfig
 from pipespec.serving.coordinator import Coordinator
 from pipespec.requests.frontdoor import TargetInfo

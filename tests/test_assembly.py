@@ -1,4 +1,4 @@
-"""Tests for pipespec/pipeline/assembly.py: the coordinator's side built from the config, and a chain of
+"""Tests for pipespec/wiring/assembly.py: the coordinator's side built from the config, and a chain of
 runners linked in process (each to its drafter, its verifier and the coordinator). The gRPC links are
 exercised end to end in test_transport.py and test_cluster.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pipespec import load_config
-from pipespec.pipeline.assembly import Entrance, link_in_process
+from pipespec.wiring.assembly import Entrance, link_in_process
 from pipespec.requests.frontdoor import TargetInfo
 from pipespec.requests.generate_args import GenerateArgs
 from pipespec.protocol.links import InProcessLink
@@ -79,7 +79,7 @@ def test_the_assembly_is_torch_free_at_import():
     from tests.test_coordinator_import import BYPASS_PACKAGE_INIT, REPORT, run_python
 
     code = (
-        BYPASS_PACKAGE_INIT + "import pipespec.pipeline.assembly\n" + REPORT + "assert not {'ray', 'grpc'} & set(sys.modules)\n"
+        BYPASS_PACKAGE_INIT + "import pipespec.wiring.assembly\n" + REPORT + "assert not {'ray', 'grpc'} & set(sys.modules)\n"
     )
     result = run_python(code)
     assert result.returncode == 0, result.stdout + result.stderr

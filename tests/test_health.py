@@ -19,7 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pipespec import Client, LocalPipeline, load_config
-from pipespec.pipeline.assembly import Entrance, link_coordinator, link_to_verifier, serve_runner
+from pipespec.wiring.assembly import Entrance, link_coordinator, link_to_verifier, serve_runner
 from pipespec.config import PipelineConfig
 from pipespec.serving.coordinator import Coordinator
 from pipespec.requests.frontdoor import TargetInfo

@@ -2,7 +2,7 @@
 
 - rooms by role: the top level of pipespec/ is the public face (the package's `__init__`, the CLI,
   config, errors, client, local); every other module sits in a room (a subpackage) whose `__init__`
-  says what it holds;
+  docstring names each module and subpackage it holds;
 - layers: each room (or public module) has a place in `LAYERS`, lowest first, and imports only from
   its own place and those below it, never upward;
 - no import circle, counting every import (in functions and under `if TYPE_CHECKING` too), in the
@@ -18,6 +18,7 @@ Each rule is also run on a small tree that breaks it, so a checker that finds no
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,7 +42,7 @@ LAYERS = (
     "pipespec.serving",  # the coordinator, served to clients (one Serving, the HTTP server)
     "pipespec.protos",  # the generated gRPC code
     "pipespec.transport",  # gRPC: stage streams, the coordinator service, health
-    "pipespec.pipeline",  # a config's parts built and connected
+    "pipespec.wiring",  # a config's parts built and connected
     "pipespec.local",  # the whole pipeline in one process
     "pipespec.planning",  # profiling and the plan
     "pipespec.cluster",  # Ray
@@ -146,8 +147,16 @@ def misplaced(root: Path) -> list[str]:
         if path.suffix == ".py" and path.stem not in PUBLIC_FACE:
             found.append(f"pipespec/{path.name}: a top-level module outside the public face {PUBLIC_FACE}")
     for init in sorted((root / "pipespec").rglob("__init__.py")):
-        if not ast.get_docstring(ast.parse(init.read_text())):
-            found.append(f"{init.relative_to(root).as_posix()}: a room without a docstring saying what it holds")
+        said = ast.get_docstring(ast.parse(init.read_text())) or ""
+        where = init.relative_to(root).as_posix()
+        if not said:
+            found.append(f"{where}: a room without a docstring saying what it holds")
+            continue
+        held = [p.stem for p in init.parent.glob("*.py") if p.stem not in ("__init__", "__main__")]
+        held += [p.name for p in init.parent.iterdir() if (p / "__init__.py").is_file()]
+        for name in sorted(held):
+            if not re.search(rf"\b{name}\b", said):
+                found.append(f"{where}: its docstring does not say what `{name}` holds")
     return found
 
 
@@ -245,10 +254,10 @@ def broken(tmp_path: Path) -> Path:
         "pipespec/cluster/__init__.py": '"""Ray."""\nimport ray\n',
         "pipespec/transport/__init__.py": "import grpc\n",
         "pipespec/planning/__init__.py": '"""Planning."""\n',
-        "pipespec/engine/__init__.py": '"""The engine."""\n',
+        "pipespec/engine/__init__.py": '"""The engine: `runner`, `step`."""\n',
         "pipespec/engine/runner.py": "from pipespec.engine.step import plan\n",
         "pipespec/engine/step.py": "def plan():\n    from pipespec.engine.runner import run\n",
-        "pipespec/protocol/__init__.py": '"""The protocol."""\n',
+        "pipespec/protocol/__init__.py": '"""The protocol: `codec`."""\n',
         "pipespec/protocol/codec.py": "from pipespec.config import LimitsSpec\n",
         "pipespec/config.py": "from pipespec.errors import ConfigError\n",
         "pipespec/errors.py": "",
@@ -275,6 +284,7 @@ def test_the_structure_checks_catch_a_broken_tree(broken: Path):
     assert misplaced(broken) == [
         "pipespec/util.py: a top-level module outside the public face ('__init__', 'cli', 'config', 'errors', 'client', 'local')",
         "pipespec/__init__.py: a room without a docstring saying what it holds",
+        "pipespec/planning/__init__.py: its docstring does not say what `plan` holds",
         "pipespec/serving/__init__.py: a room without a docstring saying what it holds",
         "pipespec/transport/__init__.py: a room without a docstring saying what it holds",
     ]

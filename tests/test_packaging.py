@@ -82,7 +82,7 @@ def test_the_wheel_installs_pipespec_alone_and_serves_a_packaged_config(tmp_path
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names}
     assert tops == {"pipespec", wheel.name.split("-py")[0] + ".dist-info"}, tops
-    rooms = ("engine", "protocol", "requests", "planning", "pipeline", "serving", "commands", "cli")
+    rooms = ("engine", "protocol", "requests", "planning", "wiring", "serving", "commands", "cli")
     for shipped in ("pipespec/protos/pipespec.proto", "pipespec/configs/mock3.yaml", "pipespec/stages/dream/model.py"):
         assert shipped in names
     assert {f"pipespec/{room}/__init__.py" for room in rooms} <= set(names)

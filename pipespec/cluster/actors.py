@@ -117,7 +117,7 @@ class DeviceActor:
         """Start the runners, their gRPC servers (on `host`, None: this node's address; open to callers
         holding `secret`) and the device's scheduler; link neighbours placed here.
         -> per stage, the address its drafter and the coordinator use."""
-        from pipespec.pipeline.assembly import serve_runner
+        from pipespec.wiring.assembly import serve_runner
         from pipespec.protocol.links import InProcessLink
         from pipespec.engine.runner import StageRunner
         from pipespec.engine.scheduler import DeviceScheduler
@@ -144,7 +144,7 @@ class DeviceActor:
     async def connect_downstream(self, index: int, address: str, secret: str) -> None:
         """Open stage `index`'s stream to its verifier on another device (again, when the verifier was
         restored): drafts go down it, verdicts come back."""
-        from pipespec.pipeline.assembly import link_to_verifier
+        from pipespec.wiring.assembly import link_to_verifier
 
         old = self.clients.pop(index, None)
         if old is not None:
@@ -190,7 +190,7 @@ class CoordinatorActor:
         """Link the coordinator to every stage, then serve clients on host:port (placed on the launcher's
         node) and, given `http` (its host resolved), over HTTP. -> the address gRPC clients connect to,
         and the HTTP server's URL (None without one)."""
-        from pipespec.pipeline.assembly import Entrance, link_coordinator
+        from pipespec.wiring.assembly import Entrance, link_coordinator
         from pipespec.serving.serving import Serving
         from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 
@@ -231,7 +231,7 @@ class CoordinatorActor:
 
     async def relink(self, addresses: dict[int, str]) -> None:
         """These stages were restored at `addresses`: link to them; the running requests rejoin."""
-        from pipespec.pipeline.assembly import relink_coordinator
+        from pipespec.wiring.assembly import relink_coordinator
 
         for i in addresses:
             await self.clients.pop(i).close()

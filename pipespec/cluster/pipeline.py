@@ -40,7 +40,7 @@ from ray.exceptions import RayError as ClusterError  # noqa: F401  (what a faile
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from pipespec.pipeline.assembly import Entrance
+from pipespec.wiring.assembly import Entrance
 from pipespec.cluster.actors import WILDCARDS, CoordinatorActor, DeviceActor, HttpSpec, address
 from pipespec.cluster.bundles import STRATEGIES, bundle, unplaceable
 from pipespec.cluster.cores import CoreSlice, slices
@@ -247,7 +247,7 @@ class _Placement:
 def _check(config: PipelineConfig, host: str | None, port: int | None, strategy: str, http: HttpSpec | None) -> _Checked:
     """What can be refused before anything starts, refused with a ConfigError: a strategy not known,
     the coordinator's or the HTTP server's port in use here (or the two on one address), a config whose
-    stages cannot share a tokenizer (pipespec.pipeline.assembly.Entrance, before any actor loads
+    stages cannot share a tokenizer (pipespec.wiring.assembly.Entrance, before any actor loads
     weights), devices whose resources this cluster can never hold. Starts nothing."""
     if strategy not in STRATEGIES:
         raise ConfigError(f"placement strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")

@@ -1,1 +1,2 @@
-"""The wire contract (pipespec.proto) and its generated Python modules (regenerate: python -m pipespec.protos.build)."""
+"""The wire contract, `pipespec.proto`, and its generated Python modules `pipespec_pb2` (the messages) and
+`pipespec_pb2_grpc` (the services); `build` regenerates them (python -m pipespec.protos.build)."""

@@ -83,16 +83,16 @@ class OpenAIApi:
     # ---- endpoints --------------------------------------------------------------------------------
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
-        async def args() -> GenerateArgs:
+        def args() -> GenerateArgs:  # off the loop (Serving.admit)
             return body.args(self.allowed_media)
 
         return await self._run(ChatShape(self.names, body.logprobs), body, args, request)
 
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
-        async def args() -> GenerateArgs:
+        def args() -> GenerateArgs:  # off the loop (Serving.admit), the prompt's tokenization included
             if isinstance(body.prompt, list):
                 return body.args(body.prompt)
-            return body.args(await asyncio.to_thread(self.serving.front_door.plain_text_ids, body.prompt))  # off the loop
+            return body.args(self.serving.front_door.plain_text_ids(body.prompt))
 
         return await self._run(CompletionShape(self.names, body.logprobs is not None), body, args, request)
 
@@ -112,7 +112,7 @@ class OpenAIApi:
     # ---- running requests -------------------------------------------------------------------------
 
     async def _run(
-        self, shape: Shape, body: GenerationRequest, args: Callable[[], Awaitable[GenerateArgs]], request: Request
+        self, shape: Shape, body: GenerationRequest, args: Callable[[], GenerateArgs], request: Request
     ) -> Response:
         """Admit `body` (its arguments: `args()`) once, as its `n` choices, held against its client's
         in-flight limit until its answer is done; answer it streamed or whole."""
@@ -127,7 +127,7 @@ class OpenAIApi:
         try:
             try:
                 body.check()
-                admitted = await self.serving.admit_choices(await args(), body.seeds())
+                admitted = await self.serving.admit_choices(args, body.seeds())
             except ValueError as e:  # a bad value, named: the front door's refusal
                 raise bad_value(str(e), body.renamed, type(body).model_fields) from None
             head = Head(shape.id_prefix + secrets.token_hex(12), int(time.time()), self.serving.model)

@@ -1,11 +1,11 @@
 """`Serving`: what every way in to a running coordinator shares (design: one front door).
 
-    admitted = await serving.admit(args)        # ValueError naming the bad value or the limit
+    admitted = await serving.admit(args)        # args() builds the GenerateArgs; ValueError names the bad value or the limit
     async for delta in serving.stream(admitted):  # the coordinator's deltas; leaving early aborts
         ...
 
-`admit` validates a request at the front door off the event loop (an image runs through the
-processor); `admit_choices` does it once for several choices of one request (OpenAI's `n`), each
+`admit` builds a request's arguments (which checks them) and validates them at the front door, both
+off the event loop (a long prompt's ids are checked one by one, an image runs through the processor); `admit_choices` does it once for several choices of one request (OpenAI's `n`), each
 its own request with its own seed. `stream` runs a request on the coordinator and records it in the
 metrics (time to first token, inter-token latency, end-to-end latency, running requests, finish
 reasons, speculative-decoding counters per drafter and verifier pair).
@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from pipespec.serving.coordinator import Coordinator
@@ -56,18 +56,18 @@ class Serving:
         """The name clients know this pipeline by (its config's name)."""
         return self.front_door.config.name
 
-    async def admit(self, args: GenerateArgs) -> Admitted:
-        """Validate `args` at the front door, off the loop (an image runs through the processor).
-        Raises ValueError naming the bad value or the limit."""
+    async def admit(self, args: Callable[[], GenerateArgs]) -> Admitted:
+        """Build the request's arguments with `args()` (building checks them) and validate them at the
+        front door, both off the loop. Raises ValueError naming the bad value or the limit."""
         arrived = time.perf_counter()
-        spec, stop = await asyncio.to_thread(self.front_door.request, args)
+        spec, stop = await asyncio.to_thread(lambda: self.front_door.request(args()))
         return Admitted(spec, stop, arrived)
 
-    async def admit_choices(self, args: GenerateArgs, seeds: Sequence[int]) -> list[Admitted]:
-        """`args` admitted once (its image decoded and processed once) as `len(seeds)` choices: choice i
-        its own request (a fresh id) seeded `seeds[i]`. Raises ValueError as `admit` does, or naming a
-        seed out of range."""
-        first = await self.admit(dataclasses.replace(args, seed=seeds[0]))
+    async def admit_choices(self, args: Callable[[], GenerateArgs], seeds: Sequence[int]) -> list[Admitted]:
+        """The request `args()` admitted once (its image decoded and processed once) as `len(seeds)`
+        choices: choice i its own request (a fresh id) seeded `seeds[i]`. Raises ValueError as `admit`
+        does, or naming a seed out of range."""
+        first = await self.admit(lambda: dataclasses.replace(args(), seed=seeds[0]))
         return [first, *(_choice(first, seed) for seed in seeds[1:])]
 
     async def stream(self, admitted: Admitted) -> AsyncIterator[Delta]:

@@ -65,7 +65,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def _generate(self, request: pb.GenerateRequest, peer: str) -> AsyncIterator[pb.GenerateResponse]:
         try:
-            admitted = await self.serving.admit(from_proto(request))
+            admitted = await self.serving.admit(lambda: from_proto(request))
         except ValueError as e:
             yield refusal(str(e))
             return
