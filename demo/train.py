@@ -36,11 +36,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from demo.evaluate import evaluate_target, summary
+from demo.llava_template import CHAT_TEMPLATE
 from demo.tower import pretrain_tower
 from demo.world import IMAGE_SIZE
-from demo.llava_template import CHAT_TEMPLATE
-from training.optimiser import Optimiser
 from pipespec.commands.logs import add_log_level, setup_logging
+from training.optimiser import Optimiser
 
 if TYPE_CHECKING:
     from transformers import LlamaConfig, PreTrainedTokenizerBase

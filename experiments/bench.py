@@ -46,12 +46,12 @@ from tqdm import tqdm
 from experiments import cpu_account
 from experiments.prompt_sets import Prompt, load_prompts
 from pipespec import LocalPipeline, load_config
+from pipespec.commands.logs import add_log_level, setup_logging
 from pipespec.config import PipelineConfig, sub_pipeline
-from pipespec.protocol.messages import RequestSpec
-from pipespec.protocol.stats import PairStats
 from pipespec.engine import trace
 from pipespec.engine.synchronous import generate_sync
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.protocol.messages import RequestSpec
+from pipespec.protocol.stats import PairStats
 
 log = logging.getLogger(__name__)
 

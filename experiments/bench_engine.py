@@ -22,13 +22,13 @@ import statistics
 import time
 from pathlib import Path
 
-from pipespec.planning.analytical import pipeline_speedup, sync_speedup
 from pipespec import LocalPipeline, load_config
+from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.engine.synchronous import generate_sync
+from pipespec.planning.analytical import pipeline_speedup, sync_speedup
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
-from pipespec.engine.synchronous import generate_sync
 from pipespec.stages.build import load_stages
-from pipespec.commands.logs import add_log_level, setup_logging
 
 PROMPTS = [(1, 2, 3), (7, 5, 9, 4), (11, 3)]
 SYNC_WINDOWS = (2, 4, 8)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from contextlib import ExitStack
 import tempfile
 import time
+from contextlib import ExitStack
 
 from pipespec import LocalPipeline, load_config
 from pipespec.commands.logs import add_log_level, setup_logging
@@ -34,8 +34,8 @@ def per_token_us(config, over_grpc: bool, tokens: int, runs: int, stages=None) -
 
 
 def ray_per_token_us(config, tokens: int, runs: int) -> float:
-    from pipespec.cluster.pipeline import start_pipeline
     from pipespec import Client
+    from pipespec.cluster.pipeline import start_pipeline
 
     running = start_pipeline(config, port=0)
     try:
@@ -74,8 +74,8 @@ def main() -> None:
 
 def measure(args: argparse.Namespace) -> list[tuple[str, float, float, float]]:
     """-> [(pipeline, in-process us, one-process gRPC us, Ray us)] per committed token."""
-    from tests.fixtures.toy_models import build_family
     from pipespec.stages.build import load_stages
+    from tests.fixtures.toy_models import build_family
 
     def in_ray(config, tokens):
         return float("nan") if args.no_ray else ray_per_token_us(config, tokens, args.runs)

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from tests.fixtures.vlm_zoo.common import family_tokenizer
 from demo.llava_template import CHAT_TEMPLATE
 from pipespec.commands.logs import add_log_level, setup_logging
+from tests.fixtures.vlm_zoo.common import family_tokenizer
 
 log = logging.getLogger(__name__)
 

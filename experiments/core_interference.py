@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 from experiments.prompt_sets import load_prompts
 from pipespec import LocalPipeline, load_config
-from pipespec.config import sub_pipeline
 from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.config import sub_pipeline
 
 PROMPTS = "experiments/prompts/world_held_out.jsonl"
 

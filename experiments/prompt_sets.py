@@ -83,8 +83,7 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
 
 def write_world_prompts(out: Path, n: int, seed: int) -> Path:
     """The demo world's held-out questions (every kind) as an image-question jsonl, pictures beside it."""
-    from demo.train import IMAGE_SIZE
-    from demo.world import examples, render
+    from demo.world import IMAGE_SIZE, examples, render
 
     pictures = out.with_suffix("")
     pictures.mkdir(parents=True, exist_ok=True)

@@ -49,13 +49,13 @@ from typing import Any
 
 from experiments.bench_engine import PROMPTS, SYNC_WINDOWS, spec, time_pipeline, time_sync
 from pipespec import LocalPipeline, load_config
-from pipespec.planning.analytical import chain_rates, sync_speedup
-from pipespec.config import ConfigError, PipelineConfig
-from pipespec.requests.outputs import Generation
-from pipespec.engine.stage import Stage
-from pipespec.protocol.stats import merged_pairs
-from pipespec.engine.synchronous import generate_sync
 from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.config import ConfigError, PipelineConfig
+from pipespec.engine.stage import Stage
+from pipespec.engine.synchronous import generate_sync
+from pipespec.planning.analytical import chain_rates, sync_speedup
+from pipespec.protocol.stats import merged_pairs
+from pipespec.requests.outputs import Generation
 
 log = logging.getLogger(__name__)
 
@@ -268,8 +268,7 @@ def on_devices(config: PipelineConfig, resource: str) -> PipelineConfig:
 
 def real_requests(prompts: int, tokens: int, seed: int = 3) -> list[dict]:
     """Questions about held-out pictures of the demo models' world."""
-    from demo.train import IMAGE_SIZE
-    from demo.world import examples, render
+    from demo.world import IMAGE_SIZE, examples, render
 
     held_out = examples("held_out", prompts, seed=seed)
     return [dict(prompt=ex.prompt, image=render(ex.scene, IMAGE_SIZE), max_new_tokens=tokens) for ex in held_out]

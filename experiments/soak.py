@@ -25,8 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipespec import Client, GenerationError, LocalPipeline, load_config
-from pipespec.config import sub_pipeline
 from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.config import sub_pipeline
 
 log = logging.getLogger("soak")
 CONFIG = "pipespec/configs/mock3.yaml"

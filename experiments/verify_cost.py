@@ -21,9 +21,9 @@ import torch
 
 from experiments.prompt_sets import load_prompts
 from pipespec import LocalPipeline, load_config
+from pipespec.commands.logs import add_log_level, setup_logging
 from pipespec.config import sub_pipeline
 from pipespec.planning.profiling import time_forwards
-from pipespec.commands.logs import add_log_level, setup_logging
 
 PROMPTS = "experiments/prompts/world_held_out.jsonl"
 

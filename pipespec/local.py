@@ -19,18 +19,18 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipespec.wiring.assembly import Entrance, link_coordinator, link_in_process, link_to_verifier, serve_runner
 from pipespec.config import PipelineConfig
-from pipespec.serving.coordinator import Coordinator
-from pipespec.requests.frontdoor import TargetInfo
-from pipespec.requests.generate_args import GenerateArgs
-from pipespec.protocol.links import Inbox, InProcessLink, Link
-from pipespec.protocol.messages import RequestSpec
-from pipespec.requests.outputs import Delta, Generation, raise_error
 from pipespec.engine.runner import StageRunner
 from pipespec.engine.scheduler import schedulers_for
-from pipespec.serving.serving import Serving
 from pipespec.engine.stage import Stage
+from pipespec.protocol.links import Inbox, InProcessLink, Link
+from pipespec.protocol.messages import RequestSpec
+from pipespec.requests.frontdoor import TargetInfo
+from pipespec.requests.generate_args import GenerateArgs
+from pipespec.requests.outputs import Delta, Generation, raise_error
+from pipespec.serving.coordinator import Coordinator
+from pipespec.serving.serving import Serving
+from pipespec.wiring.assembly import Entrance, link_coordinator, link_in_process, link_to_verifier, serve_runner
 
 if TYPE_CHECKING:
     from pipespec.serving.http_server import HttpServer

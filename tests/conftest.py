@@ -54,8 +54,8 @@ def llava_dream_zoo(tmp_path_factory) -> dict[str, str]:
     """A small random LLaVA family (target, mid, tiny) and an untrained DREAM drafter for its target (dream): paths."""
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-    from tests.fixtures.vlm_zoo import build_zoo_family
     from pipespec.stages.dream.checkpoint import init_from_target, save
+    from tests.fixtures.vlm_zoo import build_zoo_family
 
     root = tmp_path_factory.mktemp("llava-dream-zoo")
     paths = {k: str(v) for k, v in build_zoo_family("llava", root / "llava").items()}

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from pipespec import load_config
-from pipespec.wiring.assembly import Entrance, link_in_process
+from pipespec.engine.runner import StageRunner
+from pipespec.protocol.links import InProcessLink
 from pipespec.requests.frontdoor import TargetInfo
 from pipespec.requests.generate_args import GenerateArgs
-from pipespec.protocol.links import InProcessLink
-from pipespec.engine.runner import StageRunner
-from pipespec.stages.build import load_stages
 from pipespec.requests.tokenization import IncrementalDetokenizer
+from pipespec.stages.build import load_stages
+from pipespec.wiring.assembly import Entrance, link_in_process
 
 
 def mocks(k):
@@ -78,8 +78,6 @@ def test_the_assembly_is_torch_free_at_import():
     """The coordinator's actor builds its side here: no torch (nor Ray, nor gRPC) at import."""
     from tests.test_coordinator_import import BYPASS_PACKAGE_INIT, REPORT, run_python
 
-    code = (
-        BYPASS_PACKAGE_INIT + "import pipespec.wiring.assembly\n" + REPORT + "assert not {'ray', 'grpc'} & set(sys.modules)\n"
-    )
+    code = BYPASS_PACKAGE_INIT + "import pipespec.wiring.assembly\n" + REPORT + "assert not {'ray', 'grpc'} & set(sys.modules)\n"
     result = run_python(code)
     assert result.returncode == 0, result.stdout + result.stderr

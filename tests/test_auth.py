@@ -17,7 +17,6 @@ import grpc
 import pytest
 
 from pipespec import LocalPipeline, load_config
-
 from pipespec.protocol import codec
 from pipespec.protocol.messages import Close
 from pipespec.protos import pipespec_pb2 as pb

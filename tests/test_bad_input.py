@@ -34,9 +34,9 @@ from PIL import Image
 
 from pipespec import Client, GenerationError, LocalPipeline, load_config
 from pipespec.cli import main as cli
-from pipespec.requests.generate_args import GenerateArgs
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
+from pipespec.requests.generate_args import GenerateArgs
 from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 from tests.fixtures.vlm_zoo import build_zoo_family
 

@@ -16,22 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from demo.llava_template import CHAT_TEMPLATE
 from pipespec import Client, LocalPipeline, load_config
+from pipespec.protos import pipespec_pb2 as pb
 from pipespec.requests.chat import IMAGE, ChatMessage, Part, check, conversation
 from pipespec.requests.generate_args import GenerateArgs
 from pipespec.requests.images import image_bytes, load_processor
-from pipespec.protos import pipespec_pb2 as pb
 from pipespec.requests.tokenization import encode_prompt
 from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 from pipespec.transport.generate_request import from_proto, to_proto
+from tests.fixtures import DEMO_MODELS as DEMO
 
-DEMO = Path(__file__).resolve().parents[1] / "models" / "demo"
 TOKENS = 16
 
 # system + user (with the image's place) + assistant + user, as a user gives it (OpenAI-shaped)

@@ -11,8 +11,8 @@ import torch
 
 from pipespec.engine import choice
 from pipespec.engine.choice import decide, rejection_streams
-from pipespec.protocol.params import SamplingParams, VerifyMode
 from pipespec.engine.sampling import log_processed
+from pipespec.protocol.params import SamplingParams, VerifyMode
 
 GREEDY = SamplingParams()
 COUPLED = SamplingParams(temperature=1.0, verify=VerifyMode.COUPLED)

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.fixtures import DEMO_MODELS
+
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 PIPESPEC = str(Path(sys.executable).with_name("pipespec"))
@@ -89,9 +91,9 @@ def test_serve_a_vlm_then_generate_with_an_image(tmp_path):
     import numpy as np
     from PIL import Image
 
-    from tests.fixtures.vlm_zoo import build_zoo_family
     from pipespec import LocalPipeline, load_config
     from pipespec.cli import _printable
+    from tests.fixtures.vlm_zoo import build_zoo_family
 
     paths = build_zoo_family("llava", tmp_path / "zoo")
     picture = tmp_path / "picture.png"
@@ -125,6 +127,7 @@ def test_demo_runs_the_shipped_models_exactly(tmp_path):
         text=True,
         timeout=300,
         env=ray_env(),
+        cwd=DEMO_MODELS.parents[1],  # the checkout's root, where `make demo` runs: --models defaults to models/demo there
     )
     assert run.returncode == 0, run.stdout + run.stderr
     figures = json.loads(out.read_text())
@@ -137,7 +140,7 @@ def test_demo_runs_the_shipped_models_exactly(tmp_path):
     cores = sum(d["resources"]["num_cpus"] for d in figures["placement"])
     assert figures["target_alone_threads"] == max(1, round(cores))
     assert "placement:\n  device 1: tiny" in run.stdout and "target alone: in this process" in run.stdout
-    truth = json.loads((Path(__file__).resolve().parents[1] / "models" / "demo" / "example.json").read_text())["truth"]
+    truth = json.loads((DEMO_MODELS / "example.json").read_text())["truth"]
     assert f"the picture shows: {truth}" in run.stdout  # under the answer, so a reader can judge it
 
 

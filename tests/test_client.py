@@ -34,11 +34,11 @@ from PIL import Image
 
 from pipespec import Client, GenerationError, LocalPipeline, RequestRefused, load_config
 from pipespec.cli import main as cli
+from pipespec.protos import pipespec_pb2 as pb
+from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.requests.chat import IMAGE, ChatMessage, Part
 from pipespec.requests.generate_args import DEFAULT_MAX_NEW_TOKENS
 from pipespec.requests.images import image_bytes
-from pipespec.protos import pipespec_pb2 as pb
-from pipespec.protos import pipespec_pb2_grpc as pb_grpc
 from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 from pipespec.transport.generate_request import from_proto
 from tests.fixtures.faults import kill_stage

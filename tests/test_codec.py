@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipespec.protocol import codec
 from pipespec.config import LimitsSpec
+from pipespec.protocol import codec
 from pipespec.protocol.logprobs import TokenLogprobs
 from pipespec.protocol.messages import (
     Close,

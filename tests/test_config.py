@@ -6,9 +6,9 @@ import dataclasses
 import pytest
 
 from pipespec.config import (
+    ConfigError,
     FaultSpec,
     LimitsSpec,
-    ConfigError,
     MockOptions,
     NgramOptions,
     PipelineConfig,

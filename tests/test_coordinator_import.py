@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 
-
 COORDINATOR_MODULES = (
     "pipespec.serving.coordinator",
     "pipespec.serving.ledger",

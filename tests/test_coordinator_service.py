@@ -19,12 +19,12 @@ import grpc
 import pytest
 
 from pipespec import Client, GenerationError, load_config
-from pipespec.requests.frontdoor import FrontDoor, TargetInfo, new_request_id
-from pipespec.requests.generate_args import GenerateArgs
 from pipespec.protocol.messages import RequestSpec
-from pipespec.requests.outputs import Delta
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
+from pipespec.requests.frontdoor import FrontDoor, TargetInfo, new_request_id
+from pipespec.requests.generate_args import GenerateArgs
+from pipespec.requests.outputs import Delta
 from pipespec.serving.serving import Serving
 from pipespec.transport.auth import call_metadata, new_secret
 from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator

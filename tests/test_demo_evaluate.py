@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from demo.evaluate import BARS, KindScore, evaluate_target, summary, wilson
 from demo.world import KINDS
-
-MODELS = Path(__file__).resolve().parents[1] / "models" / "demo"
+from tests.fixtures import DEMO_MODELS as MODELS
 
 
 def test_wilson_intervals():

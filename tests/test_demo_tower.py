@@ -21,8 +21,8 @@ import torch
 from demo.tower import DenseProbe, cell_labels, cell_of_patches, pretrain_tower
 from demo.train import IMAGE_SIZE, PATCH, build_target, load_tokenizer
 from demo.world import random_scene, render
+from tests.fixtures import DEMO_MODELS as MODELS
 
-MODELS = Path(__file__).resolve().parents[1] / "models" / "demo"
 STEPS = 60
 
 
@@ -61,10 +61,10 @@ def colour_accuracy(probe: DenseProbe, patches: torch.Tensor, scenes: list) -> f
 def served_projector_input(model_dir: Path, scene) -> torch.Tensor:
     """[N, H] what the `vlm` stage's model feeds its projector for `scene`'s picture, through the
     serving path: the saved processor via pipespec.requests.images, the chat template, the stage's prefill."""
-    from pipespec.requests.chat import ChatMessage, Part
-    from pipespec.requests.images import encode_image_prompt, load_processor
     from pipespec.protocol.messages import RequestSpec
     from pipespec.protocol.params import SamplingParams
+    from pipespec.requests.chat import ChatMessage, Part
+    from pipespec.requests.images import encode_image_prompt, load_processor
 
     stage = served_stage(str(model_dir))
     processor = load_processor(str(model_dir), "test")

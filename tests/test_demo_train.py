@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 from demo.train import IMAGE_SIZE, PATCH, batches, build_target, load_tokenizer
 from demo.world import examples
-
-MODELS = Path(__file__).resolve().parents[1] / "models" / "demo"
+from tests.fixtures import DEMO_MODELS as MODELS
 
 
 def test_the_target_reads_the_pretrained_layer_and_learns_only_answers():

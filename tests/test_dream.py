@@ -166,8 +166,8 @@ def world(request, tmp_path_factory):
     """A zoo family plus an untrained DREAM drafter for its target (gates opened), saved to disk."""
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-    from tests.fixtures.vlm_zoo import build_zoo_family
     from pipespec.stages.dream.checkpoint import init_from_target, save
+    from tests.fixtures.vlm_zoo import build_zoo_family
 
     root = tmp_path_factory.mktemp("dream")
     paths = {k: str(v) for k, v in build_zoo_family(request.param, root / request.param).items()}
@@ -236,10 +236,10 @@ def test_a_dream_stage_must_sit_right_before_a_vlm_target(world):
 
 @pytest.fixture(scope="module")
 def trainer(world):
-    from pipespec.requests.images import load_processor
-    from training.data import examples_for, noise_samples
     from pipespec.config import StageSpec
+    from pipespec.requests.images import load_processor
     from pipespec.stages.vlm import VLMStage
+    from training.data import examples_for, noise_samples
 
     stage = VLMStage(StageSpec("target", "vlm", world["target"], dtype="float32"))
     examples = examples_for(stage, load_processor(world["target"], "target"), noise_samples("train", 3, 0), 12)

@@ -4,6 +4,7 @@ process gives."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,10 +21,10 @@ VARIANT = {v.name: v for v in VARIANTS}
 @pytest.fixture(scope="module")
 def grid_inputs(tmp_path_factory):
     """A zoo target saved to disk (the workers load it from there) and a few short answers."""
-    from tests.fixtures.vlm_zoo import build_zoo_family
-    from pipespec.requests.images import load_processor
     from pipespec.config import StageSpec
+    from pipespec.requests.images import load_processor
     from pipespec.stages.vlm import VLMStage
+    from tests.fixtures.vlm_zoo import build_zoo_family
 
     target = str(build_zoo_family("llava", tmp_path_factory.mktemp("ablation"))["target"])
     stage = VLMStage(StageSpec("target", "vlm", target, dtype="float32"))
@@ -77,5 +78,5 @@ def test_a_grid_of_no_seeds_is_refused_by_name():
     import sys
 
     argv = [sys.executable, "-m", "training.train", "--target", "unused", "--ablations", "--seeds", "0"]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 2 and "--seeds must be at least 1, got 0" in out.stderr

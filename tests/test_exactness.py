@@ -17,8 +17,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipespec.protocol.params import SamplingParams
 from pipespec.config import StageSpec
+from pipespec.protocol.params import SamplingParams
 from pipespec.stages.causal_lm import CausalLMStage
 from tests.fixtures.exactness import assert_same, sampling_cases, text_pipeline
 from tests.fixtures.toy_models import prompt_ids

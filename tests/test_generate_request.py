@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipespec.requests.generate_args import SAMPLING_FIELDS, GenerateArgs
 from pipespec.protos import pipespec_pb2 as pb
+from pipespec.requests.generate_args import SAMPLING_FIELDS, GenerateArgs
 from pipespec.transport.generate_request import from_proto, to_proto
 
 ROUND_TRIPS = {

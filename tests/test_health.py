@@ -19,17 +19,17 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pipespec import Client, LocalPipeline, load_config
-from pipespec.wiring.assembly import Entrance, link_coordinator, link_to_verifier, serve_runner
 from pipespec.config import PipelineConfig
-from pipespec.serving.coordinator import Coordinator
-from pipespec.requests.frontdoor import TargetInfo
 from pipespec.engine.runner import StageRunner
+from pipespec.requests.frontdoor import TargetInfo
+from pipespec.serving.coordinator import Coordinator
 from pipespec.serving.serving import Serving
 from pipespec.stages.build import load_stages
 from pipespec.transport.auth import call_metadata, new_secret
 from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
 from pipespec.transport.health import COORDINATOR_SERVICE, STAGE_SERVICE
 from pipespec.transport.streams import StageClient, StageService
+from pipespec.wiring.assembly import Entrance, link_coordinator, link_to_verifier, serve_runner
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -23,10 +23,10 @@ import pytest
 
 import pipespec
 from pipespec import LocalPipeline, load_config
-from pipespec.serving.coordinator import Coordinator
 from pipespec.requests.frontdoor import FrontDoor
 from pipespec.requests.outputs import Delta
 from pipespec.serving.body_limit import body_bytes
+from pipespec.serving.coordinator import Coordinator
 from pipespec.serving.http_server import HttpServer, serve_http
 from pipespec.serving.serving import Serving
 from tests.fixtures.openai_http import events, get, increase, post, scrape

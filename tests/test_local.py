@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from tests.fixtures.toy_models import train_tokenizer
 from pipespec import ConfigError, LocalPipeline, load_config
 from pipespec.stages.causal_lm import CausalLMStage
+from tests.fixtures.toy_models import train_tokenizer
 
 
 def text_config(family, names, **extra):

@@ -30,15 +30,15 @@ from transformers import AutoTokenizer
 
 from pipespec import Client, LocalPipeline
 from pipespec.config import StageSpec, sub_pipeline
-from pipespec.serving.coordinator import Coordinator
+from pipespec.engine.sampling import log_processed
+from pipespec.engine.step import StepPlan, compute
 from pipespec.protocol.logprobs import TokenLogprobs
 from pipespec.protocol.messages import Closed, Commit, RequestSpec
 from pipespec.protocol.params import SamplingParams
-from pipespec.engine.sampling import log_processed
+from pipespec.protocol.stats import StageStats
+from pipespec.serving.coordinator import Coordinator
 from pipespec.stages.causal_lm import CausalLMStage
 from pipespec.stages.mock import MockStage
-from pipespec.protocol.stats import StageStats
-from pipespec.engine.step import StepPlan, compute
 from tests.fixtures.exactness import assert_same, text_pipeline
 from tests.fixtures.faults import kill_stage, mock3, restore_stage
 from tests.fixtures.toy_models import prompt_ids

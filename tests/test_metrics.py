@@ -12,11 +12,11 @@ from collections import defaultdict
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pipespec.config import StageSpec
+from pipespec.protocol.stats import PairStats, RequestStats
 from pipespec.requests.outputs import Delta
 from pipespec.serving.metrics import Metrics
-from pipespec.config import StageSpec
 from pipespec.stages.causal_lm import CausalLMStage
-from pipespec.protocol.stats import PairStats, RequestStats
 from tests.fixtures.exactness import text_pipeline
 from tests.fixtures.openai_http import client, increase, scrape
 

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 from pipespec import Client, LocalPipeline
-from pipespec.requests.chat import MAX_MESSAGES
-from pipespec.cli import DEMO_MODELS
 from pipespec.cli.demo import demo_config
 from pipespec.config import StageSpec
+from pipespec.requests.chat import MAX_MESSAGES
 from pipespec.stages.causal_lm import CausalLMStage
 from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
+from tests.fixtures import DEMO_MODELS
 from tests.fixtures.exactness import text_pipeline
 from tests.fixtures.faults import kill_stage
 from tests.fixtures.openai_http import chat_text, client, events, get, post

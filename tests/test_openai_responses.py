@@ -8,6 +8,7 @@ import json
 import math
 
 from pipespec.protocol.logprobs import TokenLogprobs
+from pipespec.protocol.stats import PairStats, RequestStats
 from pipespec.requests.outputs import Delta
 from pipespec.serving.openai_responses import (
     ChatShape,
@@ -20,7 +21,6 @@ from pipespec.serving.openai_responses import (
     speculative_decoding,
     usage,
 )
-from pipespec.protocol.stats import PairStats, RequestStats
 
 ENTRIES = [TokenLogprobs(7, -0.5, (7, 3), (-0.5, -1.5)), TokenLogprobs(3, -math.inf, (9,), (-0.1,))]
 

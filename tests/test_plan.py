@@ -8,15 +8,15 @@ import pytest
 import torch
 import yaml
 
-from pipespec.planning.analytical import chain_rates, chain_rates_with_verify_cost, sync_rate, sync_speedup
 from pipespec.cli import main
 from pipespec.config import load_config
 from pipespec.engine.handoff import FeaturedVerifier as _FeaturedVerifier
-from pipespec.protocol.messages import PrefillFeatures, RequestSpec
-from pipespec.protocol.params import SamplingParams
+from pipespec.planning.analytical import chain_rates, chain_rates_with_verify_cost, sync_rate, sync_speedup
 from pipespec.planning.placement import Devices, label, on_devices, placements
 from pipespec.planning.plan import FEWER_STAGES, LOOKAHEADS, TIE, auto, explain, format_plan, recommend, recommended_config
 from pipespec.planning.profiling import PairProfile, Profile, StageProfile, profile
+from pipespec.protocol.messages import PrefillFeatures, RequestSpec
+from pipespec.protocol.params import SamplingParams
 
 VOCAB = 64
 

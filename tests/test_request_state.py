@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from pipespec.protocol.messages import PrefillFeatures, TargetFeatures
 from pipespec.engine.request_state import FeatureInbox, VerifierSide
+from pipespec.protocol.messages import PrefillFeatures, TargetFeatures
 from pipespec.protocol.stats import PairStats
 
 

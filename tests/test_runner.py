@@ -14,10 +14,10 @@ import random
 import pytest
 
 from pipespec import GenerationError, LocalPipeline, load_config
+from pipespec.engine.stage import KVLengthError
 from pipespec.protocol.links import DelayLink
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
-from pipespec.engine.stage import KVLengthError
 from pipespec.stages.build_context import BuildContext
 
 

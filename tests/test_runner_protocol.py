@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from pipespec import GenerationError, LocalPipeline
+from pipespec.engine.runner import StageRunner
 from pipespec.protocol.links import Inbox
 from pipespec.protocol.messages import Close, Closed, Commit, Draft, Failed, Open, TargetFeatures, Verdict
-from pipespec.engine.runner import StageRunner
 from pipespec.protocol.stats import StageStats
 from tests.test_runner import mock_config, requests
 

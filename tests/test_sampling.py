@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from pipespec.protocol.params import SamplingParams, VerifyMode
 from pipespec.engine.sampling import log_processed, token_logprobs
+from pipespec.protocol.params import SamplingParams, VerifyMode
 
 PROBS = [0.5, 0.3, 0.15, 0.05]
 

@@ -105,7 +105,7 @@ def test_cli_without_the_real_sweep(tmp_path, capsys):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_real_sweep_on_ray():
-    from pipespec.cli import DEMO_MODELS
+    from tests.fixtures import DEMO_MODELS
 
     if not scaling.have_real_models(DEMO_MODELS):
         pytest.skip(f"no demo models under {DEMO_MODELS}")

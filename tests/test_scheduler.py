@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from pipespec import LocalPipeline, load_config
-from pipespec.protocol.links import DelayLink
 from pipespec.engine.scheduler import Batch, DeviceScheduler, Done, schedulers_for
+from pipespec.protocol.links import DelayLink
 
 
 @dataclass(eq=False)

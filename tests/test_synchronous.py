@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from pipespec import LocalPipeline, load_config
+from pipespec.engine.synchronous import generate_sync
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
-from pipespec.engine.synchronous import generate_sync
 from pipespec.stages.build import load_stages
 
 TARGET = {"name": "t", "kind": "mock", "vocab_size": 50}

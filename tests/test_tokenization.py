@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from tests.fixtures.toy_models import train_tokenizer
 from pipespec.config import ConfigError, load_config
 from pipespec.requests.tokenization import IncrementalDetokenizer, check_shared_tokenizer
+from tests.fixtures.toy_models import train_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from pipespec import LocalPipeline, load_config
-
-from pipespec.protocol import codec
 from pipespec.config import LimitsSpec
+from pipespec.protocol import codec
 from pipespec.protocol.messages import Close, Commit, Draft
 from pipespec.transport.auth import new_secret
 from pipespec.transport.streams import WRAPPER_BYTES, StageClient, channel_options, serve_stage, server_options

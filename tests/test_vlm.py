@@ -18,12 +18,12 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.fixtures.vlm_zoo import FAMILIES, build_zoo_family
 from pipespec import GenerationError, LocalPipeline, load_config
 from pipespec.config import StageSpec
 from pipespec.stages.build_context import BuildContext
 from pipespec.stages.causal_lm import CausalLMStage
 from pipespec.stages.vlm import VLMStage
+from tests.fixtures.vlm_zoo import FAMILIES, build_zoo_family
 
 NEW_TOKENS = 16
 PROMPTS = ["what is the red circle", "describe the picture"]

@@ -33,12 +33,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from pipespec.config import StageSpec
+from pipespec.stages.vlm import VLMStage
 from training.data import Example
 from training.evaluation import ALL, acceptance_lengths
 from training.loop import train
 from training.variants import Variant
-from pipespec.config import StageSpec
-from pipespec.stages.vlm import VLMStage
 
 
 @dataclasses.dataclass(frozen=True)

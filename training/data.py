@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from pipespec.requests.chat import user, with_image_first
-from pipespec.requests.images import encode_image_prompt
 from pipespec.protocol.messages import ImageInputs, RequestSpec
 from pipespec.protocol.params import SamplingParams
+from pipespec.requests.chat import user, with_image_first
+from pipespec.requests.images import encode_image_prompt
 from pipespec.stages.vlm import VLMStage
 
 Sample = tuple[Any, str] | tuple[Any, str, str]  # (PIL image, prompt[, group])

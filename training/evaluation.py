@@ -15,10 +15,9 @@ from pipespec.protocol.messages import PrefillFeatures, RequestSpec
 from pipespec.protocol.params import SamplingParams
 from pipespec.stages.dream.checkpoint import DreamCheckpoint
 from pipespec.stages.dream.stage import DreamSession, DreamStage
+from pipespec.stages.vlm import VLMStage
 from training.data import Example
 from training.features import FeatureExtractor, SequenceFeatures
-from pipespec.stages.vlm import VLMStage
-
 
 ALL = "all"  # the key of the acceptance over every example
 

@@ -16,12 +16,12 @@ from tqdm import tqdm
 
 from pipespec.stages.dream.checkpoint import DreamCheckpoint, init_from_target
 from pipespec.stages.dream.model import DreamDrafter
+from pipespec.stages.vlm import VLMStage
 from training.data import Example
 from training.features import FeatureExtractor
 from training.loss import sequence_loss
 from training.optimiser import Optimiser
 from training.variants import Variant
-from pipespec.stages.vlm import VLMStage
 
 GATE_LR_SCALE = 30.0
 FAST_PARAMETERS = ("_gate", "recency", "q_norm.weight", "k_norm.weight")  # learn GATE_LR_SCALE x faster

@@ -32,16 +32,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.config import StageSpec
 from pipespec.requests.images import load_processor
 from pipespec.stages.dream.checkpoint import save
+from pipespec.stages.vlm import VLMStage
 from training.ablation import GridSpec, run_grid
 from training.data import Samples, examples_for
 from training.evaluation import ALL, acceptance_lengths
 from training.loop import train
 from training.variants import VARIANTS, Variant
-from pipespec.config import StageSpec
-from pipespec.stages.vlm import VLMStage
-from pipespec.commands.logs import add_log_level, setup_logging
 
 
 def load_samples(spec: str) -> Samples:

@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run the embedded default pipeline on this machine")
     d.add_argument("--prompt", help="the question (default: Describe the image.)")
-    d.add_argument("--image", help="a picture to ask about (default: the shipped example, models/demo/example.png)")
+    d.add_argument("--image", help="a picture to ask about (default: the shipped example, example.png under --models)")
     d.add_argument("--max-new-tokens", type=int, default=96)
     d.add_argument(
         "--dtype",

@@ -40,10 +40,11 @@ from pipespec.protocol.stats import PairStats, merged_pairs
 from pipespec.requests.outputs import Delta, Generation
 
 if TYPE_CHECKING:
+    from pipespec.client import Client
     from pipespec.planning.plan import Plan
 
 DEFAULT_PROMPT = "Describe the image."
-CHAIN = ["tiny", "dream", "target"]  # the shipped models, upstream to downstream
+CHAIN = ("tiny", "dream", "target")  # the shipped models, upstream to downstream
 Run = tuple[Generation, float]  # an answer and the seconds it took
 OnText = Callable[[str], None]  # shows text as it comes
 
@@ -53,7 +54,7 @@ class DemoError(Exception):
     this machine cannot hold. The message says which."""
 
 
-def demo_raw(models: Path, names: list[str], dtype: str, cpus: float) -> dict[str, Any]:
+def demo_raw(models: Path, names: Sequence[str], dtype: str, cpus: float) -> dict[str, Any]:
     """The demo pipeline of the stages `names` (of tiny, dream, target), each on a device of `cpus` cores,
     as a mapping; the models' paths absolute (an actor may run in another directory)."""
     kinds = {"tiny": "causal_lm", "dream": "dream", "target": "vlm"}
@@ -68,7 +69,7 @@ def demo_raw(models: Path, names: list[str], dtype: str, cpus: float) -> dict[st
     return {"name": "demo" if len(names) > 1 else "target-alone", "stages": stages, "server": {"port": 0}}
 
 
-def demo_config(models: Path, names: list[str], dtype: str, cpus: float) -> PipelineConfig:
+def demo_config(models: Path, names: Sequence[str], dtype: str, cpus: float) -> PipelineConfig:
     return load_config(demo_raw(models, names, dtype, cpus))
 
 
@@ -92,7 +93,7 @@ def picture_truth(models: Path, image: Any) -> str | None:
 
 
 @contextmanager
-def serving(config: PipelineConfig, warm_up: dict) -> Iterator[Any]:
+def serving(config: PipelineConfig, warm_up: dict) -> Iterator[Client]:
     """Serve `config` on the running Ray; yield a `Client` to it once `warm_up` (a request's keywords) has
     gone through every stage; stop the pipeline on exit."""
     from pipespec.client import Client
@@ -118,11 +119,11 @@ def timed(stream: Callable[..., Iterator[Delta]], request: dict, on_text: OnText
     return Generation.from_deltas(deltas), time.perf_counter() - start
 
 
-def time_requests(config: PipelineConfig, requests: list[dict], on_text: OnText | None = None) -> list[Run]:
+def time_requests(config: PipelineConfig, requests: list[dict]) -> list[Run]:
     """Serve `config` on the running Ray, warm it up, then stream `requests` one after another
-    (keyword dicts for `Client.stream`); -> [(Generation, seconds)]. `on_text`: the first answer's text."""
+    (keyword dicts for `Client.stream`); -> [(Generation, seconds)]."""
     with serving(config, requests[0]) as client:
-        return [timed(client.stream, request, on_text if i == 0 else None) for i, request in enumerate(requests)]
+        return [timed(client.stream, request) for request in requests]
 
 
 def placement_lines(config: PipelineConfig) -> list[str]:
@@ -203,7 +204,7 @@ class DemoSetup:
         return [
             *([explain(self.chosen)] if self.chosen else []),
             "",
-            f"pipeline: {chain}  (models/demo, trained on the generated world; {self.dtype})",
+            f"pipeline: {chain}  ({self.request.models}, trained on the generated world; {self.dtype})",
             "placement:",
             *placement_lines(self.config),
             f"target alone: in this process, {_count(self.threads, 'torch thread')} (the pipeline's cores)",

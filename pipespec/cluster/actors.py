@@ -29,9 +29,9 @@ from pathlib import Path
 import ray
 
 from pipespec.cluster.cores import CoreSlice, pin_process
+from pipespec.commands.logs import setup_logging
 from pipespec.config import PipelineConfig
 from pipespec.requests.frontdoor import TargetInfo
-from pipespec.commands.logs import setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +117,10 @@ class DeviceActor:
         """Start the runners, their gRPC servers (on `host`, None: this node's address; open to callers
         holding `secret`) and the device's scheduler; link neighbours placed here.
         -> per stage, the address its drafter and the coordinator use."""
-        from pipespec.wiring.assembly import serve_runner
-        from pipespec.protocol.links import InProcessLink
         from pipespec.engine.runner import StageRunner
         from pipespec.engine.scheduler import DeviceScheduler
+        from pipespec.protocol.links import InProcessLink
+        from pipespec.wiring.assembly import serve_runner
 
         scheduler = DeviceScheduler("+".join(self.config.stages[i].name for i in self.indices))
         self.runners = {i: StageRunner.for_config(self.stages[i], self.config, i, scheduler) for i in self.indices}
@@ -190,9 +190,9 @@ class CoordinatorActor:
         """Link the coordinator to every stage, then serve clients on host:port (placed on the launcher's
         node) and, given `http` (its host resolved), over HTTP. -> the address gRPC clients connect to,
         and the HTTP server's URL (None without one)."""
-        from pipespec.wiring.assembly import Entrance, link_coordinator
         from pipespec.serving.serving import Serving
         from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
+        from pipespec.wiring.assembly import Entrance, link_coordinator
 
         entrance = Entrance.check(config)
         self.coordinator = entrance.coordinator()

@@ -48,7 +48,13 @@ class ServeOptions:
     def from_flags(cls, args: argparse.Namespace) -> ServeOptions:
         """The options parsed from `--address` and the flags `add_serve_arguments` adds."""
         return cls(
-            args.address, args.host, args.port, args.strategy, args.http_port, args.http_host, args.allowed_local_media_path
+            ray_address=args.address,
+            host=args.host,
+            port=args.port,
+            strategy=args.strategy,
+            http_port=args.http_port,
+            http_host=args.http_host,
+            allowed_media=args.allowed_local_media_path,
         )
 
 

@@ -40,17 +40,17 @@ from ray.exceptions import RayError as ClusterError  # noqa: F401  (what a faile
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from pipespec.wiring.assembly import Entrance
 from pipespec.cluster.actors import WILDCARDS, CoordinatorActor, DeviceActor, HttpSpec, address
 from pipespec.cluster.bundles import STRATEGIES, bundle, unplaceable
 from pipespec.cluster.cores import CoreSlice, slices
 from pipespec.cluster.supervisor import Supervisor
+from pipespec.commands.logs import actor_env
 from pipespec.config import PipelineConfig
 from pipespec.errors import ConfigError
 from pipespec.requests.frontdoor import TargetInfo
-from pipespec.commands.logs import actor_env
 from pipespec.stages.build import check_vocabularies
 from pipespec.transport.auth import new_secret
+from pipespec.wiring.assembly import Entrance
 
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
@@ -63,7 +63,7 @@ def ray_env() -> None:
 
 @contextmanager
 def local_ray(num_cpus: float | None = None) -> Iterator[dict]:
-    """A Ray session on this machine only, for benchmarks, shut down on exit; yields its resources.
+    """A Ray session on this machine only (`pipespec demo`, benchmarks), shut down on exit; yields its resources.
     `num_cpus`: what Ray is told this machine has (default: its cores)."""
     ray_env()
     cpus = os.cpu_count() or 1

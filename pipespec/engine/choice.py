@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 
 from pipespec.engine import noise
+from pipespec.engine.sampling import log_processed
 from pipespec.protocol.logprobs import TokenLogprobs
 from pipespec.protocol.params import SamplingParams
-from pipespec.engine.sampling import log_processed
 
 
 @dataclass(frozen=True)

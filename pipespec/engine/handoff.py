@@ -21,8 +21,8 @@ from dataclasses import replace
 
 import torch
 
-from pipespec.protocol.messages import PrefillFeatures, RequestSpec, TargetFeatures
 from pipespec.engine.stage import FeatureReader, FeatureSource, Stage
+from pipespec.protocol.messages import PrefillFeatures, RequestSpec, TargetFeatures
 
 FEATURE_DTYPE = torch.bfloat16  # target features travel to a DREAM drafter in bf16 (half the bytes, framed exactly)
 

@@ -34,10 +34,10 @@ from collections.abc import Callable
 
 import torch
 
+from pipespec.engine.request_state import RequestState
 from pipespec.errors import ProtocolError
 from pipespec.protocol.links import Link
 from pipespec.protocol.messages import Commit, Draft, TargetFeatures, Verdict
-from pipespec.engine.request_state import RequestState
 
 log = logging.getLogger(__name__)
 

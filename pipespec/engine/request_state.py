@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipespec.engine.stage import Session
 from pipespec.protocol.logprobs import TokenLogprobs
 from pipespec.protocol.messages import RequestSpec, TargetFeatures
-from pipespec.engine.stage import Session
 from pipespec.protocol.stats import PairStats, StageStats
 
 NOTHING_TOUCHED = 1 << 60

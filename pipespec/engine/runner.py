@@ -45,21 +45,21 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from pipespec.engine.choice import Decision
 from pipespec.config import PipelineConfig
+from pipespec.engine.choice import Decision
 from pipespec.engine.early_mail import EarlyMail
 from pipespec.engine.handoff import prefill_message, step_message
 from pipespec.engine.link_protocol import LinkProtocol
-from pipespec.protocol.links import InProcessLink, Link
-from pipespec.protocol.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
 from pipespec.engine.patience import Patience
 from pipespec.engine.request_state import NOTHING_TOUCHED, FeatureInbox, RequestState, VerifierSide
 from pipespec.engine.scheduler import Batch, DeviceScheduler, Done
 from pipespec.engine.stage import Stage, unfed_tail
-from pipespec.stages.kinds import kind_of
-from pipespec.protocol.stats import PairStats, StageStats
 from pipespec.engine.step import Outcome, Prefill, StepPlan, compute
 from pipespec.engine.trace import StageTrace
+from pipespec.protocol.links import InProcessLink, Link
+from pipespec.protocol.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
+from pipespec.protocol.stats import PairStats, StageStats
+from pipespec.stages.kinds import kind_of
 
 log = logging.getLogger(__name__)
 

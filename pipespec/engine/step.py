@@ -19,10 +19,10 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from pipespec.engine.choice import Decision, decide
-from pipespec.protocol.messages import RequestSpec, TargetFeatures
 from pipespec.engine.sampling import token_logprobs
 from pipespec.engine.stage import Session, Stage
 from pipespec.engine.trace import Timing
+from pipespec.protocol.messages import RequestSpec, TargetFeatures
 
 
 @dataclass(frozen=True)

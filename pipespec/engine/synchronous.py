@@ -16,8 +16,8 @@ import torch
 
 from pipespec.engine.choice import decide
 from pipespec.engine.handoff import hand_prefill, step_message
-from pipespec.protocol.messages import RequestSpec
 from pipespec.engine.stage import FeatureReader, Session, Stage, unfed_tail
+from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.stats import PairStats
 
 

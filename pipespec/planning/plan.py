@@ -26,9 +26,9 @@ from typing import Any
 
 import yaml
 
-from pipespec.planning.analytical import forward_latency, placed_rate, sync_rate
 from pipespec.config import PipelineConfig, load_config
 from pipespec.errors import ConfigError
+from pipespec.planning.analytical import forward_latency, placed_rate, sync_rate
 from pipespec.planning.placement import Devices, label, on_devices, placements
 from pipespec.planning.profiling import IMAGE_PROMPTS, TEXT_PROMPTS, Profile, profile, read_config
 

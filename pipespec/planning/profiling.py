@@ -29,13 +29,13 @@ from typing import Any
 import yaml
 
 from pipespec.config import PipelineConfig, load_config
-from pipespec.errors import ConfigError
 from pipespec.engine.handoff import FeaturedVerifier, hand_prefill
-from pipespec.protocol.messages import RequestSpec
 from pipespec.engine.stage import Session, Stage
-from pipespec.stages.kinds import kind_of
-from pipespec.protocol.stats import PairStats
 from pipespec.engine.synchronous import generate_sync
+from pipespec.errors import ConfigError
+from pipespec.protocol.messages import RequestSpec
+from pipespec.protocol.stats import PairStats
+from pipespec.stages.kinds import kind_of
 
 log = logging.getLogger(__name__)
 

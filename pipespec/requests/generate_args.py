@@ -38,9 +38,9 @@ from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
+from pipespec.protocol.params import SamplingParams
 from pipespec.requests import chat
 from pipespec.requests.chat import ChatMessage
-from pipespec.protocol.params import SamplingParams
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed")  # None: the config's default
 INTEGERS = 2**63  # an integer a request carries is below this (the wire's int64; a seed, below 2**64)
@@ -148,7 +148,7 @@ def _checked(args: GenerateArgs) -> dict[str, Any]:
 
 
 def _as_tuple(value: Any) -> Any:
-    """A list or other iterable (not a string) as a tuple; anything else as it is, for `checked` to name."""
+    """A list or other iterable (not a string) as a tuple; anything else as it is, for `_checked` to name."""
     if isinstance(value, Iterable) and not isinstance(value, (str, bytes, bytearray, memoryview)):
         return tuple(value)
     return value

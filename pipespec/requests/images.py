@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from pipespec.requests.chat import ChatMessage
 from pipespec.config import LimitsSpec, PipelineConfig
 from pipespec.errors import ConfigError
 from pipespec.protocol.messages import ImageInputs
+from pipespec.requests.chat import ChatMessage
 from pipespec.stages.kinds import kind_of
 
 _TEXT_KEYS = ("input_ids", "attention_mask")  # what the processor returns besides the image arrays

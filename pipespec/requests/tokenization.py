@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pipespec.requests.chat import ChatMessage
 from pipespec.config import PipelineConfig
 from pipespec.errors import ConfigError
+from pipespec.requests.chat import ChatMessage
 from pipespec.stages.kinds import kind_of
 
 log = logging.getLogger(__name__)

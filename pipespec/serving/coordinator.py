@@ -27,12 +27,12 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pipespec.config import FaultSpec
-from pipespec.serving.ledger import Ledger, LedgerError
 from pipespec.protocol.links import Link
 from pipespec.protocol.messages import Close, Closed, Commit, Failed, Message, Open, RequestSpec
-from pipespec.requests.outputs import Delta
 from pipespec.protocol.stats import RequestStats
+from pipespec.requests.outputs import Delta
 from pipespec.requests.stopping import Detokenizer, StopRules
+from pipespec.serving.ledger import Ledger, LedgerError
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from pipespec.requests.outputs import Delta
 from pipespec.protocol.stats import PairStats
+from pipespec.requests.outputs import Delta
 
 PAIR = ("drafter", "verifier")
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)

@@ -111,9 +111,7 @@ class OpenAIApi:
 
     # ---- running requests -------------------------------------------------------------------------
 
-    async def _run(
-        self, shape: Shape, body: GenerationRequest, args: Callable[[], GenerateArgs], request: Request
-    ) -> Response:
+    async def _run(self, shape: Shape, body: GenerationRequest, args: Callable[[], GenerateArgs], request: Request) -> Response:
         """Admit `body` (its arguments: `args()`) once, as its `n` choices, held against its client's
         in-flight limit until its answer is done; answer it streamed or whole."""
         if body.model != self.serving.model:

@@ -29,8 +29,8 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 from pipespec.protocol.logprobs import TokenLogprobs
-from pipespec.requests.outputs import Delta
 from pipespec.protocol.stats import PairStats, RequestStats, merged_pairs
+from pipespec.requests.outputs import Delta
 
 FLOOR = -9999.0  # what -inf is sent as
 

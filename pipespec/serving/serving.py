@@ -25,11 +25,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from pipespec.serving.coordinator import Coordinator
+from pipespec.protocol.messages import RequestSpec
 from pipespec.requests.frontdoor import FrontDoor, new_request_id
 from pipespec.requests.generate_args import GenerateArgs
-from pipespec.protocol.messages import RequestSpec
 from pipespec.requests.outputs import Delta
+from pipespec.serving.coordinator import Coordinator
 from pipespec.serving.metrics import Metrics
 
 NOT_LINKED = "the stages are not linked yet"

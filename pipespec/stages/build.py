@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from pipespec.errors import ConfigError
 from pipespec.stages.build_context import BuildContext
+from pipespec.stages.kinds import kind_of
 
 if TYPE_CHECKING:
     from pipespec.config import PipelineConfig, StageSpec
@@ -72,10 +73,8 @@ def build_stage(
     `valid`: the shared tokenizer's size, None without one (see pipespec.stages.vocabulary);
     `sends_features`: its drafter reads its features (`PipelineConfig.sends_features`).
     """
-    builder = BUILDERS.get(spec.kind)
-    if builder is None:
-        raise ConfigError(f"stage {spec.name!r}: kind {spec.kind!r} is not available in this build yet")
-    return builder(spec, BuildContext(tuple(chain), width, valid, sends_features))
+    kind_of(spec)  # a ConfigError naming a kind the table lacks
+    return BUILDERS[spec.kind](spec, BuildContext(tuple(chain), width, valid, sends_features))
 
 
 def load_stages(config: PipelineConfig, valid: int | None = None) -> list[Stage]:

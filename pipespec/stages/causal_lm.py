@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from pipespec.protocol.messages import RequestSpec
 from pipespec.engine.stage import check_keep, check_length
+from pipespec.protocol.messages import RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.device import stage_device
 from pipespec.stages.vocabulary import LogitsFit

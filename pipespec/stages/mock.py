@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from pipespec.engine import noise
-from pipespec.protocol.messages import RequestSpec
 from pipespec.engine.stage import check_keep, check_length
+from pipespec.protocol.messages import RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.kinds import MockOptions
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pipespec.protocol.messages import RequestSpec
 from pipespec.engine.stage import check_keep, check_length
+from pipespec.protocol.messages import RequestSpec
 from pipespec.stages.build_context import BuildContext
 from pipespec.stages.kinds import NgramOptions
 

@@ -27,9 +27,9 @@ import torch
 from transformers import AttentionInterface, AutoModelForImageTextToText, DynamicCache
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
+from pipespec.engine.stage import check_keep, check_length
 from pipespec.errors import ConfigError
 from pipespec.protocol.messages import ImageInputs, PrefillFeatures, RequestSpec
-from pipespec.engine.stage import check_keep, check_length
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.causal_lm import DTYPES
 from pipespec.stages.device import stage_device

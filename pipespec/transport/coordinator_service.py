@@ -25,9 +25,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from pipespec.requests.frontdoor import request_bytes
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
+from pipespec.requests.frontdoor import request_bytes
 from pipespec.serving.serving import Serving
 from pipespec.transport.auth import authorized
 from pipespec.transport.generate_request import from_proto

@@ -18,10 +18,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import grpc
 
-from pipespec.requests.generate_args import GenerateArgs
-from pipespec.requests.outputs import Delta, GenerationError, RequestRefused, raise_error
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
+from pipespec.requests.generate_args import GenerateArgs
+from pipespec.requests.outputs import Delta, GenerationError, RequestRefused, raise_error
 from pipespec.transport.generate_request import to_proto
 from pipespec.transport.generate_response import refused, to_delta
 from pipespec.transport.streams import CHANNEL_OPTIONS

@@ -16,9 +16,9 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
+from pipespec.protos import pipespec_pb2 as pb
 from pipespec.requests.chat import IMAGE, ChatMessage, Part
 from pipespec.requests.generate_args import SAMPLING_FIELDS, GenerateArgs
-from pipespec.protos import pipespec_pb2 as pb
 
 _OPTIONAL = ("prompt", "image", "max_new_tokens", "logprobs", *SAMPLING_FIELDS)  # fields with presence on the wire
 

@@ -10,9 +10,9 @@ raises `RequestRefused` for it, `GenerationError` for an error during the reques
 from __future__ import annotations
 
 from pipespec.protocol.logprobs import TokenLogprobs
-from pipespec.requests.outputs import Delta
-from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protocol.stats import PairStats, RequestStats, StageStats
+from pipespec.protos import pipespec_pb2 as pb
+from pipespec.requests.outputs import Delta
 
 _PAIR = ("drafter", "verifier", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_rejections")
 _STAGE = ("stage", "forwards", "tokens_fed", "rollbacks", "dropped_drafts", "compute_s")

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from pipespec.protocol import codec
 from pipespec.config import FaultSpec, LimitsSpec
+from pipespec.protocol import codec
 from pipespec.protocol.links import Inbox
 from pipespec.protocol.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
 from pipespec.protos import pipespec_pb2 as pb

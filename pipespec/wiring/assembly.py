@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipespec.config import PipelineConfig
-from pipespec.serving.coordinator import Coordinator
+from pipespec.protocol.links import Inbox, InProcessLink, Link
 from pipespec.requests.frontdoor import FrontDoor, TargetInfo
 from pipespec.requests.images import load_target_processor
-from pipespec.protocol.links import Inbox, InProcessLink, Link
 from pipespec.requests.tokenization import IncrementalDetokenizer, check_shared_tokenizer
+from pipespec.serving.coordinator import Coordinator
 
 if TYPE_CHECKING:
     from pipespec.engine.runner import StageRunner

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pipespec.protocol.messages import RequestSpec, TargetFeatures
 from pipespec.engine.stage import check_keep, check_length
+from pipespec.protocol.messages import RequestSpec, TargetFeatures
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.causal_lm import DTYPES
 from pipespec.stages.device import stage_device

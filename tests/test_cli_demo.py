@@ -7,11 +7,12 @@ import json
 import shutil
 from pathlib import Path
 
-from pipespec.cli import DEMO_MODELS, main
+from pipespec.cli import main
 from pipespec.cli.demo import DemoReport, picture_truth
 from pipespec.commands.examples import config_path
 from pipespec.config import load_config
 from pipespec.protocol.stats import PairStats, merged_pairs
+from tests.fixtures import DEMO_MODELS
 
 
 def test_the_shipped_picture_s_truth_is_found_by_its_bytes(tmp_path):

@@ -11,9 +11,9 @@ import pytest
 
 from pipespec import LocalPipeline
 from pipespec.config import ConfigError, load_config
+from pipespec.engine.stage import FeatureReader, FeatureSource
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
-from pipespec.engine.stage import FeatureReader, FeatureSource
 from pipespec.stages.build import BUILDERS
 from pipespec.stages.kinds import KINDS, kind_of
 
