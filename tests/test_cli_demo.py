@@ -40,7 +40,7 @@ def test_what_the_demo_cannot_run_is_one_line_and_exit_2(tmp_path, capsys):
     )
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"not a picture")
-    assert main(["demo", "--models", str(DEMO_MODELS.resolve()), "--image", str(bad)]) == 2
+    assert main(["demo", "--models", str(DEMO_MODELS), "--image", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pipespec demo: ") and err.count("\n") == 1
 

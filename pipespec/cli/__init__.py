@@ -43,6 +43,8 @@ from pathlib import Path
 from pipespec.protocol.logprobs import TokenLogprobs
 from pipespec.requests.generate_args import DEFAULT_MAX_NEW_TOKENS
 
+DEMO_MODELS = Path("models", "demo")  # `pipespec demo`'s models: the working directory's (`make demo` runs in the repository)
+
 
 def _printable(text: str) -> str:
     return "".join(c if c.isprintable() or c in "\n\t" else "\u00b7" for c in text)
@@ -51,9 +53,6 @@ def _printable(text: str) -> str:
 def _fail(command: str, why: object) -> int:
     print(f"pipespec {command}: {why}", file=sys.stderr)
     return 2
-
-
-DEMO_MODELS = Path("models", "demo")  # `pipespec demo`'s models: the working directory's (`make demo` runs in the repository)
 
 
 def demo_command(args: argparse.Namespace) -> int:  # not `demo`: the submodule pipespec.cli.demo takes that name

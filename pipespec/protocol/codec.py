@@ -1,7 +1,8 @@
 """Pipeline messages <-> msgpack bytes, exactly: the payload of every gRPC frame.
 
 Messages are frozen dataclasses (this room's `messages`, `stats`, `params` and `logprobs`); each
-becomes a msgpack map tagged with its class name. Tuples, frozensets and enums keep their types; floats are float64, infinities included (a logprob of -inf). Tensors (q rows, hidden states) and
+becomes a msgpack map tagged with its class name. Tuples, frozensets and enums keep their types;
+floats are float64, infinities included (a logprob of -inf). Tensors (q rows, hidden states) and
 numpy arrays (image pixels) travel as raw bytes with dtype and shape and come back bit for bit,
 bf16 included; torch is imported only when a tensor is met, so the coordinator stays torch-free. A
 tensor on a GPU is copied to the CPU to be framed; every tensor comes back on the CPU, and the stage

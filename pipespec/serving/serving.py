@@ -1,12 +1,13 @@
 """`Serving`: what every way in to a running coordinator shares (design: one front door).
 
-    admitted = await serving.admit(args)        # args() builds the GenerateArgs; ValueError names the bad value or the limit
+    admitted = await serving.admit(args)        # args() builds the GenerateArgs; ValueError names the bad value
     async for delta in serving.stream(admitted):  # the coordinator's deltas; leaving early aborts
         ...
 
 `admit` builds a request's arguments (which checks them) and validates them at the front door, both
-off the event loop (a long prompt's ids are checked one by one, an image runs through the processor); `admit_choices` does it once for several choices of one request (OpenAI's `n`), each
-its own request with its own seed. `stream` runs a request on the coordinator and records it in the
+off the event loop (a long prompt's ids are checked one by one, an image runs through the processor);
+`admit_choices` does it once for several choices of one request (OpenAI's `n`), each its own request
+with its own seed. `stream` runs a request on the coordinator and records it in the
 metrics (time to first token, inter-token latency, end-to-end latency, running requests, finish
 reasons, speculative-decoding counters per drafter and verifier pair).
 
