@@ -26,7 +26,7 @@ import yaml
 
 from pipespec.errors import ConfigError
 from pipespec.protocol.params import SamplingParams, VerifyMode
-from pipespec.stages.kinds import KINDS, MockOptions, NgramOptions, kind_of
+from pipespec.stages.kinds import KINDS, MockOptions, ModelOptions, NgramOptions, kind_of
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -42,7 +42,7 @@ class StageSpec:
     device: str = "cpu"  # cpu, cuda (the GPU Ray assigned to the stage's actor) or cuda:N (pipespec.stages.device)
     resources: Mapping[str, float] = field(default_factory=lambda: {"num_cpus": 1})  # its Ray actor's; on cuda, a GPU too
     device_group: str | None = None  # stages naming the same group share one device: one actor, one compute thread
-    options: MockOptions | NgramOptions | None = None  # the kind's own keys (KINDS[kind].options)
+    options: MockOptions | NgramOptions | ModelOptions | None = None  # the kind's own keys (KINDS[kind].options)
 
     @property
     def group(self) -> str:
@@ -188,7 +188,8 @@ def _reject_unknown(raw: Mapping[str, Any], allowed: tuple[str, ...] | list[str]
 def _typed(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kind):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise ConfigError(f"{where}: expected {names}, got {value!r}")
     return value
@@ -253,7 +254,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
         values = {}
         for f in fields(option_cls):
             if f.name in raw:
-                ftype = {"float": float, "int": int, "int | None": (int, type(None))}[str(f.type)]
+                ftype = {"float": float, "int": int, "int | None": (int, type(None)), "bool | None": (bool, type(None))}[str(f.type)]
                 values[f.name] = _typed(raw[f.name], ftype, f"{where}.{f.name}")
         options = option_cls(**values)
         options.check(where)

@@ -15,6 +15,8 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Eager forwards unless a test asks for compiled ones (compile: true): compiling costs seconds per model.
+os.environ.setdefault("PIPESPEC_COMPILE", "0")
 
 
 @pytest.fixture(scope="session")

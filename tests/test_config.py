@@ -10,6 +10,7 @@ from pipespec.config import (
     FaultSpec,
     LimitsSpec,
     MockOptions,
+    ModelOptions,
     NgramOptions,
     PipelineConfig,
     SamplingSpec,
@@ -105,8 +106,22 @@ def test_ngram_first_then_model_stage(tmp_path):
     assert config.name == "pipeline"
     assert config.stages[0].options == NgramOptions(min_n=1, max_n=3)
     assert config.target.model == str(tmp_path)
-    assert config.target.options is None
+    assert config.target.options == ModelOptions()  # compiled (by default), the device's widths
     assert config.target.dtype == "float32"
+
+
+def test_model_options(tmp_path):
+    stage = {"name": "target", "kind": "vlm", "model": str(tmp_path), "compile": False, "max_context": 1024, "min_width": 2}
+    assert load_config({"stages": [stage]}).target.options == ModelOptions(compile=False, max_context=1024, min_width=2)
+    for key, value, message in (
+        ("compile", "yes", "stages[0].compile: expected bool or NoneType, got 'yes'"),
+        ("max_width", 6, "stages[0].max_width: must be a power of two >= 1, got 6"),
+        ("min_width", 16, "stages[0].min_width: must be a power of two from 1 to max_width (8), got 16"),
+        ("max_context", 1, "stages[0].max_context: must be >= 2, got 1"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            load_config({"stages": [{**stage, key: value}]})
+        assert str(e.value) == message
 
 
 def test_yaml_file_parses(tmp_path):

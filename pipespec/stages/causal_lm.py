@@ -1,10 +1,11 @@
 """Any Hugging Face causal LM as a stage: a tiny drafter, or a text target.
 
 Loaded from a directory with `AutoModelForCausalLM.from_pretrained` (bf16 by default: on this CPU a
-4-token verification costs about what one token does). Each request owns a `DynamicCache`;
-`forward` crops it to `keep` tokens (transformers 5: `crop(-n)` removes n tokens) and asserts the
-length invariant after every call. Logits come out at the pipeline's width (pipespec.stages.vocabulary),
-on the stage's device (pipespec.stages.device).
+4-token verification costs about what one token does). Each request owns a `StaticKV` of the stage's
+fixed capacity; the prompt is prefilled eagerly, and every later `forward` runs at the stage's fixed
+widths, compiled (pipespec.stages.forwards); a rollback sets the cache's length. The length invariant
+is asserted after every call. Logits come out at the pipeline's width (pipespec.stages.vocabulary), on
+the stage's device (pipespec.stages.device).
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM
 
 from pipespec.engine.stage import check_keep, check_length
 from pipespec.protocol.messages import RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.device import stage_device
+from pipespec.stages.forwards import Forwards, Shapes, compiles
+from pipespec.stages.kinds import ModelOptions
+from pipespec.stages.static_kv import StaticKV
 from pipespec.stages.vocabulary import LogitsFit
 
 if TYPE_CHECKING:
@@ -29,50 +33,64 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 class CausalLMStage:
     def __init__(self, spec: StageSpec, at: BuildContext = ALONE):
-        """The model in `spec.model`, in `spec.dtype` on `spec.device`; its logits fit `at.width` and `at.valid`."""
+        """The model in `spec.model`, in `spec.dtype` on `spec.device`; its logits fit `at.width` and `at.valid`.
+        Its forwards are warmed up (compiled, unless its options say otherwise) before this returns."""
         name = self.name = spec.name
         self.device = stage_device(name, spec.device)  # before any weights load
-        self.model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=DTYPES[spec.dtype]).to(self.device).eval()
+        self.dtype = DTYPES[spec.dtype]
+        self.model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=self.dtype).to(self.device).eval()
         self.fit = LogitsFit.of(name, self.model.get_output_embeddings().out_features, at.width, at.valid)
         self.vocab_size = self.fit.width
-        self.max_context = getattr(self.model.config, "max_position_embeddings", None)
         eos = self.model.generation_config.eos_token_id
         if eos is None:
             eos = self.model.config.eos_token_id
         self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else eos or [])
+        options = spec.options if spec.options is not None else ModelOptions()
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        self.shapes = Shapes.of(options, limit, self.device, self.dtype)
+        self.max_context = self.shapes.context
+        self.forwards = Forwards(name, self._step, self.shapes, compiles(options), self.device)
+        self.forwards.warm_up(self.new_cache, min(self.eos_token_ids, default=0))
+
+    def new_cache(self) -> StaticKV:
+        return StaticKV(self.model.config, self.shapes.capacity, self.dtype, self.device)
+
+    def _step(self, cache: StaticKV, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor]:
+        """ids [1, w] at cache positions [w] -> (logits [1, w, V'])."""
+        out = self.model(input_ids=ids, past_key_values=cache, cache_position=positions, position_ids=positions[None], use_cache=True)
+        return (out.logits,)
 
     def open(self, request: RequestSpec) -> CausalLMSession:
         prompt = request.text_prompt
+        if len(prompt) > self.max_context:
+            raise ValueError(f"stage {self.name!r}: a prompt of {len(prompt)} tokens exceeds its max_context of {self.max_context}")
         session = CausalLMSession(self, prompt)
         if len(prompt) > 1:
-            session.forward(0, prompt[:-1])
+            session.prefill(prompt[:-1])
         return session
-
-    @torch.inference_mode()
-    def run(self, cache: DynamicCache, keep: int, tokens: Sequence[int]) -> torch.Tensor:
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
-        positions = torch.arange(keep, keep + len(tokens), device=self.device)[None]  # [1, n]
-        out = self.model(input_ids=ids, past_key_values=cache, position_ids=positions, use_cache=True)
-        return self.fit(out.logits[0].float())  # [n, V]
 
 
 class CausalLMSession:
     def __init__(self, stage: CausalLMStage, prompt: Sequence[int]):
         self.stage = stage
-        self.cache = DynamicCache()
+        self.cache = stage.new_cache()
         self.prompt_len = len(prompt)
         self.last_prompt_token = prompt[-1]
 
+    @torch.inference_mode()
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Eager, at the prompt's own length."""
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.stage.device)  # [1, P - 1]
+        positions = torch.arange(len(tokens), device=self.stage.device)  # [P - 1]
+        self.stage.model(input_ids=ids, past_key_values=self.cache, position_ids=positions[None], use_cache=True)
+        check_length(self.stage.name, self.cache.length, len(tokens))
+
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
         name = self.stage.name
-        cache_len = self.cache.get_seq_length()
-        check_keep(name, keep, cache_len)
-        if keep < cache_len:
-            self.cache.crop(keep - cache_len)
-            check_length(name, self.cache.get_seq_length(), keep)
-        logits = self.stage.run(self.cache, keep, tokens)
-        check_length(name, self.cache.get_seq_length(), keep + len(tokens))
-        return logits
+        check_keep(name, keep, self.cache.length)
+        (logits,) = self.stage.forwards(self.cache, keep, tokens)
+        check_length(name, self.cache.length, keep + len(tokens))
+        return self.stage.fit(logits.float())  # [n, V]
 
     def close(self) -> None:
-        self.cache = DynamicCache()
+        self.cache = None

@@ -35,7 +35,7 @@ class SpecLike(Protocol):
 
 
 class KindOptions(Protocol):
-    """A kind's own YAML keys: a frozen dataclass whose fields (float, int or `int | None`) have defaults."""
+    """A kind's own YAML keys: a frozen dataclass whose fields (float, int, `int | None` or `bool | None`) have defaults."""
 
     def check(self, where: str) -> None:
         """Raise a ConfigError naming `where` (the stage's key path) if a value is out of range."""
@@ -81,6 +81,34 @@ class NgramOptions:
     def check(self, where: str) -> None:
         if not 1 <= self.min_n <= self.max_n:
             raise ConfigError(f"{where}.min_n / max_n: need 1 <= min_n <= max_n, got {self.min_n}, {self.max_n}")
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How a model's forwards run (causal_lm, vlm; pipespec.stages.forwards).
+
+    Every request's KV cache is preallocated at `max_context` tokens (None: the model's own limit, at
+    most 4096). Each decode or verification forward feeds a fixed width: at most `max_width` tokens, a
+    shorter feed padded up to a power-of-two width of at least `min_width` (None: the least width that
+    keeps a position's logits independent of its block on the stage's device and dtype, as measured).
+    `compile` runs those forwards compiled, each width compiled once when the stage starts (None: the
+    `PIPESPEC_COMPILE` environment variable if set, else yes).
+    """
+
+    compile: bool | None = None
+    max_context: int | None = None
+    min_width: int | None = None
+    max_width: int = 8
+
+    def check(self, where: str) -> None:
+        if self.max_context is not None and self.max_context < 2:
+            raise ConfigError(f"{where}.max_context: must be >= 2, got {self.max_context}")
+        if self.max_width < 1 or self.max_width & (self.max_width - 1):
+            raise ConfigError(f"{where}.max_width: must be a power of two >= 1, got {self.max_width}")
+        if self.min_width is not None and not (
+            1 <= self.min_width <= self.max_width and not self.min_width & (self.min_width - 1)
+        ):
+            raise ConfigError(f"{where}.min_width: must be a power of two from 1 to max_width ({self.max_width}), got {self.min_width}")
 
 
 def _anywhere(chain: Sequence[SpecLike], i: int) -> None:
@@ -138,10 +166,10 @@ def _before_mocks_only(chain: Sequence[SpecLike], i: int) -> None:
 KINDS: Mapping[str, StageKind] = {
     kind.name: kind
     for kind in (  # in the order error messages list them
-        StageKind("causal_lm", loads_model=True),
+        StageKind("causal_lm", loads_model=True, options=ModelOptions),
         StageKind("ngram", options=NgramOptions, place=_first_only),
         StageKind("dream", loads_model=True, place=_right_before_a_feature_giving_target, reads_target_features=True),
-        StageKind("vlm", loads_model=True, takes_images=True, gives_target_features=True),
+        StageKind("vlm", loads_model=True, options=ModelOptions, takes_images=True, gives_target_features=True),
         StageKind("mock", options=MockOptions, place=_before_mocks_only, depends_on_chain=True),
     )
 }

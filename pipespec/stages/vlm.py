@@ -4,10 +4,11 @@ Loaded with `AutoModelForImageTextToText.from_pretrained` (LLaVA, LLaVA-NeXT, Id
 Qwen2-VL/2.5-VL, Gemma 3, Mistral 3, ...). The front door has already run the model's processor:
 the request carries the expanded prompt ids and the pixel arrays (`ImageInputs`). `open` prefills
 every prompt token but the last together with the pixel arrays (the image is encoded once, here);
-every later `forward` feeds token ids only, over a per-request `DynamicCache` cropped on rollback,
-with positions taken from the cache length. Models with multimodal rotary positions (Qwen2-VL) keep
-their position offset on the model object; each session keeps its own and puts it back before
-each of its forwards, so concurrent requests with different images never share one.
+every later `forward` feeds token ids only, at the stage's fixed widths over a per-request `StaticKV`
+whose length a rollback sets, compiled (pipespec.stages.forwards). Models with multimodal rotary
+positions (Qwen2-VL) keep their position offset on the model object; each session keeps its own and
+puts it back before each of its forwards, so concurrent requests with different images never share
+one (such models run eagerly: a compiled forward would bake one request's offset in).
 
 What the DREAM drafter needs of the target is exposed on the session: `prefill_features` holds the merged
 input embeddings, the last layer's post-norm hidden states and (when a drafter reads them, the build
@@ -19,12 +20,12 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from transformers import AttentionInterface, AutoModelForImageTextToText, DynamicCache
+from transformers import AttentionInterface, AutoModelForImageTextToText
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
 from pipespec.engine.stage import check_keep, check_length
@@ -34,6 +35,9 @@ from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.causal_lm import DTYPES
 from pipespec.stages.device import stage_device
 from pipespec.stages.dream.compression import attention_received
+from pipespec.stages.forwards import Forwards, Shapes, compiles
+from pipespec.stages.kinds import ModelOptions
+from pipespec.stages.static_kv import StaticKV
 from pipespec.stages.vocabulary import LogitsFit
 
 if TYPE_CHECKING:
@@ -60,8 +64,8 @@ def _sdpa_with_weights(
     k = repeat_kv(key, query.shape[1] // key.shape[1]).float()
     scores = (query.float() @ k.transpose(-1, -2)) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
     q_len, k_len = query.shape[2], key.shape[2]
-    if attention_mask is None:  # causal, the queries being the last q_len of the k_len positions
-        attention_mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
+    if attention_mask is None:  # causal as sdpa's is_causal: query i sees keys 0..i (a prefill from position 0)
+        attention_mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril()
     if attention_mask.dtype == torch.bool:
         scores = scores.masked_fill(~attention_mask, float("-inf"))
     else:
@@ -126,6 +130,23 @@ class VLMStage:
         self.taps = _Taps(self.model, at.sends_features)
         self.inner = self.model.model
         self.has_rope_deltas = hasattr(self.inner, "rope_deltas")
+        options = spec.options if spec.options is not None else ModelOptions()
+        compiled = compiles(options)
+        if compiled and self.has_rope_deltas:  # its positions live on the model object, between forwards
+            if options.compile:
+                raise ConfigError(
+                    f"stage {name!r}: {config.model_type} keeps its multimodal rotary positions on the model, "
+                    f"which a compiled forward cannot read per request; set compile: false"
+                )
+            log.info("stage %r: %s runs its forwards eagerly (multimodal rotary positions)", name, config.model_type)
+            compiled = False
+        self.shapes = Shapes.of(options, self.max_context, self.device, self.dtype)
+        self.max_context = self.shapes.context
+        self.forwards = Forwards(name, self._step, self.shapes, compiled, self.device)
+        self.forwards.warm_up(self.new_cache, min(self.eos_token_ids, default=0))
+
+    def new_cache(self) -> StaticKV:
+        return StaticKV(self.model.config, self.shapes.capacity, self.dtype, self.device)
 
     def open(self, request: RequestSpec) -> VLMSession:
         session = VLMSession(self, request.prompt_token_ids)
@@ -147,21 +168,10 @@ class VLMStage:
             out[key] = t
         return out
 
-    @torch.inference_mode()
-    def run(
-        self, session: VLMSession, keep: int, tokens: Sequence[int], image: dict[str, torch.Tensor] | None = None
-    ) -> torch.Tensor:
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
-        if self.has_rope_deltas:
-            self.inner.rope_deltas = session.rope_deltas
-        extra: dict[str, Any] = {}
-        if image is not None:
-            extra = dict(image, logits_to_keep=1)
-        out = self.model(input_ids=ids, past_key_values=session.cache, use_cache=True, **extra)
-        if self.has_rope_deltas:
-            session.rope_deltas = self.inner.rope_deltas
-        return self.fit(out.logits[0].float())  # [n, V] (prefill: [1, V])
-
+    def _step(self, cache: StaticKV, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids [1, w] at cache positions [w] -> (logits [1, w, V'], post-norm hidden states [1, w, H])."""
+        out = self.model(input_ids=ids, past_key_values=cache, cache_position=positions, use_cache=True)
+        return out.logits, self.taps.hidden
 
 class VLMSession:
     def __init__(self, stage: VLMStage, prompt: Sequence[int]):
@@ -169,7 +179,7 @@ class VLMSession:
         self.prompt = tuple(prompt)
         self.prompt_len = len(prompt)
         self.last_prompt_token = prompt[-1]
-        self.cache = DynamicCache()
+        self.cache = stage.new_cache()
         self.rope_deltas: torch.Tensor | None = None
         hidden = stage.model.get_input_embeddings().embedding_dim
         nothing = torch.empty(0, hidden, device=stage.device)
@@ -178,39 +188,48 @@ class VLMSession:
         self.hidden: torch.Tensor | None = None  # [n, H] post-norm, for the tokens of the last forward
 
     def prefill(self, image: ImageInputs | None) -> None:
+        """Every prompt token but the last, with the image: eager, at the prompt's own length."""
         stage, taps = self.stage, self.stage.taps
         length = self.prompt_len - 1
         pixels = stage.tensors(image, length) if image is not None else {}
+        ids = torch.tensor([self.prompt[:-1]], dtype=torch.long, device=stage.device)  # [1, P - 1]
         taps.attention = None
         if taps.last_attention is not None:
             taps.last_attention.keep_weights = True
         try:
-            stage.run(self, 0, self.prompt[:-1], pixels)
+            with torch.inference_mode():
+                self._with_rope_deltas(lambda: stage.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1, **pixels))
         finally:
             if taps.last_attention is not None:
                 taps.last_attention.keep_weights = False
-        check_length(stage.name, self.cache.get_seq_length(), length)
+        check_length(stage.name, self.cache.length, length)
         hidden = taps.hidden[0].detach()
         image_mask = torch.tensor(self.prompt[:-1], device=hidden.device) == stage.image_token_id
         received = None
         if taps.attention is not None:
-            received = attention_received(taps.attention[0], image_mask)
+            received = attention_received(taps.attention[0, ..., :length], image_mask)  # the cache's keys past the prompt: masked
         self.prefill_features = PrefillFeatures(taps.embeddings[0].detach(), hidden, image_mask, received)
+
+    def _with_rope_deltas(self, run: Callable[[], Any]) -> Any:
+        """Run with this session's multimodal rotary offset on the model (Qwen2-VL keeps it there)."""
+        inner = self.stage.inner
+        if not self.stage.has_rope_deltas:
+            return run()
+        inner.rope_deltas = self.rope_deltas
+        out = run()
+        self.rope_deltas = inner.rope_deltas
+        return out
 
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
         name = self.stage.name
-        cache_len = self.cache.get_seq_length()
-        check_keep(name, keep, cache_len)
+        check_keep(name, keep, self.cache.length)
         assert keep >= self.prompt_len - 1, f"rollback into the prompt ({keep} < {self.prompt_len - 1}): the image is gone"
-        if keep < cache_len:
-            self.cache.crop(keep - cache_len)
-            check_length(name, self.cache.get_seq_length(), keep)
-        logits = self.stage.run(self, keep, tokens)
-        self.hidden = self.stage.taps.hidden[0].detach()
-        check_length(name, self.cache.get_seq_length(), keep + len(tokens))
-        return logits
+        logits, hidden = self._with_rope_deltas(lambda: self.stage.forwards(self.cache, keep, tokens))
+        self.hidden = hidden.detach()
+        check_length(name, self.cache.length, keep + len(tokens))
+        return self.stage.fit(logits.float())  # [n, V]
 
     def close(self) -> None:
-        self.cache = DynamicCache()
+        self.cache = None
         self.prefill_features = None
         self.hidden = None

@@ -1,0 +1,139 @@
+"""How a model stage runs its decode and verification forwards: fixed widths over a static cache, compiled.
+
+A position's logits must not depend on the block it is computed in, or a pipeline's answer can differ
+from the target alone's wherever two tokens nearly tie (on an H100 in bf16, 3 of 24 demo answers did).
+What changes with the block is the shapes the kernels see: how many rows a matrix product has (its
+library picks a kernel by it) and how many keys a row attends over. So here every forward attends over
+its request's whole `StaticKV` (entries past the request's length masked) and feeds one of a few fixed
+widths, powers of two from `min_width` to `max_width`: a feed is cut into pieces of at most `max_width`
+tokens and each piece padded, after its real tokens, to the least width that holds it. Padding rows sit
+after the real ones, so causality hides them from the real rows; their keys land past the request's
+length and are overwritten later. The target alone runs the same path, so its answer is the pipeline's.
+
+Which widths agree is a property of the device's kernels, measured (`tests/stages/test_forwards.py`
+checks it on every run; one thread, torch 2.13, x86 with AVX-512):
+- on a CPU in bf16 and fp16, a linear layer's row and a masked attention row over a fixed key length
+  are bitwise the same at every width from 1 to 16: no padding is needed (`min_width` 1);
+- on a CPU in fp32, widths 1, 2-3 and 4-16 give three different results: forwards are at least 4 wide;
+- on a GPU the matrix kernels change with the row count: every forward is `max_width` wide (a 5-token
+  forward of a 7B model costs 1.09x a 1-token one on an H100, compiled).
+
+Compiled (`torch.compile`, inductor; CUDA graphs where the device has them), each width is compiled
+once, when the stage starts (`warm_up`); inductor keeps what it compiled on disk
+(TORCHINDUCTOR_CACHE_DIR, by default under /tmp), so a restart reads it back instead of compiling
+again. Prefill stays eager: its length changes with every prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from pipespec.errors import ConfigError
+from pipespec.stages.static_kv import StaticKV
+
+if TYPE_CHECKING:
+    from pipespec.stages.kinds import ModelOptions
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONTEXT = 4096  # most context tokens per request when neither the model nor the config says less
+
+# One forward at a fixed width: (cache, ids [1, w], cache positions [w]) -> outputs [1, w, ...] each.
+Step = Callable[[StaticKV, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
+
+
+def _compile_default() -> bool:
+    """`PIPESPEC_COMPILE` (0 or 1) where set, else compiled: measured faster on the CPU and the GPU alike."""
+    value = os.environ.get("PIPESPEC_COMPILE", "1")
+    if value not in ("0", "1"):
+        raise ConfigError(f"PIPESPEC_COMPILE: expected 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def least_width(device: torch.device, dtype: torch.dtype, max_width: int) -> int:
+    """The least forward width at which a position's logits do not depend on its block (measured: see above)."""
+    if device.type != "cpu":
+        return max_width
+    return min(4 if dtype == torch.float32 else 1, max_width)
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The fixed shapes of a stage's forwards: the context a request may hold and the widths it feeds."""
+
+    context: int  # most context tokens (prompt + generated) one request may hold
+    widths: tuple[int, ...]  # ascending powers of two; a piece of n tokens runs at the least width >= n
+
+    @property
+    def capacity(self) -> int:
+        """Each request's cache length: its context and room for the widest piece's padding."""
+        return self.context + self.widths[-1]
+
+    @classmethod
+    def of(cls, options: ModelOptions, model_limit: int | None, device: torch.device, dtype: torch.dtype) -> Shapes:
+        context = min(model_limit or DEFAULT_CONTEXT, options.max_context or DEFAULT_CONTEXT)
+        least = options.min_width or least_width(device, dtype, options.max_width)
+        widths = tuple(w for w in (2**i for i in range(options.max_width.bit_length())) if least <= w)
+        return cls(context, widths)
+
+    def pieces(self, n: int) -> list[tuple[int, int, int]]:
+        """-> (start, length, width) of each piece of an n-token feed."""
+        widest = self.widths[-1]
+        out = []
+        for start in range(0, n, widest):
+            length = min(widest, n - start)
+            out.append((start, length, next(w for w in self.widths if w >= length)))
+        return out
+
+
+class Forwards:
+    """A stage's decode and verification forwards: `step` at fixed widths, eager or compiled."""
+
+    def __init__(self, stage: str, step: Step, shapes: Shapes, compiled: bool, device: torch.device):
+        self.stage = stage
+        self.shapes = shapes
+        self.compiled = compiled
+        self.device = device
+        self.warmup_s = 0.0
+        mode = "reduce-overhead" if device.type == "cuda" else None  # CUDA graphs on a GPU
+        self.step = torch.compile(step, dynamic=False, mode=mode) if compiled else step
+
+    @torch.inference_mode()
+    def __call__(self, cache: StaticKV, keep: int, tokens: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        """Feed `tokens` after the first `keep` entries of `cache`; -> each output of `step` for the real rows [n, ...]."""
+        if keep + len(tokens) > self.shapes.context:
+            raise ValueError(
+                f"stage {self.stage!r}: {keep + len(tokens)} context tokens exceed its max_context of {self.shapes.context}"
+            )
+        parts = []
+        for start, length, width in self.shapes.pieces(len(tokens)):
+            piece = list(tokens[start : start + length])
+            at = keep + start
+            ids = torch.tensor([piece + piece[-1:] * (width - length)], dtype=torch.long, device=self.device)  # [1, w]
+            positions = torch.arange(at, at + width, device=self.device)  # [w]
+            cache.rewind(at)
+            parts.append([out[0, :length] for out in self.step(cache, ids, positions)])
+        cache.rewind(keep + len(tokens))
+        return tuple(torch.cat(outs) for outs in zip(*parts))
+
+    def warm_up(self, new_cache: Callable[[], StaticKV], filler: int) -> None:
+        """Run every width once on a scratch cache (compiling it, when compiled); the time is logged and kept."""
+        began = time.perf_counter()
+        cache = new_cache()
+        for width in self.shapes.widths:
+            self(cache, 0, [filler] * width)
+        self.warmup_s = time.perf_counter() - began
+        how = "compiled" if self.compiled else "eager"
+        log.info("stage %r: %s forwards at widths %s warmed up in %.1f s", self.stage, how, self.shapes.widths, self.warmup_s)
+
+
+def compiles(options: ModelOptions) -> bool:
+    """Whether a stage with `options` compiles its forwards."""
+    return _compile_default() if options.compile is None else options.compile

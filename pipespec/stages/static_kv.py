@@ -1,0 +1,56 @@
+"""One request's KV cache on a model stage: preallocated at a fixed length, rolled back by setting its length.
+
+`StaticKV` is a transformers `Cache` whose layers are transformers' `StaticLayer`s allocated up front:
+[1, kv_heads, capacity, head_dim] keys and values per layer, and the number of entries in use as a
+tensor (`cumulative_length`), which the model reads to know where a forward's keys go. A rollback
+(`rewind`) sets that number: no crop, no copy. Entries past it stay in place, masked by causality
+until a later forward overwrites them, so every forward attends over the same `capacity` keys whatever
+the request's length (what makes a position's logits independent of its block: pipespec.stages.forwards).
+
+Two differences from transformers' `StaticCache`: sliding-window layers are full-length too (the
+window is the mask's business, so a rollback never needs an entry a rolling buffer overwrote), and the
+tensors are not marked as static addresses, so one compiled forward takes any request's cache as an
+input instead of baking one request's tensors into its graph.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Cache, PretrainedConfig
+from transformers.cache_utils import StaticLayer
+
+
+class _Layer(StaticLayer):
+    """transformers' static layer, allocated at construction instead of at its first update."""
+
+    def __init__(self, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device):
+        super().__init__(max_cache_len=shape[2])
+        self.dtype, self.device = dtype, device
+        self.batch_size, self.num_heads, _, self.k_head_dim = shape
+        self.v_head_dim = self.k_head_dim
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [1, kv_heads, capacity, head_dim]
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.cumulative_length = torch.zeros((), dtype=torch.long, device=device)  # entries in use
+        self.is_initialized = True
+
+
+class StaticKV(Cache):
+    """Keys and values for up to `capacity` positions of one request, for a model with `config`."""
+
+    def __init__(self, config: PretrainedConfig, capacity: int, dtype: torch.dtype, device: torch.device):
+        text = config.get_text_config(decoder=True)
+        heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        shape = (1, heads, capacity, head_dim)
+        super().__init__(layers=[_Layer(shape, dtype, device) for _ in range(text.num_hidden_layers)])
+        self.capacity = capacity
+
+    @property
+    def length(self) -> int:
+        """Entries in use: the context positions this cache holds."""
+        return int(self.layers[0].cumulative_length)
+
+    def rewind(self, length: int) -> None:
+        """Hold the first `length` entries; the next forward writes its keys from there."""
+        for layer in self.layers:
+            layer.cumulative_length.fill_(length)
