@@ -47,7 +47,7 @@ class CausalLMStage:
         self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else eos or [])
         options = spec.options if spec.options is not None else ModelOptions()
         limit = getattr(self.model.config, "max_position_embeddings", None)
-        self.shapes = Shapes.of(options, limit, self.device, self.dtype)
+        self.shapes = Shapes.of(options, limit, self.device, target=len(at.chain) <= 1)
         self.max_context = self.shapes.context
         self.forwards = Forwards(name, self._step, self.shapes, compiles(options), self.device)
         self.forwards.warm_up(self.new_cache, min(self.eos_token_ids, default=0))

@@ -10,13 +10,14 @@ tokens and each piece padded, after its real tokens, to the least width that hol
 after the real ones, so causality hides them from the real rows; their keys land past the request's
 length and are overwritten later. The target alone runs the same path, so its answer is the pipeline's.
 
-Which widths agree is a property of the device's kernels, measured (`tests/stages/test_forwards.py`
-checks it on every run; one thread, torch 2.13, x86 with AVX-512):
-- on a CPU in bf16 and fp16, a linear layer's row and a masked attention row over a fixed key length
-  are bitwise the same at every width from 1 to 16: no padding is needed (`min_width` 1);
-- on a CPU in fp32, widths 1, 2-3 and 4-16 give three different results: forwards are at least 4 wide;
+Which widths agree is a property of the device's kernels, measured (`tests/test_forwards.py`
+checks it on every run; one thread, torch 2.13, x86 with AVX-512, a 2-layer Llama at hidden 1024):
+- on a CPU, widths 4 to 8 agree in fp32, bf16 and fp16, eager and compiled; below 4 they do not (in
+  fp32 a matrix product's row differs at widths 1, 2-3 and 4-16; masked attention at 1, 2, 3 and
+  4-8): so the target's forwards are at least 4 wide;
 - on a GPU the matrix kernels change with the row count: every forward is `max_width` wide (a 5-token
   forward of a 7B model costs 1.09x a 1-token one on an H100, compiled).
+Only the target pads: a drafter's logits pick drafts, never the answer.
 
 Compiled (`torch.compile`, inductor; CUDA graphs where the device has them), each width is compiled
 once, when the stage starts (`warm_up`); inductor keeps what it compiled on disk
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MOST_GRAPHS = 64  # compiled graphs of one stage kind per process (dynamo's default, 8, is two stages' widths)
 DEFAULT_CONTEXT = 4096  # most context tokens per request when neither the model nor the config says less
 
 # One forward at a fixed width: (cache, ids [1, w], cache positions [w]) -> outputs [1, w, ...] each.
@@ -57,11 +59,9 @@ def _compile_default() -> bool:
     return value == "1"
 
 
-def least_width(device: torch.device, dtype: torch.dtype, max_width: int) -> int:
+def least_width(device: torch.device, max_width: int) -> int:
     """The least forward width at which a position's logits do not depend on its block (measured: see above)."""
-    if device.type != "cpu":
-        return max_width
-    return min(4 if dtype == torch.float32 else 1, max_width)
+    return min(4, max_width) if device.type == "cpu" else max_width
 
 
 @dataclass(frozen=True)
@@ -77,9 +77,12 @@ class Shapes:
         return self.context + self.widths[-1]
 
     @classmethod
-    def of(cls, options: ModelOptions, model_limit: int | None, device: torch.device, dtype: torch.dtype) -> Shapes:
+    def of(
+        cls, options: ModelOptions, model_limit: int | None, device: torch.device, target: bool
+    ) -> Shapes:
+        """A drafter's logits only pick drafts, never the answer: by default it feeds every width, unpadded."""
         context = min(model_limit or DEFAULT_CONTEXT, options.max_context or DEFAULT_CONTEXT)
-        least = options.min_width or least_width(device, dtype, options.max_width)
+        least = options.min_width or (least_width(device, options.max_width) if target else 1)
         widths = tuple(w for w in (2**i for i in range(options.max_width.bit_length())) if least <= w)
         return cls(context, widths)
 
@@ -103,6 +106,8 @@ class Forwards:
         self.device = device
         self.warmup_s = 0.0
         mode = "reduce-overhead" if device.type == "cuda" else None  # CUDA graphs on a GPU
+        if compiled:  # every stage's widths are graphs of one function (a stage kind's `_step`): room for all of them
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MOST_GRAPHS)
         self.step = torch.compile(step, dynamic=False, mode=mode) if compiled else step
 
     @torch.inference_mode()

@@ -89,8 +89,9 @@ class ModelOptions:
 
     Every request's KV cache is preallocated at `max_context` tokens (None: the model's own limit, at
     most 4096). Each decode or verification forward feeds a fixed width: at most `max_width` tokens, a
-    shorter feed padded up to a power-of-two width of at least `min_width` (None: the least width that
-    keeps a position's logits independent of its block on the stage's device and dtype, as measured).
+    shorter feed padded up to a power-of-two width of at least `min_width` (None: for the target, the
+    least width that keeps a position's logits independent of its block on the stage's device and
+    dtype, as measured; for a drafter 1, since its logits never decide the answer).
     `compile` runs those forwards compiled, each width compiled once when the stage starts (None: the
     `PIPESPEC_COMPILE` environment variable if set, else yes).
     """

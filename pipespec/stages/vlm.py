@@ -140,7 +140,7 @@ class VLMStage:
                 )
             log.info("stage %r: %s runs its forwards eagerly (multimodal rotary positions)", name, config.model_type)
             compiled = False
-        self.shapes = Shapes.of(options, self.max_context, self.device, self.dtype)
+        self.shapes = Shapes.of(options, self.max_context, self.device, target=len(at.chain) <= 1)
         self.max_context = self.shapes.context
         self.forwards = Forwards(name, self._step, self.shapes, compiled, self.device)
         self.forwards.warm_up(self.new_cache, min(self.eos_token_ids, default=0))
