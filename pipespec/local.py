@@ -59,16 +59,16 @@ class LocalPipeline:
         self._services: list = []  # each stage's gRPC service, and the clients of its streams (over_grpc only)
         self._clients: list = []
         self.entrance = Entrance.check(config)  # before any weights load
+        if torch_threads is not None:  # before the stages are built: a compiled forward is compiled for this many
+            import torch
+
+            torch.set_num_threads(torch_threads)
         if stages is None:
             from pipespec.stages.build import load_stages
 
             stages = load_stages(config, self.entrance.tokenizer_size)
         self.stages = list(stages)
         self.front_door = self.entrance.front_door(TargetInfo.of(config.target, self.stages[-1]))
-        if torch_threads is not None:
-            import torch
-
-            torch.set_num_threads(torch_threads)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
         self.runners: list[StageRunner] = []

@@ -108,7 +108,8 @@ class Forwards:
         mode = "reduce-overhead" if device.type == "cuda" else None  # CUDA graphs on a GPU
         if compiled:  # every stage's widths are graphs of one function (a stage kind's `_step`): room for all of them
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MOST_GRAPHS)
-        self.step = torch.compile(step, dynamic=False, mode=mode) if compiled else step
+        options = {"guard_filter_fn": _without_registry_guards}
+        self.step = torch.compile(step, dynamic=False, mode=mode, options=options) if compiled else step
 
     @torch.inference_mode()
     def __call__(self, cache: StaticKV, keep: int, tokens: Sequence[int]) -> tuple[torch.Tensor, ...]:
@@ -137,6 +138,13 @@ class Forwards:
         self.warmup_s = time.perf_counter() - began
         how = "compiled" if self.compiled else "eager"
         log.info("stage %r: %s forwards at widths %s warmed up in %.1f s", self.stage, how, self.shapes.widths, self.warmup_s)
+
+
+def _without_registry_guards(entries: Sequence) -> list[bool]:
+    """Keep every guard but those on transformers' registry of output captures: it grows whenever
+    another model class first runs (a drafter loading beside the target, the vision tower's first
+    prefill), which would recompile a forward mid-request, while what it adds never enters our graphs."""
+    return ["_CAN_RECORD_REGISTRY" not in entry.name for entry in entries]
 
 
 def compiles(options: ModelOptions) -> bool:

@@ -91,6 +91,7 @@ class _Taps:
             attn = self.last_attention = decoder.layers[-1].self_attn
             attn.config = copy.copy(attn.config)  # this layer only: sdpa that can also return its weights
             attn.config._attn_implementation = "sdpa_with_weights"
+            attn.keep_weights = False  # set before the forwards compile: flipping it in a prefill then costs no recompile
             attn.register_forward_hook(self._on_attention)
 
     def _on_decoder(self, module: Any, args: tuple, kwargs: dict) -> None:
