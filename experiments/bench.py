@@ -9,6 +9,7 @@ a time, as Spec-Bench measures):
     target                   the target alone, in this process on every core (the reference for speedup and exactness)
     target, 1 thread         the same on one torch thread (what one stage actor of one core gets)
     sync <d>->target         synchronous speculative decoding (pipespec.engine.synchronous), drafter d, window --gamma
+    hf-generate target       Hugging Face `generate` on the target's model, on every core and on one thread
     hf-assisted <d>->target  Hugging Face assisted generation (`generate(assistant_model=...)`), for each
                              drafter that is a Hugging Face model
     async <chain>            the asynchronous pipeline for each depth the config allows: the target alone,
@@ -133,11 +134,11 @@ class _Clock:
 
 @dataclass
 class HFAssisted:
-    """Hugging Face assisted generation with the same drafter and target models (greedy)."""
+    """Hugging Face `generate` on the same target model (greedy): assisted by a drafter, or (None) plain."""
 
     name: str
     target: Any  # a stage with an HF `model` and a `fit` (pipespec.stages.vocabulary.LogitsFit)
-    drafter: Any
+    drafter: Any | None
     threads: int
 
     def answer(self, request: Request) -> Answer:
@@ -152,7 +153,7 @@ class HFAssisted:
         t0 = time.perf_counter()
         with torch.inference_mode():
             out = self.target.model.generate(
-                **inputs, assistant_model=self.drafter.model, max_new_tokens=spec.max_new_tokens, do_sample=False,
+                **inputs, assistant_model=self.drafter and self.drafter.model, max_new_tokens=spec.max_new_tokens, do_sample=False,
                 suppress_tokens=padding, eos_token_id=sorted(spec.stop_token_ids) or None, streamer=clock,
             )  # fmt: skip
         wall = time.perf_counter() - t0
@@ -356,6 +357,7 @@ def run_bench(config: PipelineConfig, prompts: list[Prompt], settings: Settings,
     cores = os.cpu_count() or 1
     methods: list[Method] = [InProcess("target", target, None, 0, cores), InProcess("target, 1 thread", target, None, 0, 1)]
     methods += [InProcess(f"sync {d.name}->{name}", target, stages[d.name], settings.gamma, cores) for d in drafters]
+    methods += [HFAssisted("hf-generate target", target, None, cores), HFAssisted("hf-generate target, 1 thread", target, None, 1)]
     methods += [
         HFAssisted(f"hf-assisted {d.name}->{name}", target, stages[d.name], cores) for d in drafters if d.kind == "causal_lm"
     ]

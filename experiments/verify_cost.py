@@ -1,59 +1,109 @@
-"""What a verification costs the target, by block size and torch threads: the ceiling of asynchrony here.
+"""What a forward costs each model stage, by block size, eager and compiled, beside its weight-streaming floor.
 
-    python -m experiments.verify_cost [--config pipespec/configs/demo_two_cores.yaml] [--blocks 1 2 3 4 5 6 8] [--threads 1 2]
+    python -m experiments.verify_cost [--config pipespec/configs/demo_two_cores.yaml] [--blocks 1 2 3 4 5 6 7 8]
+                                      [--threads 1] [--repeats 15] [--json FILE]
 
-Synchronous speculation gives the target every core while it verifies; the asynchronous pipeline
-gives it its own device (here one core) and the drafters the rest. Asynchrony takes the drafting off
-the target's critical path, but each verification then runs on fewer threads. On a device where a
-block of k tokens costs about as much as one (a GPU, bf16 on some CPUs) that is a clear gain; where
-it costs more with k and with fewer threads, it can be none. This prints the target's median
-forward seconds for each block size at each thread count on the config's first held-out prompt
-(`pipespec.planning.profiling.time_forwards`: after the prefill, the block fed again and again at the same
-place), and the ratio to one token at that thread count.
+For each model stage of the config (the target last) and each way of running its forwards (eager,
+then compiled: pipespec.stages.forwards; a DREAM stage runs its own small eager forward either way),
+the median milliseconds of a forward of k tokens after the prefill, on the config's first held-out
+prompt (`pipespec.planning.profiling.time_forwards`: the block fed again and again at the same place).
+Beside them, the floor: one matrix-vector product over as many weights as the stage has, in its
+dtype, on the same thread(s): what streaming its weights from memory once costs here. A one-token
+forward cannot be cheaper than that; what it costs above it is overhead (kernel launches, Python).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+import time
 from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 
 import torch
 
 from experiments.prompt_sets import load_prompts
 from pipespec import LocalPipeline, load_config
 from pipespec.commands.logs import add_log_level, setup_logging
-from pipespec.config import sub_pipeline
-from pipespec.planning.profiling import time_forwards
+from pipespec.config import PipelineConfig
+from pipespec.planning.profiling import open_session, time_forwards
+from pipespec.stages.kinds import ModelOptions, kind_of
 
 PROMPTS = "experiments/prompts/world_held_out.jsonl"
+
+
+def with_compile(config: PipelineConfig, compiled: bool) -> PipelineConfig:
+    """`config` with every stage that takes ModelOptions compiled or not."""
+    stages = tuple(
+        replace(s, options=replace(s.options or ModelOptions(), compile=compiled)) if kind_of(s).options is ModelOptions else s
+        for s in config.stages
+    )
+    return replace(config, stages=stages)
+
+
+def floor_s(parameters: int, dtype: torch.dtype, repeats: int) -> float:
+    """Median seconds of one matrix-vector product over `parameters` weights of `dtype`."""
+    weights = torch.randn(parameters // 256, 256).to(dtype)
+    x = torch.randn(1, 256).to(dtype)
+    times = []
+    for _ in range(repeats + 2):
+        start = time.perf_counter()
+        torch.nn.functional.linear(x, weights)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[2:])
+
+
+def stage_costs(config: PipelineConfig, blocks: Sequence[int], threads: int, repeats: int) -> dict[str, dict]:
+    """-> per stage: its floor and, for eager and compiled, the median seconds per block size."""
+    prompt = load_prompts(PROMPTS, 1)[0]
+    out: dict[str, dict] = {}
+    for how in ("eager", "compiled"):
+        with LocalPipeline(with_compile(config, how == "compiled"), torch_threads=threads) as pipe:
+            spec, _ = pipe.request(prompt.text, image=str(prompt.image) if prompt.image else None, max_new_tokens=8)
+            for i, (stage_spec, stage) in enumerate(zip(config.stages, pipe.stages)):
+                model = getattr(stage, "model", None) or getattr(stage, "drafter", None)
+                if model is None:
+                    continue
+                entry = out.setdefault(stage_spec.name, {})
+                if "floor_s" not in entry:
+                    parameters = sum(p.numel() for p in model.parameters())
+                    dtype = next(model.parameters()).dtype
+                    entry.update(parameters=parameters, dtype=str(dtype), floor_s=floor_s(parameters, dtype, repeats))
+                reads = kind_of(stage_spec).reads_target_features
+                times = []
+                for k in blocks:
+                    session = open_session(stage, pipe.stages[-1], spec, reads)
+                    try:
+                        times.append(time_forwards(session, k, repeats)[1])
+                    finally:
+                        session.close()
+                entry[how] = dict(zip(blocks, times))
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="pipespec/configs/demo_two_cores.yaml")
-    parser.add_argument("--blocks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 8])
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--blocks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8])
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for every forward and the floor")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     add_log_level(parser)
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
-    config = load_config(args.config)
-    prompt = load_prompts(PROMPTS, 1)[0]
-    with LocalPipeline(sub_pipeline(config, [config.target.name]), torch_threads=None) as pipe:
-        spec, _ = pipe.request(prompt.text, image=str(prompt.image) if prompt.image else None, max_new_tokens=8)
-        target = pipe.stages[-1]
-        print(f"target {config.target.name}: median ms per forward after the prefill, by block size")
-        print(f"{'threads':>8}" + "".join(f"{k:>14}" for k in args.blocks))
-        for threads in args.threads:
-            torch.set_num_threads(threads)
-            times = []
-            for k in args.blocks:
-                session = target.open(spec)
-                try:
-                    times.append(time_forwards(session, k, args.repeats)[1])
-                finally:
-                    session.close()
-            print(f"{threads:>8}" + "".join(f"{1e3 * t:>8.2f} ({t / times[0]:.2f})" for t in times))
+    costs = stage_costs(load_config(args.config), args.blocks, args.threads, args.repeats)
+    print(f"median ms per forward after the prefill, {args.threads} torch thread(s); (x): over the weight-streaming floor")
+    print(f"{'stage':>8} {'how':>9} {'floor':>7}" + "".join(f"{k:>14}" for k in args.blocks))
+    for name, entry in costs.items():
+        floor = entry["floor_s"]
+        for how in ("eager", "compiled"):
+            row = entry[how]
+            cells = "".join(f"{1e3 * row[k]:>8.2f} ({row[k] / floor:.1f})" for k in args.blocks)
+            print(f"{name:>8} {how:>9} {1e3 * floor:>7.2f}" + cells)
+    if args.json:
+        args.json.write_text(json.dumps(costs, indent=1))
 
 
 if __name__ == "__main__":

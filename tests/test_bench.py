@@ -36,7 +36,8 @@ def test_every_method_runs_and_equals_the_target_alone(family, tmp_path):
     rows = run_bench(load_config(_config(family)), load_prompts(prompts_file), Settings(2, 12, 3, "local"), out)
     names = [r.method for r in rows]
     assert names == [
-        "target", "target, 1 thread", "sync tiny->target", "sync mid->target", "hf-assisted tiny->target", "hf-assisted mid->target",
+        "target", "target, 1 thread", "sync tiny->target", "sync mid->target", "hf-generate target", "hf-generate target, 1 thread",
+        "hf-assisted tiny->target", "hf-assisted mid->target",
         "async target (local)", "async tiny->target (local)", "async mid->target (local)", "async tiny->mid->target (local)",
     ]  # fmt: skip
     assert all(r.exact == 1.0 for r in rows), [(r.method, r.exact) for r in rows]

@@ -74,7 +74,7 @@ def test_cached_steps_equal_one_forward():
     inputs, memory = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
     with torch.no_grad():
         full, _ = model(inputs, positions, memory, positions)
-        caches = model.new_caches()
+        caches = model.new_caches(capacity=2)  # grows past it
         first, _ = model(inputs[:, :3], positions[:3], memory, positions, caches)
         rest = [model(inputs[:, i : i + 1], positions[i : i + 1], memory, positions, caches)[0] for i in (3, 4)]
     torch.testing.assert_close(torch.cat([first, *rest], dim=1), full, rtol=1e-5, atol=1e-5)
@@ -87,7 +87,7 @@ def test_the_memory_projected_once_per_entry_equals_projecting_it_every_step():
     model = drafter()
     positions = torch.tensor([0, 1, 3, 4, 5])
     inputs, memory = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
-    store = FeatureMemory(32, torch.device("cpu"), torch.float32, model.block1.project)
+    store = FeatureMemory(32, torch.device("cpu"), torch.float32, model.block1.project, capacity=2)  # grows past it
     with torch.no_grad():
         store.put_own([4, 5], memory[0, 3:])  # out of order, own first
         store.put_target([0, 1, 3, 4], memory[0, :4])  # replaces own 4 with the target's
@@ -218,10 +218,10 @@ def test_dream_session_keeps_memory_and_inputs_consistent(world):
     kept_prompt = set(d.kept.nonzero().squeeze(-1).tolist())
     assert len(kept_prompt) == P - 1 - int(image.sum()) + int(np.ceil(0.75 * int(image.sum())))
     cached = set(d.caches.block0.positions.tolist())
-    in_memory = set(d.memory.entries)
+    in_memory = set(d.memory.positions().tolist())
     assert cached == kept_prompt | {P - 1}
     assert in_memory == cached  # the prompt's target features, plus our own f at P - 1
-    assert not d.memory.entries[P - 1].from_target  # our own feature
+    assert not d.memory.from_target(P - 1)  # our own feature
     t.close()
     d.close()
 

@@ -148,3 +148,20 @@ def test_a_cpu_dream_drafter_reads_a_gpu_targets_features(llava_dream_zoo, image
     with LocalPipeline(config) as p:
         assert [stage.device.type for stage in p.stages] == ["cpu", "cuda"]
         assert [g.token_ids for g in run_all(p, image_requests()[:4])] == image_reference[:4]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_block_invariant_logits_on_the_gpu(tmp_path_factory, dtype, compiled):
+    """A position's logits on the GPU are bitwise those of one token alone, whatever its block (every
+    forward `max_width` wide there: pipespec.stages.forwards), eager and compiled with CUDA graphs."""
+    from pipespec.stages.kinds import ModelOptions
+    from tests.test_forwards import _llama, logits_in_blocks
+
+    path = _llama(tmp_path_factory.mktemp("wide"), 1024, 2)
+    options = ModelOptions(compile=compiled)
+    stage = CausalLMStage(StageSpec("target", "causal_lm", path, dtype=dtype, device="cuda", options=options))
+    assert stage.shapes.widths == (8,)
+    alone = logits_in_blocks(stage, [1])
+    for sizes in ([2], [3, 1], [5, 8], [8]):
+        assert torch.equal(logits_in_blocks(stage, sizes), alone), sizes

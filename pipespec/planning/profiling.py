@@ -157,7 +157,7 @@ def _request(pipeline: Any, prompt: str, image: Any, max_new_tokens: int) -> Req
     return spec
 
 
-def _open(stage: Stage, target: Stage, spec: RequestSpec, reads_features: bool) -> Session:
+def open_session(stage: Stage, target: Stage, spec: RequestSpec, reads_features: bool) -> Session:
     """Open `stage` on `spec`; a DREAM stage (`reads_features`) also gets the target's prefill features."""
     session = stage.open(spec)
     if reads_features:
@@ -200,7 +200,7 @@ def time_forwards(session: Session, verify_tokens: int, repeats: int) -> tuple[f
 def _profile_stage(
     stages: Sequence[Stage], i: int, config: PipelineConfig, spec: RequestSpec, verify_tokens: int, repeats: int
 ) -> StageProfile:
-    session = _open(stages[i], stages[-1], spec, kind_of(config.stages[i]).reads_target_features)
+    session = open_session(stages[i], stages[-1], spec, kind_of(config.stages[i]).reads_target_features)
     try:
         one_s, block_s = time_forwards(session, verify_tokens, repeats)
     finally:

@@ -45,32 +45,53 @@ class DreamConfig:
         return asdict(self)
 
 
-@dataclass
 class BlockCache:
-    """One self-attention block's keys and values, with the positions they belong to."""
+    """One self-attention block's keys and values, with the positions they belong to.
 
-    positions: torch.Tensor  # [L] long
-    keys: torch.Tensor  # [heads, L, d]
-    values: torch.Tensor  # [heads, L, d]
+    Preallocated and filled in place: `extend` writes after the entries in use (doubling the buffers
+    when full), `keep_before` rolls back by setting how many are in use; nothing is copied per step."""
 
-    @classmethod
-    def empty(cls, config: DreamConfig, dtype: torch.dtype, device: torch.device) -> BlockCache:
-        shape = (config.num_heads, 0, config.head_dim)
-        return cls(
-            torch.empty(0, dtype=torch.long, device=device),
-            torch.empty(shape, dtype=dtype, device=device),
-            torch.empty(shape, dtype=dtype, device=device),
-        )
+    def __init__(self, config: DreamConfig, dtype: torch.dtype, device: torch.device, capacity: int = 256):
+        self.length = 0
+        self._positions = torch.empty(capacity, dtype=torch.long, device=device)  # [C]
+        self._keys = torch.empty(config.num_heads, capacity, config.head_dim, dtype=dtype, device=device)  # [heads, C, d]
+        self._values = torch.empty_like(self._keys)
+
+    @property
+    def positions(self) -> torch.Tensor:  # [L] long, ascending
+        return self._positions[: self.length]
+
+    @property
+    def keys(self) -> torch.Tensor:  # [heads, L, d]
+        return self._keys[:, : self.length]
+
+    @property
+    def values(self) -> torch.Tensor:  # [heads, L, d]
+        return self._values[:, : self.length]
 
     def keep_before(self, position: int) -> None:
         """Keep the entries of positions before `position` (positions ascend)."""
-        n = int((self.positions < position).sum())
-        self.positions, self.keys, self.values = self.positions[:n], self.keys[:, :n], self.values[:, :n]
+        self.length = int((self.positions < position).sum())
 
     def extend(self, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.positions = torch.cat([self.positions, positions])
-        self.keys = torch.cat([self.keys, keys], dim=1)
-        self.values = torch.cat([self.values, values], dim=1)
+        """positions [n], keys and values [heads, n, d], after the entries in use."""
+        end = self.length + len(positions)
+        if end > len(self._positions):
+            size = max(end, 2 * len(self._positions))
+            self._positions, self._keys, self._values = (
+                _grown(self._positions, 0, size), _grown(self._keys, 1, size), _grown(self._values, 1, size)
+            )
+        self._positions[self.length : end] = positions
+        self._keys[:, self.length : end] = keys
+        self._values[:, self.length : end] = values
+        self.length = end
+
+
+def _grown(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """`t` in a buffer `size` long along `dim`, its entries first."""
+    out = t.new_empty(*t.shape[:dim], size, *t.shape[dim + 1 :])
+    out.narrow(dim, 0, t.shape[dim]).copy_(t)
+    return out
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
@@ -225,9 +246,10 @@ class DreamDrafter(nn.Module):
             self.block0 = SelfBlock(config)
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def new_caches(self) -> DraftCaches:
+    def new_caches(self, capacity: int = 256) -> DraftCaches:
+        """Caches for `capacity` context positions (they grow past it if needed)."""
         p = next(self.parameters())
-        return DraftCaches(*(BlockCache.empty(self.config, p.dtype, p.device) for _ in range(2)))
+        return DraftCaches(*(BlockCache(self.config, p.dtype, p.device, capacity) for _ in range(2)))
 
     def forward(
         self,

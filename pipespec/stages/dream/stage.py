@@ -14,7 +14,6 @@ from there (its token ids are known), so the caches always reflect the best memo
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -35,69 +34,101 @@ if TYPE_CHECKING:
 class FeatureMemory:
     """Features by context position; target entries are authoritative, own ones provisional.
 
-    With `project` (the cross-attention block's `project`), each entry's keys and values are computed
-    once, when it is stored, so a drafting step attends over the memory without re-projecting it.
+    Held in preallocated tensors indexed by position (doubled when a position falls past them): a
+    feature per position, whether one is held there and whether it came from the target. With
+    `project` (the cross-attention block's `project`), each entry's keys and values are computed once,
+    when it is stored, so a drafting step attends over the memory without re-projecting it. The held
+    entries in position order are gathered once per change, not per entry.
     """
 
-    def __init__(self, hidden_size: int, device: torch.device, dtype: torch.dtype, project: Projection | None = None):
-        self.empty = torch.empty(1, 0, hidden_size, device=device, dtype=dtype), torch.empty(0, dtype=torch.long, device=device)
+    def __init__(
+        self, hidden_size: int, device: torch.device, dtype: torch.dtype, project: Projection | None = None, capacity: int = 256
+    ):
         self.project = project
-        self.entries: dict[int, _Entry] = {}
-        self._stacked: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._stacked_kv: tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        self.features = torch.zeros(capacity, hidden_size, device=device, dtype=dtype)  # [C, H] by position
+        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # [heads, C, d] each, from the first store
+        self.held = torch.zeros(capacity, dtype=torch.bool, device=device)  # [C]
+        self.targets = torch.zeros(capacity, dtype=torch.bool, device=device)  # [C]: held and the target's
+        self._order: torch.Tensor | None = None  # [m] the held positions, ascending; None: changed since
+
+    def _fit(self, end: int) -> None:
+        """Room for positions below `end`."""
+        size = len(self.held)
+        if end <= size:
+            return
+        size = max(end, 2 * size)
+        self.features, self.held, self.targets = (_grown(self.features, size), _grown(self.held, size), _grown(self.targets, size))
+        if self.kv is not None:
+            self.kv = tuple(_grown(t.transpose(0, 1), size).transpose(0, 1) for t in self.kv)
 
     def _store(self, positions: Sequence[int], features: torch.Tensor, from_target: bool) -> None:
         """features [n, H] for `positions`, projected in one batch."""
         if not len(positions):
             return
-        kv = self.project(features[None]) if self.project is not None else None  # [1, heads, n, d] each
-        for i, (p, f) in enumerate(zip(positions, features)):
-            self.entries[p] = _Entry(f, from_target, None if kv is None else (kv[0][0, :, i], kv[1][0, :, i]))
-        self._stacked = self._stacked_kv = None
+        self._fit(max(positions) + 1)
+        at = torch.tensor(list(positions), dtype=torch.long, device=self.held.device)  # [n]
+        self.features[at] = features
+        if self.project is not None:
+            keys, values = self.project(features[None])  # [1, heads, n, d] each
+            if self.kv is None:
+                shape = (keys.shape[1], len(self.held), keys.shape[3])
+                self.kv = tuple(torch.zeros(shape, dtype=keys.dtype, device=keys.device) for _ in range(2))
+            self.kv[0][:, at], self.kv[1][:, at] = keys[0], values[0]
+        self.held[at] = True
+        self.targets[at] = from_target
+        self._order = None
+
+    def _own(self, positions: Sequence[int]) -> list[bool]:
+        """Whether each of `positions` holds an own (not the target's) entry."""
+        size = len(self.held)
+        own = (self.held & ~self.targets).tolist()
+        return [p < size and own[p] for p in positions]
 
     def put_target(self, positions: Sequence[int], features: torch.Tensor) -> int | None:
         """Store target features; -> the smallest position where an own entry was replaced, if any."""
-        replaced = [p for p in positions if p in self.entries and not self.entries[p].from_target]
-        self._store(list(positions), features, True)
+        positions = list(positions)
+        replaced = [p for p, own in zip(positions, self._own(positions)) if own]
+        self._store(positions, features, True)
         return min(replaced) if replaced else None
 
     def put_own(self, positions: Sequence[int], features: torch.Tensor) -> None:
-        fresh = [i for i, p in enumerate(positions) if p not in self.entries or not self.entries[p].from_target]
+        targets = self.targets.tolist()
+        fresh = [i for i, p in enumerate(positions) if p >= len(targets) or not targets[p]]
         self._store([positions[i] for i in fresh], features[fresh], False)
 
     def drop_own_from(self, position: int) -> None:
-        stale = [p for p, e in self.entries.items() if p >= position and not e.from_target]
-        for p in stale:
-            del self.entries[p]
-        if stale:
-            self._stacked = self._stacked_kv = None
+        stale = self.held[position:] & ~self.targets[position:]
+        if bool(stale.any()):
+            self.held[position:] &= ~stale
+            self._order = None
+
+    def from_target(self, position: int) -> bool:
+        return position < len(self.targets) and bool(self.targets[position])
+
+    def positions(self) -> torch.Tensor:
+        """[m] the positions held, ascending."""
+        if self._order is None:
+            self._order = self.held.nonzero().squeeze(-1)
+        return self._order
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (features [1, m, H], positions [m]) in position order."""
-        if not self.entries:
-            return self.empty
-        if self._stacked is None:
-            order = sorted(self.entries)
-            feats = torch.stack([self.entries[p].feature for p in order])[None]
-            self._stacked = (feats, torch.tensor(order, dtype=torch.long, device=feats.device))
-        return self._stacked
+        order = self.positions()
+        return self.features[order][None], order
 
     def projected(self) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor] | None:
         """-> ((keys, values [1, heads, m, d]), positions [m]) in position order; None without a projection or entries."""
-        if self.project is None or not self.entries:
+        order = self.positions()
+        if self.kv is None or not len(order):
             return None
-        if self._stacked_kv is None:
-            order = sorted(self.entries)
-            kv = tuple(torch.stack([self.entries[p].kv[j] for p in order], dim=1)[None] for j in (0, 1))
-            self._stacked_kv = kv, torch.tensor(order, dtype=torch.long, device=kv[0].device)
-        return self._stacked_kv
+        return (self.kv[0][:, order][None], self.kv[1][:, order][None]), order
 
 
-@dataclass(frozen=True)
-class _Entry:
-    feature: torch.Tensor  # [H]
-    from_target: bool
-    kv: tuple[torch.Tensor, torch.Tensor] | None  # [heads, d] each: the cross-attention's key and value
+def _grown(t: torch.Tensor, size: int) -> torch.Tensor:
+    """`t` in a buffer `size` long along its first dimension, its entries first, the rest zero."""
+    out = t.new_zeros(size, *t.shape[1:])
+    out[: len(t)] = t
+    return out
 
 
 Projection = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -121,21 +152,22 @@ class DreamStage:
         return cls(spec.name, load(spec.model, DTYPES[spec.dtype], stage_device(spec.name, spec.device)), at.width, at.valid)
 
     def open(self, request: RequestSpec) -> DreamSession:
-        return DreamSession(self, request.prompt_token_ids)
+        return DreamSession(self, request.prompt_token_ids, request.max_new_tokens)
 
-    def new_memory(self) -> FeatureMemory:
+    def new_memory(self, capacity: int = 1) -> FeatureMemory:
+        """A memory for `capacity` context positions (it grows past them if needed)."""
         project = torch.inference_mode()(self.drafter.block1.project) if self.drafter.config.cross_attention else None
-        return FeatureMemory(self.drafter.config.hidden_size, self.device, self.embed.dtype, project)
+        return FeatureMemory(self.drafter.config.hidden_size, self.device, self.embed.dtype, project, capacity)
 
 
 class DreamSession:
-    def __init__(self, stage: DreamStage, prompt: Sequence[int]):
+    def __init__(self, stage: DreamStage, prompt: Sequence[int], max_new_tokens: int):
         self.stage = stage
         self.tokens = list(prompt)  # context ids: the target's prompt, then generated tokens
         self.prompt_len = len(prompt)
         self.last_prompt_token = prompt[-1]
-        self.memory = stage.new_memory()
-        self.caches = stage.drafter.new_caches()
+        self.memory = stage.new_memory(len(prompt) + max_new_tokens)  # preallocated for the whole request
+        self.caches = stage.drafter.new_caches(len(prompt) + max_new_tokens)
         self.fed = 0  # context positions the caches cover (kept ones; dropped image positions count too)
         self.stale_from: int | None = None  # an own memory entry here was replaced after later queries used it
         self.prefill_embeddings: torch.Tensor | None = None
@@ -199,4 +231,4 @@ class DreamSession:
 
     def close(self) -> None:
         self.memory = self.stage.new_memory()
-        self.caches = self.stage.drafter.new_caches()
+        self.caches = self.stage.drafter.new_caches(1)
