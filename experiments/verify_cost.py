@@ -7,8 +7,8 @@ For each model stage of the config (the target last) and each way of running its
 then compiled: pipespec.stages.forwards; a DREAM stage runs its own small eager forward either way),
 the median milliseconds of a forward of k tokens after the prefill, on the config's first held-out
 prompt (`pipespec.planning.profiling.time_forwards`: the block fed again and again at the same place).
-Beside them, the floor: one matrix-vector product over as many weights as the stage has, in its
-dtype, on the same thread(s): what streaming its weights from memory once costs here. A one-token
+Beside them, the floor: one matrix-vector product over as many weights as one forward of the stage
+reads (its layers and LM head), in its dtype, on the same thread(s): what streaming its weights from memory once costs here. A one-token
 forward cannot be cheaper than that; what it costs above it is overhead (kernel launches, Python).
 """
 
@@ -55,6 +55,18 @@ def floor_s(parameters: int, dtype: torch.dtype, repeats: int) -> float:
     return statistics.median(times[2:])
 
 
+def streamed(stage: object) -> list[torch.Tensor] | None:
+    """The weights one decode forward of `stage` reads (its layers and LM head, not the input
+    embeddings it only gathers rows of, nor a vision tower); None for a stage without a model."""
+    model = getattr(stage, "model", None)
+    if model is not None:
+        return [*model.get_decoder().layers.parameters(), model.get_output_embeddings().weight]
+    drafter = getattr(stage, "drafter", None)
+    if drafter is not None:  # a DREAM stage: its blocks and the target's LM head
+        return [*drafter.parameters(), stage.lm_head]
+    return None
+
+
 def stage_costs(config: PipelineConfig, blocks: Sequence[int], threads: int, repeats: int) -> dict[str, dict]:
     """-> per stage: its floor and, for eager and compiled, the median seconds per block size."""
     prompt = load_prompts(PROMPTS, 1)[0]
@@ -62,14 +74,14 @@ def stage_costs(config: PipelineConfig, blocks: Sequence[int], threads: int, rep
     for how in ("eager", "compiled"):
         with LocalPipeline(with_compile(config, how == "compiled"), torch_threads=threads) as pipe:
             spec, _ = pipe.request(prompt.text, image=str(prompt.image) if prompt.image else None, max_new_tokens=8)
-            for i, (stage_spec, stage) in enumerate(zip(config.stages, pipe.stages)):
-                model = getattr(stage, "model", None) or getattr(stage, "drafter", None)
-                if model is None:
+            for stage_spec, stage in zip(config.stages, pipe.stages):
+                weights = streamed(stage)
+                if weights is None:
                     continue
                 entry = out.setdefault(stage_spec.name, {})
                 if "floor_s" not in entry:
-                    parameters = sum(p.numel() for p in model.parameters())
-                    dtype = next(model.parameters()).dtype
+                    parameters = sum(w.numel() for w in weights)
+                    dtype = weights[0].dtype
                     entry.update(parameters=parameters, dtype=str(dtype), floor_s=floor_s(parameters, dtype, repeats))
                 reads = kind_of(stage_spec).reads_target_features
                 times = []

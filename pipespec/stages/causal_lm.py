@@ -57,13 +57,17 @@ class CausalLMStage:
 
     def _step(self, cache: StaticKV, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor]:
         """ids [1, w] at cache positions [w] -> (logits [1, w, V'])."""
-        out = self.model(input_ids=ids, past_key_values=cache, cache_position=positions, position_ids=positions[None], use_cache=True)
+        out = self.model(
+            input_ids=ids, past_key_values=cache, cache_position=positions, position_ids=positions[None], use_cache=True
+        )
         return (out.logits,)
 
     def open(self, request: RequestSpec) -> CausalLMSession:
         prompt = request.text_prompt
         if len(prompt) > self.max_context:
-            raise ValueError(f"stage {self.name!r}: a prompt of {len(prompt)} tokens exceeds its max_context of {self.max_context}")
+            raise ValueError(
+                f"stage {self.name!r}: a prompt of {len(prompt)} tokens exceeds its max_context of {self.max_context}"
+            )
         session = CausalLMSession(self, prompt)
         if len(prompt) > 1:
             session.prefill(prompt[:-1])

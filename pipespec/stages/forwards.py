@@ -77,9 +77,7 @@ class Shapes:
         return self.context + self.widths[-1]
 
     @classmethod
-    def of(
-        cls, options: ModelOptions, model_limit: int | None, device: torch.device, target: bool
-    ) -> Shapes:
+    def of(cls, options: ModelOptions, model_limit: int | None, device: torch.device, target: bool) -> Shapes:
         """A drafter's logits only pick drafts, never the answer: by default it feeds every width, unpadded."""
         context = min(model_limit or DEFAULT_CONTEXT, options.max_context or DEFAULT_CONTEXT)
         least = options.min_width or (least_width(device, options.max_width) if target else 1)

@@ -174,6 +174,7 @@ class VLMStage:
         out = self.model(input_ids=ids, past_key_values=cache, cache_position=positions, use_cache=True)
         return out.logits, self.taps.hidden
 
+
 class VLMSession:
     def __init__(self, stage: VLMStage, prompt: Sequence[int]):
         self.stage = stage
@@ -199,7 +200,9 @@ class VLMSession:
             taps.last_attention.keep_weights = True
         try:
             with torch.inference_mode():
-                self._with_rope_deltas(lambda: stage.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1, **pixels))
+                self._with_rope_deltas(
+                    lambda: stage.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1, **pixels)
+                )
         finally:
             if taps.last_attention is not None:
                 taps.last_attention.keep_weights = False
