@@ -7,6 +7,7 @@ Runs, on this machine, in order (each writes under experiments/results/):
     python -m experiments.bench pipespec/configs/demo_two_cores.yaml --prompts experiments/prompts/world_held_out.jsonl
     pipespec plan pipespec/configs/demo_two_cores.yaml --image models/demo/example.png --json experiments/results/plan/demo.json
     python -m experiments.scaling
+    python -m experiments.verify_cost --json experiments/results/verify_cost.json
 
 then renders the page from their JSON and from the figures that training commands leave behind (the
 demo target's accuracy, the DREAM ablations, the `vlm` stage's dtype comparison), each quoted with
@@ -33,10 +34,11 @@ BENCH = RESULTS / "bench" / "demo-two-cores"
 PLAN = RESULTS / "plan" / "demo.json"
 SCALING = RESULTS / "scaling"
 SERVING = RESULTS / "bench_http"
+FORWARDS = RESULTS / "verify_cost.json"
 
 
 def run_all(runs: int) -> None:
-    from experiments import bench, bench_http, scaling
+    from experiments import bench, bench_http, scaling, verify_cost
     from pipespec.cli import main as pipespec
 
     bench.main([CONFIG, "--prompts", PROMPTS, "--runs", str(runs), "--out", str(BENCH)])
@@ -46,6 +48,7 @@ def run_all(runs: int) -> None:
         raise SystemExit(f"pipespec plan failed with exit code {code}")
     scaling.main(["--out", str(SCALING), "--runs", str(runs)])
     bench_http.main(["--demo", "--runs", str(runs), "--out", str(SERVING)])
+    verify_cost.main(["--json", str(FORWARDS)])
 
 
 def _read(path: Path) -> dict | None:
@@ -357,6 +360,32 @@ def section_serving() -> str:
     return "\n".join(lines)
 
 
+def section_forwards() -> str:
+    title = "## What a forward costs, eager and compiled, beside the weight-streaming floor"
+    command = f"python -m experiments.verify_cost --json {FORWARDS}"
+    costs = _read(FORWARDS)
+    if costs is None:
+        return f"{title}\n\n{_missing(command)}"
+    blocks = list(next(iter(costs.values()))["eager"])
+    lines = [
+        title,
+        "",
+        f"Command: `{command}` (one torch thread). Median ms of a forward of k tokens after the prefill; in "
+        "brackets, over the floor: one matrix-vector product over the weights a forward reads, in the stage's "
+        "dtype, on the same thread. The target pads its forwards to at least 4 tokens on a CPU (pipespec.stages.forwards); "
+        "the DREAM stage runs its own small eager forward either way.",
+        "",
+        "| stage | how | floor ms | " + " | ".join(f"k={k}" for k in blocks) + " |",
+        "|---|---|---|" + "---|" * len(blocks),
+    ]
+    for name, entry in costs.items():
+        floor = entry["floor_s"]
+        for how in ("eager", "compiled"):
+            cells = " | ".join(f"{1e3 * t:.2f} ({t / floor:.1f}x)" for t in entry[how].values())
+            lines.append(f"| {name} | {how} | {1e3 * floor:.2f} | {cells} |")
+    return "\n".join(lines)
+
+
 def render() -> str:
     header = [
         "# Results",
@@ -368,6 +397,7 @@ def render() -> str:
     sections = [
         section_models(),
         section_bench(),
+        section_forwards(),
         section_standing(),
         section_plan(),
         section_scaling(),
