@@ -88,11 +88,11 @@ def test_the_memory_projected_once_per_entry_equals_projecting_it_every_step():
     positions = torch.tensor([0, 1, 3, 4, 5])
     inputs, memory = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
     store = FeatureMemory(32, torch.device("cpu"), torch.float32, model.block1.project, capacity=2)  # grows past it
+    store.put_own([4, 5], memory[0, 3:])  # out of order, own first (grown in inference mode)
+    store.put_target([0, 1, 3, 4], memory[0, :4])  # replaces own 4 with the target's
+    store.drop_own_from(5)  # outside inference mode, on tensors grown inside it
+    store.put_own([5], memory[0, 4:])
     with torch.no_grad():
-        store.put_own([4, 5], memory[0, 3:])  # out of order, own first
-        store.put_target([0, 1, 3, 4], memory[0, :4])  # replaces own 4 with the target's
-        store.drop_own_from(5)
-        store.put_own([5], memory[0, 4:])
         kv, order = store.projected()
         assert order.tolist() == [0, 1, 3, 4, 5]
         f, _ = model(inputs, positions, memory, positions)

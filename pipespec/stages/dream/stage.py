@@ -38,7 +38,8 @@ class FeatureMemory:
     feature per position, whether one is held there and whether it came from the target. With
     `project` (the cross-attention block's `project`), each entry's keys and values are computed once,
     when it is stored, so a drafting step attends over the memory without re-projecting it. The held
-    entries in position order are gathered once per change, not per entry.
+    entries in position order are gathered once per change, not per entry. Its tensors are only
+    changed in inference mode (they may be inference tensors once grown).
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class FeatureMemory:
         if self.kv is not None:
             self.kv = tuple(_grown(t.transpose(0, 1), size).transpose(0, 1) for t in self.kv)
 
+    @torch.inference_mode()
     def _store(self, positions: Sequence[int], features: torch.Tensor, from_target: bool) -> None:
         """features [n, H] for `positions`, projected in one batch."""
         if not len(positions):
@@ -96,6 +98,7 @@ class FeatureMemory:
         fresh = [i for i, p in enumerate(positions) if p >= len(targets) or not targets[p]]
         self._store([positions[i] for i in fresh], features[fresh], False)
 
+    @torch.inference_mode()
     def drop_own_from(self, position: int) -> None:
         stale = self.held[position:] & ~self.targets[position:]
         if bool(stale.any()):
