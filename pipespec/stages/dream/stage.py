@@ -37,9 +37,9 @@ class FeatureMemory:
     Held in preallocated tensors indexed by position (doubled when a position falls past them): a
     feature per position, whether one is held there and whether it came from the target. With
     `project` (the cross-attention block's `project`), each entry's keys and values are computed once,
-    when it is stored, so a drafting step attends over the memory without re-projecting it. The held
-    entries in position order are gathered once per change, not per entry. Its tensors are only
-    changed in inference mode (they may be inference tensors once grown).
+    when it is stored, so a drafting step attends over the memory without re-projecting it. A step
+    gathers the held entries in position order with one indexing (before, a Python stack of every
+    entry). Its tensors are only changed in inference mode (they may be inference tensors once grown).
     """
 
     def __init__(
