@@ -1,23 +1,26 @@
 """Is the pipeline's answer the target alone's, token for token, in a given dtype?
 
     python -m experiments.exact_dtype [--config pipespec/configs/demo_two_cores.yaml] [--dtype bfloat16]
-                                      [--prompts 24] [--max-new-tokens 64]
+                                      [--prompts 24] [--max-new-tokens 64] [--backend local|ray]
 
 Every model stage of the config is loaded in `--dtype`; for each chain (the drafters before the
 target: tiny -> target, tiny -> dream -> target, ...) and each sampling mode (greedy; temperature 0.8
 with a seed per prompt), every held-out question is answered by the chain and by pipespec's target
-alone, in one process (`LocalPipeline`, one torch thread per stage's compute thread). Prints the
-identical answers per chain and mode. Compiled or eager as the stages' options say (PIPESPEC_COMPILE).
+alone: the target alone in one process (`LocalPipeline`), the chains there too (`--backend local`, one
+torch thread per stage's compute thread) or on a local Ray (`--backend ray`: an actor per device, gRPC
+links, answers through the `Client`). Prints the identical answers per chain and mode. Compiled or
+eager as the stages' options say (PIPESPEC_COMPILE).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
 from experiments.prompt_sets import load_prompts
-from pipespec import LocalPipeline, load_config
+from pipespec import Client, LocalPipeline, load_config
 from pipespec.commands.logs import add_log_level, setup_logging
 from pipespec.config import PipelineConfig, sub_pipeline
 from pipespec.stages.kinds import kind_of
@@ -45,7 +48,24 @@ def chains(config: PipelineConfig) -> list[list[str]]:
     return out
 
 
-def answers(pipe: LocalPipeline, prompts: Sequence, mode: dict, max_new_tokens: int) -> list[tuple[int, ...]]:
+@contextmanager
+def running(config: PipelineConfig, backend: str) -> Iterator[LocalPipeline | Client]:
+    """`config` served in this process, or on the local Ray (already started) with a `Client` to it."""
+    if backend == "local":
+        with LocalPipeline(config) as pipe:
+            yield pipe
+        return
+    from pipespec.cluster.pipeline import start_pipeline
+
+    pipeline = start_pipeline(config, port=0)
+    try:
+        with Client(pipeline.address) as client:
+            yield client
+    finally:
+        pipeline.stop()
+
+
+def answers(pipe: LocalPipeline | Client, prompts: Sequence, mode: dict, max_new_tokens: int) -> list[tuple[int, ...]]:
     out = []
     for i, p in enumerate(prompts):
         image = str(p.image) if p.image else None
@@ -59,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--backend", choices=["local", "ray"], default="local", help="where the chains run")
     add_log_level(parser)
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
@@ -66,13 +87,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     prompts = load_prompts(PROMPTS, args.prompts)
     with LocalPipeline(sub_pipeline(config, [config.target.name])) as alone:
         reference = {name: answers(alone, prompts, mode, args.max_new_tokens) for name, mode in MODES.items()}
-    print(f"{args.dtype}: answers identical to pipespec's target alone ({len(prompts)} held-out questions)")
-    for chain in chains(config):
-        with LocalPipeline(sub_pipeline(config, chain)) as pipe:
-            for name, mode in MODES.items():
-                got = answers(pipe, prompts, mode, args.max_new_tokens)
-                same = sum(a == b for a, b in zip(got, reference[name]))
-                print(f"  {' -> '.join(chain):<24} {name:<14} {same}/{len(prompts)}", flush=True)
+    print(f"{args.dtype}, {args.backend}: answers identical to pipespec's target alone ({len(prompts)} held-out questions)")
+    if args.backend == "ray":
+        from pipespec.cluster.pipeline import local_ray
+    with local_ray() if args.backend == "ray" else nullcontext():
+        for chain in chains(config):
+            with running(sub_pipeline(config, chain), args.backend) as pipe:
+                for name, mode in MODES.items():
+                    got = answers(pipe, prompts, mode, args.max_new_tokens)
+                    same = sum(a == b for a, b in zip(got, reference[name]))
+                    print(f"  {' -> '.join(chain):<24} {name:<14} {same}/{len(prompts)}", flush=True)
 
 
 if __name__ == "__main__":
