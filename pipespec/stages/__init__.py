@@ -5,7 +5,8 @@
 - `build`: each kind's builder by name; `build_stage`, `load_stages`, `check_vocabularies`
 - `causal_lm`, `vlm`, `mock`, `ngram`, `dream/`: one stage class per kind, each built from its `StageSpec`
 - `static_kv`: a request's KV cache at a fixed length (`StaticKV`); `forwards`: the fixed-width,
-  compiled decode forwards of the model kinds, and why they make logits independent of the block
+  compiled decode forwards of the model kinds, and why they make logits independent of the block;
+  `weight_layout`: fp32 linear weights stored column-major on a CPU (faster few-row products)
 - `vocabulary`: one vocabulary for the whole pipeline; `device`: the torch device a stage computes on
 
 Importing the package imports nothing: torch loads with the stage modules that need it.

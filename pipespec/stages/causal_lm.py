@@ -24,6 +24,7 @@ from pipespec.stages.forwards import Forwards, Shapes, compiles
 from pipespec.stages.kinds import ModelOptions
 from pipespec.stages.static_kv import StaticKV
 from pipespec.stages.vocabulary import LogitsFit
+from pipespec.stages.weight_layout import column_major
 
 if TYPE_CHECKING:
     from pipespec.config import StageSpec
@@ -38,7 +39,7 @@ class CausalLMStage:
         name = self.name = spec.name
         self.device = stage_device(name, spec.device)  # before any weights load
         self.dtype = DTYPES[spec.dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=self.dtype).to(self.device).eval()
+        self.model = column_major(AutoModelForCausalLM.from_pretrained(spec.model, dtype=self.dtype).to(self.device).eval())
         self.fit = LogitsFit.of(name, self.model.get_output_embeddings().out_features, at.width, at.valid)
         self.vocab_size = self.fit.width
         eos = self.model.generation_config.eos_token_id

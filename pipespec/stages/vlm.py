@@ -39,6 +39,7 @@ from pipespec.stages.forwards import Forwards, Shapes, compiles
 from pipespec.stages.kinds import ModelOptions
 from pipespec.stages.static_kv import StaticKV
 from pipespec.stages.vocabulary import LogitsFit
+from pipespec.stages.weight_layout import column_major
 
 if TYPE_CHECKING:
     from pipespec.config import StageSpec
@@ -116,7 +117,7 @@ class VLMStage:
             model = AutoModelForImageTextToText.from_pretrained(spec.model, dtype=self.dtype)
         except ValueError as e:  # a config class the auto mapping does not know: not an image-text model
             raise ConfigError(f"stage {name!r}: {spec.model!r} is not an image-text-to-text model: {e}") from e
-        self.model = model.to(self.device).eval()
+        self.model = column_major(model.to(self.device).eval())
         config = self.model.config
         text = config.get_text_config()
         self.fit = LogitsFit.of(name, self.model.get_output_embeddings().out_features, at.width, at.valid)
