@@ -36,12 +36,12 @@ def test_every_method_runs_and_equals_the_target_alone(family, tmp_path):
     rows = run_bench(load_config(_config(family)), load_prompts(prompts_file), Settings(2, 12, 3, "local"), out)
     names = [r.method for r in rows]
     assert names == [
-        "target", "target, 1 thread", "sync tiny->target", "sync mid->target", "hf-generate target", "hf-generate target, 1 thread",
-        "hf-assisted tiny->target", "hf-assisted mid->target",
+        "target", "target, 1 thread", "sync tiny->target", "sync mid->target", "sync tiny->target, 1 thread",
+        "sync mid->target, 1 thread", "hf-generate target", "hf-generate target, 1 thread", "hf-assisted tiny->target", "hf-assisted mid->target",
         "async target (local)", "async tiny->target (local)", "async mid->target (local)", "async tiny->mid->target (local)",
     ]  # fmt: skip
     assert all(r.exact == 1.0 for r in rows), [(r.method, r.exact) for r in rows]
-    assert rows[0].speedup == 1.0 and all(r.tokens_per_s > 0 and r.prefill_s > 0 for r in rows)
+    assert max(rows[0].speedup, rows[1].speedup) == 1.0 and all(r.tokens_per_s > 0 and r.prefill_s > 0 for r in rows)
     three = rows[-1]
     assert set(three.mean_acceptance_length) == {"tiny->mid", "mid->target"}
     # the mid drafter is the target's first 4 layers: it gets drafts accepted
