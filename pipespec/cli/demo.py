@@ -9,11 +9,11 @@ that `pipespec plan` recommends for this machine's cores, profiled here first on
 go through the `Client`; the first answer streams token by token.
 
 Measured honestly: pipeline runs and target-alone runs alternate (`--runs`, 3 each by default) with
-both loaded and warm, the target alone in this process with up to as many torch threads as the pipeline's
-devices have cores in total: one, or all of them, whichever runs it faster here (measured first: on a
-loaded 2-core machine two threads ran the demo target at half the speed of one); the speedup is the median
-of the rounds' ratios. The table shows each
-stage pair's acceptance over all runs, and whether every answer equals the target alone's.
+both loaded and warm, the target alone in this process with up to as many torch threads as the
+pipeline's devices have cores in total: one, or all of them, whichever runs it faster here (measured
+first: on a loaded 2-core machine two threads ran the demo target at half the speed of one); the
+speedup is the median of the rounds' ratios. The table shows each stage pair's acceptance over all
+runs, and whether every answer equals the target alone's.
 
 Three steps, each returning data that the command prints (pipespec.cli): `demo_request` checks what
 was asked (the models directory is an argument: the command's `--models`), `demo_setup` chooses the
@@ -345,7 +345,7 @@ class DemoReport:
         lines += [
             "",
             f"pipeline {statistics.median(self.pipeline):.1f} tok/s{predicted}, target alone "
-            f"{statistics.median(self.alone):.1f} tok/s (medians of {len(self.pipeline)} alternating runs): speedup "
+            f"{statistics.median(self.alone):.1f} tok/s on {_count(self.threads, 'torch thread')} (medians of {len(self.pipeline)} alternating runs): speedup "
             f"{statistics.median(self.ratios):.2f}x (the median of the rounds' ratios); "
             f"identical to the target alone: {'yes' if self.exact else 'NO'}",
         ]
