@@ -24,7 +24,8 @@ experiments/results/bench/<config name>/): `<method>.jsonl` with one Spec-Bench-
 prompt and run (`choices[0]`: `turns`, `new_tokens`, `wall_time`, `accept_lengths`: the tokens each
 target step committed), `bench.md` (the table), `bench.json` and `bench.png`. The table gives the
 median over runs of tokens per second over the whole set, the speedup over the target alone (the
-faster of its two rows: on a loaded 2-core machine one thread can beat two) and over the best synchronous run, the median prefill (submission to first token) apart from decode, the mean
+faster of its two rows: on a loaded 2-core machine one thread can beat two) and over the best
+synchronous run, the median prefill (submission to first token) apart from decode, the mean
 acceptance length of every stage pair, and the fraction of answers identical to the target alone's.
 """
 
@@ -360,7 +361,10 @@ def run_bench(config: PipelineConfig, prompts: list[Prompt], settings: Settings,
     methods: list[Method] = [InProcess("target", target, None, 0, cores), InProcess("target, 1 thread", target, None, 0, 1)]
     methods += [InProcess(f"sync {d.name}->{name}", target, stages[d.name], settings.gamma, cores) for d in drafters]
     methods += [InProcess(f"sync {d.name}->{name}, 1 thread", target, stages[d.name], settings.gamma, 1) for d in drafters]
-    methods += [HFAssisted("hf-generate target", target, None, cores), HFAssisted("hf-generate target, 1 thread", target, None, 1)]
+    methods += [
+        HFAssisted("hf-generate target", target, None, cores),
+        HFAssisted("hf-generate target, 1 thread", target, None, 1),
+    ]
     methods += [
         HFAssisted(f"hf-assisted {d.name}->{name}", target, stages[d.name], cores) for d in drafters if d.kind == "causal_lm"
     ]

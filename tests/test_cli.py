@@ -138,7 +138,7 @@ def test_demo_runs_the_shipped_models_exactly(tmp_path):
     assert len(figures["rounds"]) == 3 and "medians of 3 alternating runs" in run.stdout  # --runs defaults to 3
     assert [d["stages"] for d in figures["placement"]] == [["tiny"], ["dream"], ["target"]]
     cores = sum(d["resources"]["num_cpus"] for d in figures["placement"])
-    assert figures["target_alone_threads"] == max(1, round(cores))
+    assert figures["target_alone_threads"] in (1, max(1, round(cores)))  # whichever ran it faster
     assert "placement:\n  device 1: tiny" in run.stdout and "target alone: in this process" in run.stdout
     truth = json.loads((DEMO_MODELS / "example.json").read_text())["truth"]
     assert f"the picture shows: {truth}" in run.stdout  # under the answer, so a reader can judge it

@@ -345,7 +345,8 @@ class DemoReport:
         lines += [
             "",
             f"pipeline {statistics.median(self.pipeline):.1f} tok/s{predicted}, target alone "
-            f"{statistics.median(self.alone):.1f} tok/s on {_count(self.threads, 'torch thread')} (medians of {len(self.pipeline)} alternating runs): speedup "
+            f"{statistics.median(self.alone):.1f} tok/s on {_count(self.threads, 'torch thread')} "
+            f"(medians of {len(self.pipeline)} alternating runs): speedup "
             f"{statistics.median(self.ratios):.2f}x (the median of the rounds' ratios); "
             f"identical to the target alone: {'yes' if self.exact else 'NO'}",
         ]

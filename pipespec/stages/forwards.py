@@ -148,8 +148,7 @@ def _without_registry_guards(entries: Sequence) -> list[bool]:
     (a drafter loading beside the target, the vision tower's first prefill) and would recompile a
     forward mid-request, while what it adds never enters our graphs."""
     return [
-        "_CAN_RECORD_REGISTRY" not in entry.name and not entry.orig_guard.source.is_unspecialized_nn_module()
-        for entry in entries
+        "_CAN_RECORD_REGISTRY" not in entry.name and not entry.orig_guard.source.is_unspecialized_nn_module() for entry in entries
     ]
 
 

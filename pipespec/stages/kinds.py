@@ -109,7 +109,9 @@ class ModelOptions:
         if self.min_width is not None and not (
             1 <= self.min_width <= self.max_width and not self.min_width & (self.min_width - 1)
         ):
-            raise ConfigError(f"{where}.min_width: must be a power of two from 1 to max_width ({self.max_width}), got {self.min_width}")
+            raise ConfigError(
+                f"{where}.min_width: must be a power of two from 1 to max_width ({self.max_width}), got {self.min_width}"
+            )
 
 
 def _anywhere(chain: Sequence[SpecLike], i: int) -> None:

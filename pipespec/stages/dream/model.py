@@ -79,7 +79,9 @@ class BlockCache:
         if end > len(self._positions):
             size = max(end, 2 * len(self._positions))
             self._positions, self._keys, self._values = (
-                _grown(self._positions, 0, size), _grown(self._keys, 1, size), _grown(self._values, 1, size)
+                _grown(self._positions, 0, size),
+                _grown(self._keys, 1, size),
+                _grown(self._values, 1, size),
             )
         self._positions[self.length : end] = positions
         self._keys[:, self.length : end] = keys

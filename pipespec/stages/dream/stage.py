@@ -58,7 +58,11 @@ class FeatureMemory:
         if end <= size:
             return
         size = max(end, 2 * size)
-        self.features, self.held, self.targets = (_grown(self.features, size), _grown(self.held, size), _grown(self.targets, size))
+        self.features, self.held, self.targets = (
+            _grown(self.features, size),
+            _grown(self.held, size),
+            _grown(self.targets, size),
+        )
         if self.kv is not None:
             self.kv = tuple(_grown(t.transpose(0, 1), size).transpose(0, 1) for t in self.kv)
 
