@@ -35,7 +35,7 @@ def test_every_linear_is_column_major_with_its_values():
     assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
 
 
-def test_half_precision_and_gpu_weights_keep_their_layout():
+def test_half_precision_weights_keep_their_layout():
     model = _llama(tied=False).to(torch.bfloat16)
     column_major(model)
     assert all(m.weight.is_contiguous() for m in model.modules() if isinstance(m, torch.nn.Linear))
