@@ -105,3 +105,21 @@ def test_a_request_past_the_stage_context_is_refused(small):
     session.forward(len(PROMPT) - 1, [PROMPT[-1], 5, 6, 7, 8])  # 16 context tokens: the whole context
     with pytest.raises(ValueError, match="17 context tokens exceed its max_context of 16"):
         session.forward(16, [9])
+
+
+def test_a_reused_cache_gives_the_same_logits(small):
+    """A request on a cache a longer request filled and gave back (its old entries still in place, past
+    the new request's length) gets the logits it got on its own cache."""
+    stage = CausalLMStage(StageSpec("target", "causal_lm", small, dtype="float32"))
+    first = stage.open(RequestSpec("r", PROMPT, SamplingParams(), max_new_tokens=len(TOKENS) + 1))
+    want = first.forward(len(PROMPT) - 1, [PROMPT[-1], *TOKENS[:3]])
+    longer = stage.open(RequestSpec("long", PROMPT[::-1], SamplingParams(), max_new_tokens=len(TOKENS) + 1))
+    longer.forward(len(PROMPT) - 1, [PROMPT[0], *TOKENS[::-1]])
+    cache = longer.cache
+    longer.close()
+    again = stage.open(RequestSpec("again", PROMPT, SamplingParams(), max_new_tokens=len(TOKENS) + 1))
+    assert again.cache is cache
+    assert torch.equal(again.forward(len(PROMPT) - 1, [PROMPT[-1], *TOKENS[:3]]), want)
+    first.close()
+    again.close()
+    assert stage.caches.made == 2  # `first` took the warm-up's cache back, `longer` made one, `again` took it back

@@ -6,6 +6,9 @@ and coupled sampling, against the target alone on the same GPU. Then what leaves
 q rows (rejection sampling) and features over gRPC links (through the codec), and a drafter on the
 CPU beside a target on the GPU (each stage moves what it receives to its own device).
 
+Compiled, in bf16 (what GPU users run): the stages' forwards replay CUDA graphs (none skipped), and the
+pipeline's answers are bitwise the compiled target alone's, greedy and seeded.
+
 Every test here is marked `gpu`: skipped without CUDA (tests/conftest.py).
 """
 
@@ -19,6 +22,7 @@ import torch
 from pipespec import LocalPipeline
 from pipespec.config import PipelineConfig, StageSpec
 from pipespec.stages.causal_lm import CausalLMStage
+from pipespec.stages.kinds import ModelOptions, kind_of
 from tests.fixtures.exactness import (
     assert_same,
     image_requests,
@@ -165,3 +169,47 @@ def test_block_invariant_logits_on_the_gpu(tmp_path_factory, dtype, compiled):
     alone = logits_in_blocks(stage, [1])
     for sizes in ([2], [3, 1], [5, 8], [8]):
         assert torch.equal(logits_in_blocks(stage, sizes), alone), sizes
+
+
+# ---- compiled, in bf16: CUDA graphs, and exact ----------------------------------------------------------
+
+
+def compiled_bf16(config: PipelineConfig) -> PipelineConfig:
+    """`config` in bf16, every stage that takes ModelOptions compiled."""
+    stages = tuple(
+        replace(s, dtype="bfloat16", options=replace(s.options or ModelOptions(), compile=True))
+        if kind_of(s).options is ModelOptions
+        else replace(s, dtype="bfloat16")
+        for s in config.stages
+    )
+    return replace(config, stages=stages)
+
+
+def cudagraph_skips() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["cudagraph_skips"]
+
+
+def test_compiled_bf16_text_chains_replay_cuda_graphs_and_equal_the_target_alone(family, prompts):
+    skips = cudagraph_skips()
+    cases = [generate_kwargs(params) for params in sampling_cases()]
+    with LocalPipeline(compiled_bf16(text_chain(family, ["target"], device="cuda"))) as alone:
+        assert alone.stages[0].forwards.compiled
+        want = [[alone.generate(prompt_token_ids=q, **kw).token_ids for q in prompts] for kw in cases]
+    for names in CHAINS.values():
+        with LocalPipeline(compiled_bf16(text_chain(family, names, device="cuda"))) as p:
+            futures = [[p.submit(prompt_token_ids=q, **kw) for q in prompts] for kw in cases]  # requests in flight together
+            got = [[f.result().token_ids for f in row] for row in futures]
+            assert max(stage.caches.made for stage in p.stages) > 1  # several caches, each its own graphs
+        assert got == want, names
+    assert cudagraph_skips() == skips, "a compiled forward ran without its CUDA graph"
+
+
+def test_compiled_bf16_dream_chain_equals_the_target_alone(llava_dream_zoo):
+    skips = cudagraph_skips()
+    with LocalPipeline(compiled_bf16(vlm_chain(llava_dream_zoo, ["target"], device="cuda"))) as p:
+        want = [g.token_ids for g in run_all(p, image_requests())]
+    with LocalPipeline(compiled_bf16(vlm_chain(llava_dream_zoo, ["tiny", "dream", "target"], device="cuda"))) as p:
+        assert [g.token_ids for g in run_all(p, image_requests())] == want
+    assert cudagraph_skips() == skips, "a compiled forward ran without its CUDA graph"

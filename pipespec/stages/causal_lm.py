@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from pipespec.engine.stage import check_keep, check_length
 from pipespec.protocol.messages import RequestSpec
@@ -22,6 +22,7 @@ from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.device import stage_device
 from pipespec.stages.forwards import Forwards, Shapes, compiles
 from pipespec.stages.kinds import ModelOptions
+from pipespec.stages.kv_pool import KVPool
 from pipespec.stages.static_kv import StaticKV
 from pipespec.stages.vocabulary import LogitsFit
 from pipespec.stages.weight_layout import column_major
@@ -33,13 +34,16 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class CausalLMStage:
-    def __init__(self, spec: StageSpec, at: BuildContext = ALONE):
-        """The model in `spec.model`, in `spec.dtype` on `spec.device`; its logits fit `at.width` and `at.valid`.
-        Its forwards are warmed up (compiled, unless its options say otherwise) before this returns."""
+    def __init__(self, spec: StageSpec, at: BuildContext = ALONE, model: PreTrainedModel | None = None):
+        """The model in `spec.model` (or `model`, already built: a random-weight shape in an experiment), in
+        `spec.dtype` on `spec.device`; its logits fit `at.width` and `at.valid`. Its forwards are warmed up
+        (compiled, unless its options say otherwise) before this returns."""
         name = self.name = spec.name
         self.device = stage_device(name, spec.device)  # before any weights load
         self.dtype = DTYPES[spec.dtype]
-        self.model = column_major(AutoModelForCausalLM.from_pretrained(spec.model, dtype=self.dtype).to(self.device).eval())
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=self.dtype)
+        self.model = column_major(model.to(self.device, self.dtype).eval())
         self.fit = LogitsFit.of(name, self.model.get_output_embeddings().out_features, at.width, at.valid)
         self.vocab_size = self.fit.width
         eos = self.model.generation_config.eos_token_id
@@ -51,7 +55,8 @@ class CausalLMStage:
         self.shapes = Shapes.of(options, limit, self.device, target=len(at.chain) <= 1)
         self.max_context = self.shapes.context
         self.forwards = Forwards(name, self._step, self.shapes, compiles(options), self.device)
-        self.forwards.warm_up(self.new_cache, min(self.eos_token_ids, default=0))
+        self.caches = KVPool(self.new_cache)
+        self.forwards.warm_up(self.caches, min(self.eos_token_ids, default=0))
 
     def new_cache(self) -> StaticKV:
         return StaticKV(self.model.config, self.shapes.capacity, self.dtype, self.device)
@@ -78,7 +83,7 @@ class CausalLMStage:
 class CausalLMSession:
     def __init__(self, stage: CausalLMStage, prompt: Sequence[int]):
         self.stage = stage
-        self.cache = stage.new_cache()
+        self.cache = stage.caches.take()
         self.prompt_len = len(prompt)
         self.last_prompt_token = prompt[-1]
 
@@ -98,4 +103,6 @@ class CausalLMSession:
         return self.stage.fit(logits.float())  # [n, V]
 
     def close(self) -> None:
+        if self.cache is not None:
+            self.stage.caches.give(self.cache)
         self.cache = None

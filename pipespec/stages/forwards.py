@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from pipespec.errors import ConfigError
+from pipespec.stages.kv_pool import KVPool
 from pipespec.stages.static_kv import StaticKV
 
 if TYPE_CHECKING:
@@ -130,12 +131,15 @@ class Forwards:
         cache.rewind(keep + len(tokens))
         return tuple(torch.cat(outs) for outs in zip(*parts))
 
-    def warm_up(self, new_cache: Callable[[], StaticKV], filler: int) -> None:
-        """Run every width once on a scratch cache (compiling it, when compiled); the time is logged and kept."""
+    def warm_up(self, caches: KVPool, filler: int) -> None:
+        """Run every width once on a cache of the stage's pool (compiling it, when compiled); the time is logged and kept."""
         began = time.perf_counter()
-        cache = new_cache()
-        for width in self.shapes.widths:
-            self(cache, 0, [filler] * width)
+        cache = caches.take()
+        try:
+            for width in self.shapes.widths:
+                self(cache, 0, [filler] * width)
+        finally:
+            caches.give(cache)
         self.warmup_s = time.perf_counter() - began
         how = "compiled" if self.compiled else "eager"
         log.info("stage %r: %s forwards at widths %s warmed up in %.1f s", self.stage, how, self.shapes.widths, self.warmup_s)

@@ -9,8 +9,8 @@ the request's length (what makes a position's logits independent of its block: p
 
 Two differences from transformers' `StaticCache`: sliding-window layers are full-length too (the
 window is the mask's business, so a rollback never needs an entry a rolling buffer overwrote), and the
-tensors are not marked as static addresses, so one compiled forward takes any request's cache as an
-input instead of baking one request's tensors into its graph.
+tensors are not marked as static addresses here: a stage's `KVPool` (pipespec.stages.kv_pool) marks
+the caches it reuses, on a GPU only.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ class StaticKV(Cache):
         shape = (1, heads, capacity, head_dim)
         super().__init__(layers=[_Layer(shape, dtype, device) for _ in range(text.num_hidden_layers)])
         self.capacity = capacity
+        self.device = torch.device(device)
 
     @property
     def length(self) -> int:

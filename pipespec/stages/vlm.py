@@ -37,6 +37,7 @@ from pipespec.stages.device import stage_device
 from pipespec.stages.dream.compression import attention_received
 from pipespec.stages.forwards import Forwards, Shapes, compiles
 from pipespec.stages.kinds import ModelOptions
+from pipespec.stages.kv_pool import KVPool
 from pipespec.stages.static_kv import StaticKV
 from pipespec.stages.vocabulary import LogitsFit
 from pipespec.stages.weight_layout import column_major
@@ -95,6 +96,11 @@ class _Taps:
             attn.keep_weights = False  # set before the forwards compile: flipping it in a prefill then costs no recompile
             attn.register_forward_hook(self._on_attention)
 
+    def clear(self) -> None:
+        """Let go of what the last forward left here: a compiled forward's outputs on a GPU live in its CUDA
+        graph's memory, and one held past the forward keeps the next replay from reusing it."""
+        self.embeddings = self.hidden = self.attention = None
+
     def _on_decoder(self, module: Any, args: tuple, kwargs: dict) -> None:
         self.embeddings = kwargs.get("inputs_embeds")
 
@@ -145,7 +151,9 @@ class VLMStage:
         self.shapes = Shapes.of(options, self.max_context, self.device, target=len(at.chain) <= 1)
         self.max_context = self.shapes.context
         self.forwards = Forwards(name, self._step, self.shapes, compiled, self.device)
-        self.forwards.warm_up(self.new_cache, min(self.eos_token_ids, default=0))
+        self.caches = KVPool(self.new_cache)
+        self.forwards.warm_up(self.caches, min(self.eos_token_ids, default=0))
+        self.taps.clear()
 
     def new_cache(self) -> StaticKV:
         return StaticKV(self.model.config, self.shapes.capacity, self.dtype, self.device)
@@ -182,7 +190,7 @@ class VLMSession:
         self.prompt = tuple(prompt)
         self.prompt_len = len(prompt)
         self.last_prompt_token = prompt[-1]
-        self.cache = stage.new_cache()
+        self.cache = stage.caches.take()
         self.rope_deltas: torch.Tensor | None = None
         hidden = stage.model.get_input_embeddings().embedding_dim
         nothing = torch.empty(0, hidden, device=stage.device)
@@ -230,11 +238,14 @@ class VLMSession:
         check_keep(name, keep, self.cache.length)
         assert keep >= self.prompt_len - 1, f"rollback into the prompt ({keep} < {self.prompt_len - 1}): the image is gone"
         logits, hidden = self._with_rope_deltas(lambda: self.stage.forwards(self.cache, keep, tokens))
+        self.stage.taps.clear()
         self.hidden = hidden.detach()
         check_length(name, self.cache.length, keep + len(tokens))
         return self.stage.fit(logits.float())  # [n, V]
 
     def close(self) -> None:
+        if self.cache is not None:
+            self.stage.caches.give(self.cache)
         self.cache = None
         self.prefill_features = None
         self.hidden = None

@@ -1,0 +1,52 @@
+"""A stage's KV caches, kept for reuse: a closed request's cache serves the next one.
+
+On a GPU the compiled forwards replay CUDA graphs (pipespec.stages.forwards), and a graph reads and
+writes its tensors at the addresses it was recorded with. A cache allocated per request is a new address
+every time, and a graph that writes into an input it did not record is not replayed: inductor runs its
+kernels one by one, with the launch overhead CUDA graphs are there to remove. So a stage keeps the caches
+of closed requests and hands them to the next ones, marked as static addresses on a GPU: each cache is
+recorded once per width, and replayed for every request that holds it afterwards. The pool grows to the
+stage's peak of requests in flight and keeps that many caches (each `capacity` x layers x KV heads).
+On a CPU reuse only saves the allocation; nothing is marked.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import torch
+
+from pipespec.stages.static_kv import StaticKV
+
+
+class KVPool:
+    """`take` a cache for a request (an idle one, else a new one from `new`), `give` it back when it closes."""
+
+    def __init__(self, new: Callable[[], StaticKV]):
+        self._new = new
+        self._idle: list[StaticKV] = []
+        self._lock = threading.Lock()
+        self.made = 0  # caches this pool has allocated: its peak of requests in flight
+
+    def take(self) -> StaticKV:
+        """An empty cache that no other request holds."""
+        with self._lock:
+            cache = self._idle.pop() if self._idle else None
+        if cache is None:
+            cache = self._new()
+            if cache.device.type == "cuda":
+                for layer in cache.layers:
+                    for t in (layer.keys, layer.values, layer.cumulative_length):
+                        torch._dynamo.mark_static_address(t)
+            with self._lock:
+                self.made += 1
+        cache.rewind(0)
+        return cache
+
+    def give(self, cache: StaticKV) -> None:
+        """Take `cache` back: its request is done with it."""
+        with self._lock:
+            if any(c is cache for c in self._idle):
+                raise RuntimeError("a KV cache was given back twice: two requests would share it")
+            self._idle.append(cache)
