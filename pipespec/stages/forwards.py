@@ -29,8 +29,10 @@ again. Prefill stays eager: its length changes with every prompt.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,7 +50,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MOST_GRAPHS = 64  # compiled graphs of one stage kind per process (dynamo's default, 8, is two stages' widths)
-DEFAULT_CONTEXT = 4096  # most context tokens per request when neither the model nor the config says less
+DEFAULT_CONTEXT = 4096
+# Compiled functions replay their CUDA graphs through the graph manager of the thread that first called
+# them (a stage's warm-up: the thread that built it), and that manager is not thread-safe; nor may a
+# replay overwrite outputs not yet copied out. So replays are one at a time in a process (a device runs
+# them one after another anyway).
+_GRAPHS = threading.Lock()  # most context tokens per request when neither the model nor the config says less
 
 # One forward at a fixed width: (cache, ids [1, w], cache positions [w]) -> outputs [1, w, ...] each.
 Step = Callable[[StaticKV, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
@@ -107,11 +114,13 @@ class Forwards:
         self.compiled = compiled
         self.device = device
         self.warmup_s = 0.0
-        mode = "reduce-overhead" if device.type == "cuda" else None  # CUDA graphs on a GPU
+        options = {"guard_filter_fn": _without_registry_guards}
+        if device.type == "cuda":
+            options["triton.cudagraphs"] = True  # mode="reduce-overhead", which torch.compile takes only without options
         if compiled:  # every stage's widths are graphs of one function (a stage kind's `_step`): room for all of them
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MOST_GRAPHS)
-        options = {"guard_filter_fn": _without_registry_guards}
-        self.step = torch.compile(step, dynamic=False, mode=mode, options=options) if compiled else step
+        self.step = torch.compile(step, dynamic=False, options=options) if compiled else step
+        self.graphs = compiled and device.type == "cuda"  # replays CUDA graphs
 
     @torch.inference_mode()
     def __call__(self, cache: StaticKV, keep: int, tokens: Sequence[int]) -> tuple[torch.Tensor, ...]:
@@ -121,22 +130,26 @@ class Forwards:
                 f"stage {self.stage!r}: {keep + len(tokens)} context tokens exceed its max_context of {self.shapes.context}"
             )
         parts = []
-        for start, length, width in self.shapes.pieces(len(tokens)):
-            piece = list(tokens[start : start + length])
-            at = keep + start
-            ids = torch.tensor([piece + piece[-1:] * (width - length)], dtype=torch.long, device=self.device)  # [1, w]
-            positions = torch.arange(at, at + width, device=self.device)  # [w]
-            cache.rewind(at)
-            parts.append([out[0, :length] for out in self.step(cache, ids, positions)])
+        with _GRAPHS if self.graphs else contextlib.nullcontext():
+            for start, length, width in self.shapes.pieces(len(tokens)):
+                piece = list(tokens[start : start + length])
+                at = keep + start
+                ids = torch.tensor([piece + piece[-1:] * (width - length)], dtype=torch.long, device=self.device)  # [1, w]
+                positions = torch.arange(at, at + width, device=self.device)  # [w]
+                cache.rewind(at)
+                if self.graphs:  # the last replay's outputs are copied out below: its memory is free for this one
+                    torch.compiler.cudagraph_mark_step_begin()
+                parts.append([out[0, :length].clone() for out in self.step(cache, ids, positions)])
         cache.rewind(keep + len(tokens))
-        return tuple(torch.cat(outs) for outs in zip(*parts))
+        return tuple(outs[0] if len(outs) == 1 else torch.cat(outs) for outs in zip(*parts))
 
     def warm_up(self, caches: KVPool, filler: int) -> None:
         """Run every width once on a cache of the stage's pool (compiling it, when compiled); the time is logged and kept."""
         began = time.perf_counter()
         cache = caches.take()
         try:
-            for width in self.shapes.widths:
+            for width in self.shapes.widths:  # twice: a CUDA graph is recorded at its function's second call
+                self(cache, 0, [filler] * width)
                 self(cache, 0, [filler] * width)
         finally:
             caches.give(cache)
