@@ -19,10 +19,9 @@ checks it on every run; one thread, torch 2.13, x86 with AVX-512, a 2-layer Llam
   forward of a 7B model costs 1.09x a 1-token one on an H100, compiled).
 Only the target pads: a drafter's logits pick drafts, never the answer.
 
-Compiled (`torch.compile`, inductor; on a GPU in its "reduce-overhead" mode, CUDA graphs, not yet
-run there: whether it records graphs over a cache it is handed, or skips them for the cache's
-in-place writes, is to be measured on one), each width is compiled once, when the stage starts
-(`warm_up`), at the torch thread count it will serve with; inductor keeps what it compiled on disk
+Compiled (`torch.compile`, inductor; on a GPU replayed from CUDA graphs captured per cache and width,
+pipespec.stages.cuda_graphs), each width is compiled once, when the stage starts (`warm_up`), at the
+torch thread count it will serve with; inductor keeps what it compiled on disk
 (TORCHINDUCTOR_CACHE_DIR, by default under /tmp), so a restart reads it back instead of compiling
 again. Prefill stays eager: its length changes with every prompt.
 """
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from pipespec.errors import ConfigError
+from pipespec.stages.cuda_graphs import GraphedStep
 from pipespec.stages.kv_pool import KVPool
 from pipespec.stages.static_kv import StaticKV
 
@@ -51,10 +51,9 @@ log = logging.getLogger(__name__)
 
 MOST_GRAPHS = 64  # compiled graphs of one stage kind per process (dynamo's default, 8, is two stages' widths)
 DEFAULT_CONTEXT = 4096
-# Compiled functions replay their CUDA graphs through the graph manager of the thread that first called
-# them (a stage's warm-up: the thread that built it), and that manager is not thread-safe; nor may a
-# replay overwrite outputs not yet copied out. So replays are one at a time in a process (a device runs
-# them one after another anyway).
+# A CUDA graph's replay overwrites the outputs of the replay before it (a stage's graphs share one memory
+# pool) and its input buffers: replays, and copying their outputs out, are one at a time in a process (a
+# device runs them one after another anyway).
 _GRAPHS = threading.Lock()  # most context tokens per request when neither the model nor the config says less
 
 # One forward at a fixed width: (cache, ids [1, w], cache positions [w]) -> outputs [1, w, ...] each.
@@ -114,13 +113,11 @@ class Forwards:
         self.compiled = compiled
         self.device = device
         self.warmup_s = 0.0
-        options = {"guard_filter_fn": _without_registry_guards}
-        if device.type == "cuda":
-            options["triton.cudagraphs"] = True  # mode="reduce-overhead", which torch.compile takes only without options
         if compiled:  # every stage's widths are graphs of one function (a stage kind's `_step`): room for all of them
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MOST_GRAPHS)
-        self.step = torch.compile(step, dynamic=False, options=options) if compiled else step
+            step = torch.compile(step, dynamic=False, options={"guard_filter_fn": _without_registry_guards})
         self.graphs = compiled and device.type == "cuda"  # replays CUDA graphs
+        self.step = GraphedStep(step) if self.graphs else step
 
     @torch.inference_mode()
     def __call__(self, cache: StaticKV, keep: int, tokens: Sequence[int]) -> tuple[torch.Tensor, ...]:
@@ -137,8 +134,6 @@ class Forwards:
                 ids = torch.tensor([piece + piece[-1:] * (width - length)], dtype=torch.long, device=self.device)  # [1, w]
                 positions = torch.arange(at, at + width, device=self.device)  # [w]
                 cache.rewind(at)
-                if self.graphs:  # the last replay's outputs are copied out below: its memory is free for this one
-                    torch.compiler.cudagraph_mark_step_begin()
                 parts.append([out[0, :length].clone() for out in self.step(cache, ids, positions)])
         cache.rewind(keep + len(tokens))
         return tuple(outs[0] if len(outs) == 1 else torch.cat(outs) for outs in zip(*parts))
@@ -148,8 +143,7 @@ class Forwards:
         began = time.perf_counter()
         cache = caches.take()
         try:
-            for width in self.shapes.widths:  # twice: a CUDA graph is recorded at its function's second call
-                self(cache, 0, [filler] * width)
+            for width in self.shapes.widths:
                 self(cache, 0, [filler] * width)
         finally:
             caches.give(cache)

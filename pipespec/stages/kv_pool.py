@@ -1,21 +1,17 @@
 """A stage's KV caches, kept for reuse: a closed request's cache serves the next one.
 
-On a GPU the compiled forwards replay CUDA graphs (pipespec.stages.forwards), and a graph reads and
-writes its tensors at the addresses it was recorded with. A cache allocated per request is a new address
-every time, and a graph that writes into an input it did not record is not replayed: inductor runs its
-kernels one by one, with the launch overhead CUDA graphs are there to remove. So a stage keeps the caches
-of closed requests and hands them to the next ones, marked as static addresses on a GPU: each cache is
-recorded once per width, and replayed for every request that holds it afterwards. The pool grows to the
-stage's peak of requests in flight and keeps that many caches (each `capacity` x layers x KV heads).
-On a CPU reuse only saves the allocation; nothing is marked.
+On a GPU the compiled forwards replay CUDA graphs captured per cache and width (pipespec.stages.cuda_graphs),
+and a graph reads and writes its cache at the addresses it was captured with. A cache allocated per request
+would need a capture per request. So a stage keeps the caches of closed requests and hands them to the next
+ones: each cache is captured once per width, and replayed for every request that holds it afterwards. The
+pool grows to the stage's peak of requests in flight and keeps that many caches (each `capacity` x layers x
+KV heads). On a CPU reuse only saves the allocation.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-
-import torch
 
 from pipespec.stages.static_kv import StaticKV
 
@@ -35,10 +31,6 @@ class KVPool:
             cache = self._idle.pop() if self._idle else None
         if cache is None:
             cache = self._new()
-            if cache.device.type == "cuda":
-                for layer in cache.layers:
-                    for t in (layer.keys, layer.values, layer.cumulative_length):
-                        torch._dynamo.mark_static_address(t)
             with self._lock:
                 self.made += 1
         cache.rewind(0)

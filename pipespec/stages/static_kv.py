@@ -9,8 +9,8 @@ the request's length (what makes a position's logits independent of its block: p
 
 Two differences from transformers' `StaticCache`: sliding-window layers are full-length too (the
 window is the mask's business, so a rollback never needs an entry a rolling buffer overwrote), and the
-tensors are not marked as static addresses here: a stage's `KVPool` (pipespec.stages.kv_pool) marks
-the caches it reuses, on a GPU only.
+tensors are not marked as static addresses: one compiled forward takes any request's cache as an input
+(on a GPU, a graph is captured per cache: pipespec.stages.cuda_graphs).
 """
 
 from __future__ import annotations

@@ -1,0 +1,85 @@
+"""A compiled forward replayed from CUDA graphs captured by hand: one graph per KV cache and width.
+
+torch.compile's own CUDA graphs (its "reduce-overhead" mode, cudagraph trees) ran a 7B-shaped target's
+8-wide forward in 6.7 ms on an H200 against a 3.2 ms weight-streaming floor: the host spends the rest
+deciding, on every call, which recorded graph fits (the address of every weight and cache tensor checked
+against each recording) and copying inputs. The graph that fits is known here: the request's cache and the
+forward's width name it. So `GraphedStep` captures the compiled step once per (cache, width), with its
+own buffers for the token ids and positions, and a call copies those two small tensors in and replays.
+
+What makes it sound: a stage's caches come from its pool (pipespec.stages.kv_pool) and are never freed,
+so the addresses a graph writes stay valid, and each graph keeps its cache alive; the cache's length is a
+tensor the graph reads and advances, set before each replay (`StaticKV.rewind`); every graph of a stage
+shares one memory pool, so a replay overwrites the outputs of the one before, which the caller copies out
+first (pipespec.stages.forwards runs replays one at a time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from pipespec.stages.static_kv import StaticKV
+
+if TYPE_CHECKING:
+    from pipespec.stages.forwards import Step
+
+
+@dataclass(frozen=True)
+class _Captured:
+    """One captured forward: it reads `ids` [1, w] and `positions` [w], writes `cache`, leaves `outputs`."""
+
+    cache: StaticKV
+    ids: torch.Tensor
+    positions: torch.Tensor
+    graph: torch.cuda.CUDAGraph
+    outputs: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def of(cls, step: Step, cache: StaticKV, ids: torch.Tensor, positions: torch.Tensor, pool: tuple) -> _Captured:
+        """Capture `step` at this call's inputs. It runs twice first, on a side stream (compiling on its
+        first call, as CUDA graph capture requires), writing where the captured forward will write next."""
+        ids, positions = ids.clone(), positions.clone()
+        at = cache.length
+        main = torch.cuda.current_stream(ids.device)
+        side = torch.cuda.Stream(ids.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                cache.rewind(at)
+                step(cache, ids, positions)
+        main.wait_stream(side)
+        cache.rewind(at)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):  # other stages' threads run on
+            outputs = step(cache, ids, positions)
+        return cls(cache, ids, positions, graph, tuple(outputs))
+
+    def replay(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self.ids.copy_(ids)
+        self.positions.copy_(positions)
+        self.graph.replay()
+        return self.outputs
+
+
+class GraphedStep:
+    """`step`, called as it is, replayed from the graph of its cache and width (captured at their first call)."""
+
+    def __init__(self, step: Step):
+        self.step = step
+        self._graphs: dict[tuple[int, int], _Captured] = {}
+        self._pool = torch.cuda.graph_pool_handle()
+
+    @property
+    def captured(self) -> int:
+        """Graphs captured so far: one per cache and width used."""
+        return len(self._graphs)
+
+    def __call__(self, cache: StaticKV, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        key = (id(cache), ids.shape[1])  # a captured graph holds its cache: the id is never reused
+        captured = self._graphs.get(key)
+        if captured is None:
+            captured = self._graphs[key] = _Captured.of(self.step, cache, ids, positions, self._pool)
+        return captured.replay(ids, positions)
