@@ -94,9 +94,17 @@ def scene_batches(image_processor, size: int, patch: int, batch_size: int, seed:
 
 
 def pretrain_tower(
-    tower: nn.Module, image_processor, size: int, patch: int, minutes: float, steps: int, seed: int
+    tower: nn.Module,
+    image_processor,
+    size: int,
+    patch: int,
+    minutes: float,
+    steps: int,
+    seed: int,
+    autocast: torch.dtype | None = torch.bfloat16,
 ) -> tuple[list[float], DenseProbe]:
-    """Train `tower` (a CLIPVisionModel) in place with the dense probe; -> (the loss curve, the probe)."""
+    """Train `tower` (a CLIPVisionModel) in place with the dense probe, under `autocast` (None: fp32; on a CPU
+    without bf16 instructions a bf16 step costs 16x an fp32 one); -> (the loss curve, the probe)."""
     torch.manual_seed(seed)
     probe = DenseProbe(tower.config.hidden_size)
     optimiser = Optimiser.adamw(
@@ -109,7 +117,7 @@ def pretrain_tower(
     bar = tqdm(range(steps), desc="tower")
     for _ in bar:
         pixels, cells, background, count = next(data)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
             states = tower(pixel_values=pixels).last_hidden_state  # [B, 1 + N, H]
         loss, accuracy = probe.loss(states, cells, background, count)
         curve.append(optimiser.update(loss))

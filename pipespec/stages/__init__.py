@@ -4,8 +4,10 @@
 - `build_context`: what building one stage needs besides its spec (`BuildContext`)
 - `build`: each kind's builder by name; `build_stage`, `load_stages`, `check_vocabularies`
 - `causal_lm`, `vlm`, `mock`, `ngram`, `dream/`: one stage class per kind, each built from its `StageSpec`
-- `static_kv`: a request's KV cache at a fixed length (`StaticKV`); `forwards`: the fixed-width,
-  compiled decode forwards of the model kinds, and why they make logits independent of the block;
+- `static_kv`: a request's KV cache at a fixed length (`StaticKV`); `kv_pool`: a stage's caches, reused
+  across requests (`KVPool`); `forwards`: the fixed-width, compiled decode forwards of the model kinds,
+  and why they make logits independent of the block; `cuda_graphs`: those forwards replayed from CUDA
+  graphs captured per cache and width (`GraphedStep`);
   `weight_layout`: fp32 linear weights stored column-major on a CPU (faster few-row products)
 - `vocabulary`: one vocabulary for the whole pipeline; `device`: the torch device a stage computes on
 

@@ -16,15 +16,15 @@ first (pipespec.stages.forwards runs replays one at a time).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from pipespec.stages.static_kv import StaticKV
 
-if TYPE_CHECKING:
-    from pipespec.stages.forwards import Step
+# One forward at a fixed width: (cache, ids [1, w], cache positions [w]) -> outputs [1, w, ...] each.
+Step = Callable[[StaticKV, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
 
 
 @dataclass(frozen=True)

@@ -33,14 +33,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from pipespec.errors import ConfigError
-from pipespec.stages.cuda_graphs import GraphedStep
+from pipespec.stages.cuda_graphs import GraphedStep, Step
 from pipespec.stages.kv_pool import KVPool
 from pipespec.stages.static_kv import StaticKV
 
@@ -55,9 +55,6 @@ DEFAULT_CONTEXT = 4096
 # pool) and its input buffers: replays, and copying their outputs out, are one at a time in a process (a
 # device runs them one after another anyway).
 _GRAPHS = threading.Lock()  # most context tokens per request when neither the model nor the config says less
-
-# One forward at a fixed width: (cache, ids [1, w], cache positions [w]) -> outputs [1, w, ...] each.
-Step = Callable[[StaticKV, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
 
 
 def _compile_default() -> bool:
