@@ -43,6 +43,9 @@ class StageSpec:
     resources: Mapping[str, float] = field(default_factory=lambda: {"num_cpus": 1})  # its Ray actor's; on cuda, a GPU too
     device_group: str | None = None  # stages naming the same group share one device: one actor, one compute thread
     options: MockOptions | NgramOptions | ModelOptions | None = None  # the kind's own keys (KINDS[kind].options)
+    # branches a waiting drafter pre-drafts per request for the verdicts it expects (pipespec.engine.outcome_cache);
+    # 0: none. Only a chain's first stage pre-drafts: a later one's own tokens must stay its drafter's drafts
+    predraft: int = 0
 
     @property
     def group(self) -> str:
@@ -208,7 +211,18 @@ def _stage(raw: Any, i: int) -> StageSpec:
     stage_kind = KINDS[kind]
     option_cls = stage_kind.options
     option_keys = [f.name for f in fields(option_cls)] if option_cls else []
-    common = ["name", "kind", "model", "max_lookahead", "verify_window", "dtype", "device", "resources", "device_group"]
+    common = [
+        "name",
+        "kind",
+        "model",
+        "max_lookahead",
+        "verify_window",
+        "dtype",
+        "device",
+        "resources",
+        "device_group",
+        "predraft",
+    ]
     _reject_unknown(raw, common + option_keys, f"{where} ({kind})")
 
     name = _typed(raw.get("name", f"stage{i}"), str, f"{where}.name")
@@ -228,6 +242,9 @@ def _stage(raw: Any, i: int) -> StageSpec:
     window = raw.get("verify_window")
     if window is not None and (_typed(window, int, f"{where}.verify_window") < 1):
         raise ConfigError(f"{where}.verify_window: must be >= 1, got {window}")
+    predraft = _typed(raw.get("predraft", 0), int, f"{where}.predraft")
+    if predraft < 0:
+        raise ConfigError(f"{where}.predraft: must be >= 0 branches, got {predraft}")
     dtype = raw.get("dtype", "bfloat16")
     if dtype not in DTYPES:
         raise ConfigError(f"{where}.dtype: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
@@ -260,7 +277,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
                 values[f.name] = _typed(raw[f.name], ftype, f"{where}.{f.name}")
         options = option_cls(**values)
         options.check(where)
-    return StageSpec(name, kind, model, lookahead, window, dtype, device, dict(resources), group, options)
+    return StageSpec(name, kind, model, lookahead, window, dtype, device, dict(resources), group, options, predraft)
 
 
 def _check_chain(stages: tuple[StageSpec, ...]) -> None:

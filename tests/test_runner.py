@@ -21,12 +21,20 @@ from pipespec.protocol.params import SamplingParams
 from pipespec.stages.build_context import BuildContext
 
 
-def mock_config(agreements, lookahead=4, latencies=None):
+def mock_config(agreements, lookahead=4, latencies=None, predraft=0):
     latencies = latencies or [0.0] * len(agreements)
     return load_config(
         {
             "stages": [
-                {"name": f"m{i}", "kind": "mock", "agreement": a, "latency_ms": lat, "max_lookahead": lookahead, "vocab_size": 50}
+                {
+                    "name": f"m{i}",
+                    "kind": "mock",
+                    "agreement": a,
+                    "latency_ms": lat,
+                    "max_lookahead": lookahead,
+                    "vocab_size": 50,
+                    "predraft": predraft,
+                }
                 for i, (a, lat) in enumerate(zip(agreements, latencies))
             ]
         }
@@ -63,6 +71,26 @@ def test_random_delays_keep_output_exact(agreement, k, target_alone):
         assert rollbacks > 0, "the storm produced no rollback: the test exercises nothing"
     if agreement > 0.0:
         assert accepted > 0
+
+
+@pytest.mark.parametrize("agreement", [0.5, 0.9])
+@pytest.mark.parametrize("k", [2, 3])
+def test_pre_drafting_under_random_delays_keeps_output_exact(agreement, k, target_alone):
+    """The first stage pre-drafts branches (pipespec.engine.outcome_cache) and serves verdicts from them:
+    every answer still equals the target alone's (the later stages' option is inert)."""
+    rng = random.Random(f"predraft-{agreement}-{k}")
+    config = mock_config(
+        [agreement] * (k - 1) + [1.0], lookahead=rng.randint(2, 6), latencies=[0.2] * (k - 1) + [3.0], predraft=3
+    )
+    with LocalPipeline(config, link_factory=lambda peer: DelayLink(peer, 0.002, rng)) as p:
+        futures = [(p.submit(**r), target_alone.submit(**r)) for r in requests()]
+        results = [(f.result(timeout=60), ref.result(timeout=60)) for f, ref in futures]
+    for got, want in results:
+        assert got.token_ids == want.token_ids
+    # mock drafters rank the target's token no higher than any other: branches grow, but rarely hit
+    # (hits are tested in tests/test_outcome_cache.py and on real models in tests/test_exactness.py)
+    assert sum(got.stats.stages[0].predraft_forwards for got, _ in results) > 0
+    assert all(s.predraft_forwards == 0 for got, _ in results for s in got.stats.stages[1:])
 
 
 def test_emulated_latency_pipeline_speculates(target_alone):

@@ -36,6 +36,7 @@ class Decision:
     tokens: tuple[int, ...]  # drafts[:accepted] + (own token,)
     probs: torch.Tensor | None  # [accepted + 1, V] float64: this stage's p' at those positions (rejection only)
     logprobs: tuple[TokenLogprobs, ...] | None = None  # one per token: the target's, when the request asks (pipespec.engine.step)
+    doubts: tuple[tuple[int, float], ...] | None = None  # per token: (runner-up, our choice's probability), to pre-draft
 
 
 def rejection_streams(depth: int) -> tuple[int, int, int]:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import torch
 
+from pipespec.engine.outcome_cache import Branch
 from pipespec.engine.request_state import RequestState
 from pipespec.errors import ProtocolError
 from pipespec.protocol.links import Link
@@ -124,12 +125,29 @@ class LinkProtocol:
         while req.probs_kept_from <= p:  # a re-send after this verdict starts at p + 1 or later
             req.probs[req.probs_kept_from] = None
             req.probs_kept_from += 1
+        if req.outcomes is not None:
+            self._foreseen(req, req.outcomes.verdict(p, t, changed), changed)
         if changed and self.upstream is not None:
             if rollback:
                 self._conflict(req)
             elif self._absorb(req):
                 self._verdict(req)
         self._publish(req)
+
+    def _foreseen(self, req: RequestState, branch: Branch | None, changed: bool) -> None:
+        """A verdict changed our tokens (`changed`), and `branch` foresaw it (or none did): its tokens become
+        ours, and so do the cache entries its forwards wrote; `_publish` sends them on at once."""
+        if not changed:
+            return
+        if branch is None:
+            req.stats.predraft_misses += 1
+            return
+        req.stats.predraft_hits += 1
+        req.stats.predraft_tokens += len(branch.tokens)
+        req.tokens.extend(branch.tokens)
+        req.probs.extend(branch.probs)
+        if req.session is not None:
+            req.fed = max(req.fed, branch.fed)
 
     def _on_features(self, message: TargetFeatures) -> None:
         req = self.requests.get(message.request_id)

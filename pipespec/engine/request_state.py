@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipespec.engine.outcome_cache import OutcomeCache
 from pipespec.engine.stage import Session
 from pipespec.protocol.logprobs import TokenLogprobs
 from pipespec.protocol.messages import RequestSpec, TargetFeatures
@@ -97,6 +98,7 @@ class RequestState:
     fed: int = 0  # context tokens (prompt + generated) in the cache still valid for `tokens`
     rev: int = 0  # bumped whenever a verdict changes `tokens`
     touched: int = NOTHING_TOUCHED  # smallest position a verdict changed since the step in flight began
+    outcomes: OutcomeCache | None = None  # branches pre-drafted for expected verdicts (a first stage that pre-drafts)
 
     @property
     def prompt_len(self) -> int:

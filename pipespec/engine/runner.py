@@ -50,6 +50,7 @@ from pipespec.engine.choice import Decision
 from pipespec.engine.early_mail import EarlyMail
 from pipespec.engine.handoff import prefill_message, step_message
 from pipespec.engine.link_protocol import LinkProtocol
+from pipespec.engine.outcome_cache import OutcomeCache
 from pipespec.engine.patience import Patience
 from pipespec.engine.request_state import NOTHING_TOUCHED, FeatureInbox, RequestState, VerifierSide
 from pipespec.engine.scheduler import Batch, DeviceScheduler, Done
@@ -89,6 +90,7 @@ class StageRunner(LinkProtocol):
         scheduler: DeviceScheduler | None = None,  # the device it runs on; None: a device of its own
         sends_features: bool = False,  # our drafter reads our features (a DREAM stage): send them (pipespec.engine.handoff)
         reads_features: bool = False,  # we read our verifier's features (a DREAM stage): step only once the prefill's came
+        predraft: int = 0,  # branches pre-drafted per request while we wait (pipespec.engine.outcome_cache); 0: none
     ):
         self.stage = stage
         self.sends_features = sends_features
@@ -99,6 +101,8 @@ class StageRunner(LinkProtocol):
         self.drafter_name = drafter_name
         self.drafter_lookahead = drafter_lookahead
         self.verify_window = verify_window
+        # only a first stage that drafts pre-drafts: a later one's own tokens must stay its drafter's drafts
+        self.predraft = predraft if depth > 0 and drafter_name is None and not sends_features else 0
         self.patience = patience or Patience()
         self.token_s: float | None = None  # our compute seconds per produced token (EMA), told to our verifier
         self.drafter_token_s: float | None = None  # what our drafter last told us of its own
@@ -130,6 +134,7 @@ class StageRunner(LinkProtocol):
             verify_window=config.window(i),
             sends_features=config.sends_features(i),
             reads_features=kind_of(specs[i]).reads_target_features,
+            predraft=specs[i].predraft,
             scheduler=scheduler,
         )
 
@@ -250,6 +255,10 @@ class StageRunner(LinkProtocol):
             req = self.requests[plan.request_id]
             self.requests.move_to_end(plan.request_id)
             if isinstance(plan, StepPlan):
+                if req.outcomes is not None:  # the forward writes past plan.keep: no other line holds more
+                    req.outcomes.overwritten(plan.keep)
+                if plan.branch is not None:
+                    req.fed = min(req.fed, plan.keep)
                 req.touched = NOTHING_TOUCHED
                 if req.up is not None:
                     req.up.wait_until = None  # the wait for drafts, if any, is over
@@ -285,20 +294,34 @@ class StageRunner(LinkProtocol):
     def _plan(self, rid: str, req: RequestState) -> StepPlan | None:
         start = len(req.tokens)
         limit = self._limit(req)
-        if start >= limit or (start and req.tokens[-1] in req.spec.stop_token_ids):
+        if start and req.tokens[-1] in req.spec.stop_token_ids:
             return None
         if req.features is not None and not req.features.has_prefill:
             return None
+        if start >= limit:  # at our bound: nothing to draft but what we expect the verdict to need
+            return self._branch_plan(rid, req) if req.outcomes is not None and self.downstream is not None else None
         feed = unfed_tail(req.session.last_prompt_token, req.prompt_len, req.fed, req.tokens)
         up = req.up
         if up is None:  # the first stage: no drafts, it generates one token
-            return StepPlan(rid, req.rev, 0, req.fed, feed, start, (), None)
+            return StepPlan(rid, req.rev, 0, req.fed, feed, start, (), None, doubts=req.outcomes is not None)
         room = min(self.verify_window, self.drafter_lookahead, limit - start - 1)
         n = min(len(up.pending), room)
         if self.upstream is not None and self._wait(up, n, room, req.spec.stop_token_ids):
             return None
         probs = torch.stack(up.pending_probs[:n]) if n and req.spec.params.rejection else None
         return StepPlan(rid, req.rev, up.epoch, req.fed, feed, start, tuple(up.pending[:n]), probs)
+
+    def _branch_plan(self, rid: str, req: RequestState) -> StepPlan | None:
+        """A forward that grows a pre-drafted branch (pipespec.engine.outcome_cache); None if none is worth it."""
+        prompt_len = req.prompt_len
+        while (branch := req.outcomes.to_grow(len(req.tokens), req.down.verified, req.fed, prompt_len)) is not None:
+            line = req.tokens[: branch.position] + ([] if branch.token is None else [branch.token]) + branch.tokens
+            if len(line) < req.spec.max_new_tokens and not (line and line[-1] in req.spec.stop_token_ids):
+                keep = max(branch.fed, min(req.fed, prompt_len + branch.position))
+                feed = unfed_tail(req.session.last_prompt_token, prompt_len, keep, line)
+                return StepPlan(rid, req.rev, 0, keep, feed, len(line), (), None, branch=branch)
+            branch.done = True  # it reached the request's end
+        return None
 
     def _wait(self, up: VerifierSide, pending: int, room: int, stop_token_ids: frozenset[int]) -> bool:
         """True while this request should wait for more drafts instead of stepping now."""
@@ -325,6 +348,8 @@ class StageRunner(LinkProtocol):
         up = VerifierSide(PairStats(self.drafter_name, self.name)) if self.drafter_name is not None else None
         features = FeatureInbox() if self.reads_features else None
         req = RequestState(spec, StageStats(self.name), up, features)
+        if self.predraft:
+            req.outcomes = OutcomeCache(self.predraft, depth=max(1, self.max_lookahead // 2))
         self.requests[rid] = req
         if spec.committed:  # a rejoin: the committed tokens are ours already; the first step feeds them
             n = len(spec.committed)
@@ -429,10 +454,24 @@ class StageRunner(LinkProtocol):
         req.stats.tokens_fed += len(plan.feed) + len(plan.drafts)
         req.stats.compute_s += seconds
         self.patience.observe_forward(seconds)
+        if plan.branch is not None:
+            self._grow(req, plan, decision)
+            return
         if plan.rev != req.rev:  # a verdict changed our tokens meanwhile: keep only the valid cache
-            req.fed = req.prompt_len + min(plan.start, req.touched)
+            # (or what a pre-drafted branch the verdict took holds: the forward wrote past both)
+            req.fed = max(req.fed, req.prompt_len + min(plan.start, req.touched))
             return
         self._apply(req, plan, decision, hidden)
+
+    def _grow(self, req: RequestState, plan: StepPlan, decision: Decision) -> None:
+        """A branch's forward came back: its token joins the branch, unless a verdict dropped the branch meanwhile."""
+        req.stats.predraft_forwards += 1
+        if plan.rev != req.rev or not req.outcomes.holds(plan.branch):
+            return
+        token = decision.tokens[0]
+        full = token in req.spec.stop_token_ids or plan.start + 1 >= req.spec.max_new_tokens
+        prob = decision.probs[0] if decision.probs is not None else None
+        req.outcomes.grown(plan.branch, token, prob, plan.keep + len(plan.feed), full)
 
     def _apply(self, req: RequestState, plan: StepPlan, decision: Decision, hidden: torch.Tensor | None) -> None:
         tokens = decision.tokens
@@ -445,6 +484,11 @@ class StageRunner(LinkProtocol):
         if decision.logprobs is not None:  # the target's, for the next Commit
             req.logprobs.extend(decision.logprobs[: len(tokens)])
         req.fed = req.prompt_len + min(plan.start + decision.accepted, len(req.tokens) - 1)
+        if req.outcomes is not None:
+            req.outcomes.extended(plan.start)
+        if decision.doubts is not None and req.outcomes is not None:
+            for i, (runner_up, chosen_p) in enumerate(decision.doubts[: len(tokens)]):
+                req.outcomes.doubt(plan.start + i, runner_up, chosen_p)
         if req.up is not None:
             req.up.pair.record(len(plan.drafts), decision.accepted)
             self.patience.observe_verification(len(plan.drafts), decision.accepted)

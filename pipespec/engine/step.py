@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from pipespec.engine.choice import Decision, decide
+from pipespec.engine.outcome_cache import Branch
 from pipespec.engine.sampling import token_logprobs
 from pipespec.engine.stage import Session, Stage
 from pipespec.engine.trace import Timing
@@ -36,6 +37,8 @@ class StepPlan:
     drafts: tuple[int, ...]
     draft_probs: torch.Tensor | None  # [len(drafts), V]
     features: tuple[TargetFeatures, ...] = ()  # applied to the session before the forward (taken at launch)
+    doubts: bool = False  # also rank each decided position: our runner-up there (pipespec.engine.outcome_cache)
+    branch: Branch | None = None  # a forward of this pre-drafted branch, not of the main line
 
 
 @dataclass(frozen=True)
@@ -100,8 +103,20 @@ def _step(
     decision = decide(rows, plan.drafts, plan.draft_probs, spec.params, plan.start, depth)
     if decision.probs is not None:
         decision = replace(decision, probs=decision.probs.cpu())
+    if plan.doubts:
+        decision = replace(decision, doubts=_doubts(rows[: len(decision.tokens)], decision.tokens))
     if depth == 0 and spec.logprobs is not None:  # rows of the tokens decided: positions start .. start + accepted
         lp = token_logprobs(rows[: len(decision.tokens)], decision.tokens, spec.params, spec.logprobs)
         decision = replace(decision, logprobs=lp)
     hidden = session.hidden.cpu() if sends_features else None
     return decision, hidden
+
+
+def _doubts(rows: torch.Tensor, tokens: tuple[int, ...]) -> tuple[tuple[int, float], ...]:
+    """rows [n, V] of the decided tokens -> per token (the likeliest other token, the probability of the token)."""
+    probs = torch.softmax(rows.float(), dim=-1)  # [n, V]
+    chosen = torch.tensor(tokens, device=rows.device)
+    top = probs.topk(2, dim=-1).indices  # [n, 2]
+    runner_up = torch.where(top[:, 0] == chosen, top[:, 1], top[:, 0])
+    chosen_p = probs.gather(1, chosen[:, None])[:, 0]
+    return tuple(zip(runner_up.tolist(), chosen_p.tolist()))

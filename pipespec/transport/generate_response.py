@@ -15,7 +15,18 @@ from pipespec.protos import pipespec_pb2 as pb
 from pipespec.requests.outputs import Delta
 
 _PAIR = ("drafter", "verifier", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_rejections")
-_STAGE = ("stage", "forwards", "tokens_fed", "rollbacks", "dropped_drafts", "compute_s")
+_STAGE = (
+    "stage",
+    "forwards",
+    "tokens_fed",
+    "rollbacks",
+    "dropped_drafts",
+    "compute_s",
+    "predraft_hits",
+    "predraft_misses",
+    "predraft_tokens",
+    "predraft_forwards",
+)
 _REQUEST = ("prompt_tokens", "generated_tokens", "prefill_s", "decode_s")
 
 

@@ -1,0 +1,118 @@
+"""Outcome-cached pre-drafting: what a drafter drafts while it waits, for the verdicts it expects.
+
+A drafter at its lookahead bound has nothing to do until its verifier answers, and the answer is a
+verdict: the verifier's token t at some position p. Either it rejected our draft at p (t is another
+token) or it accepted all we sent and t is its bonus token right after. Either way our next work is a
+continuation after (p, t), one forward per token, while the verifier waits for it. So a waiting drafter
+drafts those continuations ahead ("branches"), for the outcomes it finds likeliest:
+
+- a rejection at a position we drafted, with the token we ranked next there;
+- full acceptance: after our last token, the token we would draft next ourselves;
+
+each as likely as our own probabilities make it (a rejection at p: every token before p accepted, ours
+at p not), the likeliest first.
+
+A verdict that matches a branch is answered at once: the branch's tokens become ours and go downstream
+in the same turn of the event loop, and the cache entries its forwards wrote become the request's (no
+forward). A verdict that matches none costs what it cost before. Exactness is untouched: a branch holds
+the tokens our own steps would produce after (p, t) (the same forwards, the same choice at the same
+positions), and the verifier verifies them like any draft.
+
+One KV cache holds all lines of a request: the main line and the branches share the context before their
+position. Each line knows how many of its context tokens the cache holds (`fed`); a forward that keeps
+`keep` entries overwrites the rest, so every other line's count drops to at most `keep` (`overwritten`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Branch:
+    """Our continuation if the verifier puts `token` at `position` (the full-acceptance branch learns its
+    token from its first forward: None until then)."""
+
+    position: int
+    token: int | None
+    fed: int  # context tokens of this line the cache holds (prompt + tokens[:position] + [token] + tokens)
+    tokens: list[int] = field(default_factory=list)  # at position + 1 ..
+    probs: list[torch.Tensor | None] = field(default_factory=list)  # our p' per token (rejection sampling)
+    done: bool = False  # grown as far as it may
+
+
+@dataclass
+class OutcomeCache:
+    """One request's branches on one drafter, and its doubts: per position we drafted, the runner-up token
+    and the probability we gave our own choice."""
+
+    fanout: int  # most branches held at once
+    depth: int  # most tokens per branch
+    branches: list[Branch] = field(default_factory=list)
+    doubts: dict[int, tuple[int, float]] = field(default_factory=dict)
+
+    def doubt(self, position: int, runner_up: int, chosen_p: float) -> None:
+        self.doubts[position] = (runner_up, chosen_p)
+
+    def overwritten(self, keep: int) -> None:
+        """A forward keeps the cache's first `keep` entries and writes past them."""
+        for branch in self.branches:
+            branch.fed = min(branch.fed, keep)
+
+    def to_grow(self, length: int, verified: int, fed: int, prompt_len: int) -> Branch | None:
+        """The branch to grow next for a request holding `length` tokens, `verified` of them confirmed, `fed`
+        context tokens of its main line in the cache; None if there is nothing worth drafting."""
+        for branch in self.branches:
+            if not branch.done:
+                return branch
+        if len(self.branches) >= self.fanout:
+            return None
+        held = {b.position for b in self.branches}
+        likely, reach = {}, 1.0  # outcome position -> how likely it is, by our own probabilities
+        for p in range(verified, length):
+            chosen_p = self.doubts.get(p, (0, 1.0))[1]
+            likely[p] = reach * (1.0 - chosen_p)  # all before p accepted, p rejected
+            reach *= chosen_p
+        likely[length] = reach  # all accepted
+        candidates = [p for p in likely if p not in held and (p == length or p in self.doubts)]
+        if not candidates:
+            return None
+        p = max(candidates, key=likely.__getitem__)
+        if p == length:
+            branch = Branch(length, None, min(fed, prompt_len + length - 1))
+        else:
+            branch = Branch(p, self.doubts[p][0], min(fed, prompt_len + p))
+        self.branches.append(branch)
+        return branch
+
+    def grown(self, branch: Branch, token: int, prob: torch.Tensor | None, fed: int, full: bool) -> None:
+        """`branch`'s forward decided `token` (its key token, for a full-acceptance branch's first); the
+        cache now holds `fed` of its context tokens; `full`: it may grow no further."""
+        if branch.token is None:
+            branch.token = token
+        else:
+            branch.tokens.append(token)
+            branch.probs.append(prob)
+        branch.fed = fed
+        branch.done = full or len(branch.tokens) >= self.depth
+
+    def extended(self, start: int) -> None:
+        """Our main line decided tokens from `start` on: a branch there would only repeat its forwards."""
+        self.branches = [b for b in self.branches if b.position < start]
+
+    def verdict(self, position: int, token: int, changed: bool) -> Branch | None:
+        """The verifier put `token` at `position` (`changed`: it is not what we held there). -> the branch
+        that foresaw it, if any (its forward still in flight or not). Branches and doubts that can no longer
+        match are dropped: those at or before `position` (confirmed now), and all when our tokens changed."""
+        self.doubts = {p: d for p, d in self.doubts.items() if position < p and not changed}
+        if not changed:
+            self.branches = [b for b in self.branches if b.position > position]
+            return None
+        hit = next((b for b in self.branches if b.position == position and b.token == token), None)
+        self.branches.clear()
+        return hit
+
+    def holds(self, branch: Branch) -> bool:
+        return any(b is branch for b in self.branches)

@@ -1,0 +1,158 @@
+"""Pre-drafted branches never send a stale token (pipespec.engine.outcome_cache, pipespec.engine.runner).
+
+A first-stage drafter's runner is driven by hand, turn by turn, against a scripted verifier: random
+verdicts at random positions (rejections with the token the drafter ranked next, which its branches
+foresee, or with any other token; confirmations; full acceptance with its own likeliest next token or
+another). Its model is a labelled mock whose logits depend on the whole context it was fed, so a cache
+entry a branch's forward left where the runner believes another line's is changes the next token. Every
+draft of the verifier's current epoch must be exactly what the drafter's own steps give on the line the
+verifier knows; the branches must have been used (hits, tokens served without a forward).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from concurrent.futures import Future
+
+import pytest
+import torch
+
+from pipespec.engine.choice import decide
+from pipespec.engine.outcome_cache import OutcomeCache
+from pipespec.engine.runner import StageRunner
+from pipespec.engine.scheduler import Done
+from pipespec.engine.stage import check_keep, check_length
+from pipespec.protocol.messages import Close, Draft, Open, RequestSpec, Verdict
+from pipespec.protocol.params import SamplingParams
+
+VOCAB = 12
+PROMPT = (3, 1, 4, 1, 5)
+
+
+def logits_after(context: Sequence[int]) -> torch.Tensor:
+    """[V] the mock's logits for the token after `context`: a function of all of it."""
+    generator = torch.Generator().manual_seed(hash(tuple(context)) & 0xFFFF_FFFF)
+    return 2.0 * torch.randn(VOCAB, generator=generator)
+
+
+class WholeContextSession:
+    """A mock drafter's session: the context it was fed stands for its KV cache."""
+
+    def __init__(self, prompt: Sequence[int]):
+        self.context = list(prompt[:-1])
+        self.prompt_len = len(prompt)
+        self.last_prompt_token = prompt[-1]
+
+    def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
+        check_keep("mock", keep, len(self.context))
+        del self.context[keep:]
+        self.context.extend(tokens)
+        check_length("mock", len(self.context), keep + len(tokens))
+        return torch.stack([logits_after(self.context[: i + 1]) for i in range(keep, len(self.context))])
+
+    def close(self) -> None:
+        self.context = []
+
+
+class WholeContextStage:
+    """A mock stage (for protocol tests): WholeContextSession per request."""
+
+    name = "mock"
+    vocab_size = VOCAB
+    eos_token_ids: frozenset[int] = frozenset()
+
+    def open(self, request: RequestSpec) -> WholeContextSession:
+        return WholeContextSession(request.prompt_token_ids)
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def send(self, message) -> None:
+        self.sent.append(message)
+
+
+def pump(runner: StageRunner) -> None:
+    """Let the runner do all it wants to, on this thread: each forward run at once, its result taken."""
+    while True:
+        runner._flush()
+        batch = runner.next_batch()
+        if batch is None:
+            return
+        future: Future = Future()
+        future.set_result(runner.launch(batch)())
+        runner.scheduler.running = runner
+        runner._receive(Done(batch, future))
+
+
+def expected(line: Sequence[int], position: int, params: SamplingParams) -> int:
+    """The drafter's own token at `position` after `line` (generated tokens), as its steps decide it."""
+    row = logits_after(PROMPT + tuple(line[:position]))
+    return decide(row[None], (), None, params, position, 1).tokens[0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_verdicts_never_get_a_stale_draft(seed):
+    rng = random.Random(seed)
+    params = SamplingParams() if seed % 2 == 0 else SamplingParams(temperature=1.0, seed=seed)
+    runner = StageRunner(WholeContextStage(), name="drafter", depth=1, max_lookahead=rng.randint(2, 6), predraft=3)
+    verifier, coordinator = Sink(), Sink()
+    runner.connect(downstream=verifier, coordinator=coordinator)
+    spec = RequestSpec("r", PROMPT, params, max_new_tokens=80)
+    runner._receive(Open(spec))
+    line: list[int] = []  # the drafter's tokens as the verifier knows them
+    epoch = verified = 0
+    try:
+        while verified < spec.max_new_tokens:
+            pump(runner)
+            for message in verifier.sent:
+                if isinstance(message, Draft) and message.epoch == epoch:
+                    assert message.start <= len(line), "a gap in the drafts"
+                    for i, token in enumerate(message.tokens):
+                        at = message.start + i
+                        if at < len(line):
+                            assert token == line[at], f"a re-sent draft differs at {at}"
+                        else:
+                            assert token == expected(line, at, params), f"a stale draft at {at}: {message}"
+                            line.append(token)
+            verifier.sent.clear()
+            p = rng.randint(verified, len(line))
+            if p == len(line):  # full acceptance, and our bonus token
+                token = expected(line, p, params) if rng.random() < 0.6 else rng.randrange(VOCAB)
+            else:
+                runner_up = logits_after(PROMPT + tuple(line[:p])).topk(2).indices.tolist()
+                choice = rng.random()
+                token = line[p] if choice < 0.2 else runner_up[runner_up[0] == line[p]] if choice < 0.7 else rng.randrange(VOCAB)
+                epoch += token != line[p]
+            if p == len(line) or token != line[p]:  # else a confirmation: the drafter keeps its tokens
+                line[p:] = [token]
+            verified = p + 1
+            runner._receive(Verdict("r", epoch, p, token))
+        stats = runner.requests["r"].stats
+        assert stats.predraft_forwards > 0 and stats.predraft_hits > 0 and stats.predraft_tokens > 0, stats
+    finally:
+        runner._receive(Close("r"))
+        runner.scheduler.shutdown(wait=True)
+
+
+def test_branches_follow_the_likeliest_verdicts_and_drop_with_them():
+    cache = OutcomeCache(fanout=3, depth=2)
+    for position, chosen_p in enumerate([0.9, 0.4, 0.7, 0.95]):
+        cache.doubt(position, runner_up=10 + position, chosen_p=chosen_p)
+    # verified 1: a rejection at 1 is 0.6 likely, at 2: 0.4 * 0.3, at 3: 0.4 * 0.7 * 0.05, full acceptance 0.27
+    first = cache.to_grow(length=4, verified=1, fed=8, prompt_len=5)
+    assert (first.position, first.token, first.fed) == (1, 11, 6)
+    cache.grown(first, 7, None, 7, full=False)
+    cache.grown(first, 8, None, 8, full=False)
+    assert first.tokens == [7, 8] and first.done
+    full = cache.to_grow(length=4, verified=1, fed=8, prompt_len=5)
+    assert (full.position, full.token, full.fed) == (4, None, 8)
+    cache.grown(full, 9, None, 9, full=True)
+    assert full.token == 9 and full.tokens == [] and full.done
+    assert cache.to_grow(length=4, verified=1, fed=8, prompt_len=5).position == 2
+    cache.overwritten(5)
+    assert first.fed == 5 and full.fed == 5
+    assert cache.verdict(1, 1, changed=False) is None and 1 not in [b.position for b in cache.branches]  # confirmed
+    assert cache.verdict(4, 9, changed=True) is full and cache.branches == [] and cache.doubts == {}
