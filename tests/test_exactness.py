@@ -14,13 +14,16 @@ near-tie of the reference (`tests.fixtures.exactness.assert_same`); anywhere els
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
+from pipespec import LocalPipeline
 from pipespec.config import StageSpec
 from pipespec.protocol.params import SamplingParams
 from pipespec.stages.causal_lm import CausalLMStage
-from tests.fixtures.exactness import assert_same, sampling_cases, text_pipeline
+from tests.fixtures.exactness import assert_same, sampling_cases, text_chain, text_pipeline
 from tests.fixtures.toy_models import prompt_ids
 
 CHAINS = {2: ["tiny", "target"], 3: ["tiny", "mid", "target"], 4: ["other", "tiny", "mid", "target"]}
@@ -69,6 +72,23 @@ def test_every_lookahead_equals_target_alone(k, family, loaded, prompts, referen
                 for q in prompts[:3]:
                     got = p.generate(prompt_token_ids=q, **kw).token_ids
                     assert_same(got, reference.generate(prompt_token_ids=q, **kw).token_ids, q, params, target_model)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_pre_drafting_equals_target_alone(k, family, loaded, prompts, reference, target_model):
+    """The first stage pre-drafts (pipespec.engine.outcome_cache) on real models: still the target alone's answer."""
+    config = text_chain(family, CHAINS[k], lookahead=6)
+    config = replace(config, stages=(replace(config.stages[0], predraft=3), *config.stages[1:]))
+    branches = 0
+    with LocalPipeline(config, stages=[loaded[n] for n in CHAINS[k]]) as p:
+        for params in sampling_cases()[:2]:
+            kw = dict(max_new_tokens=NEW_TOKENS, temperature=params.temperature, seed=params.seed)
+            futures = [(q, p.submit(prompt_token_ids=q, **kw)) for q in prompts[:6]]
+            for q, future in futures:
+                got = future.result()
+                assert_same(got.token_ids, reference.generate(prompt_token_ids=q, **kw).token_ids, q, params, target_model)
+                branches += got.stats.stages[0].predraft_forwards
+    assert branches > 0, "the first stage never pre-drafted: the test exercises nothing"
 
 
 def test_target_alone_equals_hugging_face_generate(prompts, reference, target_model):

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipespec.config import StageSpec
-from pipespec.protocol.stats import PairStats, RequestStats
+from pipespec.protocol.stats import PairStats, RequestStats, StageStats
 from pipespec.requests.outputs import Delta
 from pipespec.serving.metrics import Metrics
 from pipespec.stages.causal_lm import CausalLMStage
@@ -62,6 +62,20 @@ def test_a_request_is_recorded_as_it_streams():
     assert got[("pipespec:inter_token_latency_seconds_count", ())] == 1
     assert got[("pipespec:e2e_request_latency_seconds_count", ())] == 1
     assert got[("pipespec:num_requests_running", ())] == 0
+
+
+def test_pre_drafting_is_counted_per_stage():
+    metrics = Metrics()
+    tiny = StageStats("tiny", predraft_hits=2, predraft_misses=3, predraft_tokens=5, predraft_forwards=9)
+    record = metrics.request(prompt_tokens=5, arrived=time.perf_counter())
+    record.observe(Delta("", (), "length", RequestStats(5, 3, 0.1, 0.2, [], [tiny, StageStats("target")])))
+    got = samples(metrics)
+    stage = (("stage", "tiny"),)
+    assert got[("pipespec:predraft_hits_total", stage)] == 2
+    assert got[("pipespec:predraft_misses_total", stage)] == 3
+    assert got[("pipespec:predraft_tokens_total", stage)] == 5
+    assert got[("pipespec:predraft_forwards_total", stage)] == 9
+    assert ("pipespec:predraft_hits_total", (("stage", "target"),)) not in got  # a stage that did not pre-draft
 
 
 def test_a_request_left_before_its_finish_counts_as_aborted():

@@ -74,21 +74,19 @@ def test_random_delays_keep_output_exact(agreement, k, target_alone):
 
 
 @pytest.mark.parametrize("agreement", [0.5, 0.9])
-@pytest.mark.parametrize("k", [2, 3])
-def test_pre_drafting_under_random_delays_keeps_output_exact(agreement, k, target_alone):
+def test_pre_drafting_under_random_delays_keeps_output_exact(agreement, target_alone):
     """The first stage pre-drafts branches (pipespec.engine.outcome_cache) and serves verdicts from them:
-    every answer still equals the target alone's (the later stages' option is inert)."""
-    rng = random.Random(f"predraft-{agreement}-{k}")
-    config = mock_config(
-        [agreement] * (k - 1) + [1.0], lookahead=rng.randint(2, 6), latencies=[0.2] * (k - 1) + [3.0], predraft=3
-    )
+    every answer still equals the target alone's (the target's option is inert). A slow target keeps the
+    drafter at its bound, where it pre-drafts; in a 3-stage chain the first stage is idle only when its
+    verifier is, which timing decides (branch correctness, hits included: tests/test_outcome_cache.py)."""
+    rng = random.Random(f"predraft-{agreement}")
+    config = mock_config([agreement, 1.0], lookahead=rng.randint(2, 6), latencies=[0.2, 3.0], predraft=3)
     with LocalPipeline(config, link_factory=lambda peer: DelayLink(peer, 0.002, rng)) as p:
         futures = [(p.submit(**r), target_alone.submit(**r)) for r in requests()]
         results = [(f.result(timeout=60), ref.result(timeout=60)) for f, ref in futures]
     for got, want in results:
         assert got.token_ids == want.token_ids
-    # mock drafters rank the target's token no higher than any other: branches grow, but rarely hit
-    # (hits are tested in tests/test_outcome_cache.py and on real models in tests/test_exactness.py)
+    # a mock drafter ranks the target's token no higher than any other: branches grow, but rarely hit
     assert sum(got.stats.stages[0].predraft_forwards for got, _ in results) > 0
     assert all(s.predraft_forwards == 0 for got, _ in results for s in got.stats.stages[1:])
 

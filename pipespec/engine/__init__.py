@@ -6,6 +6,7 @@
 - `link_protocol`: what a Draft, a Verdict or TargetFeatures does to a request
 - `early_mail`: messages that overtook their request's Open, held until it comes
 - `patience`: when a verifier waits for its drafter instead of generating itself
+- `outcome_cache`: branches a waiting drafter pre-drafts for the verdicts it expects
 - `step`: one forward of one stage, planned on the loop and run on the compute thread
 - `scheduler`: `DeviceScheduler`, one device's compute thread shared by its stages
 - `choice`, `sampling`, `noise`: how logits become tokens (greedy, coupled, rejection), exactly alike

@@ -11,7 +11,8 @@ Speculative decoding, per drafter -> verifier pair, from each finished request's
 (pipespec.protocol.stats.PairStats): `pipespec:spec_decode_num_drafts_total` (verification steps that saw
 drafts), `..._num_draft_tokens_total`, `..._num_accepted_tokens_total` and
 `..._num_accepted_tokens_per_pos_total{position}` (steps that accepted draft index `position`, from 0;
-they sum to the accepted tokens). Requests: `pipespec:num_requests_running`,
+they sum to the accepted tokens). Pre-drafting, per stage (pipespec.engine.outcome_cache, StageStats):
+`pipespec:predraft_hits_total`, `..._misses_total`, `..._tokens_total` and `..._forwards_total`. Requests: `pipespec:num_requests_running`,
 `pipespec:request_success_total{finished_reason}` (stop, length, abort, error: every finished
 request, as vLLM counts them), `pipespec:prompt_tokens_total`, `pipespec:generation_tokens_total`.
 Latency histograms, from the request's arrival at the front door: `pipespec:time_to_first_token_seconds`,
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from pipespec.protocol.stats import PairStats
+from pipespec.protocol.stats import PairStats, StageStats
 from pipespec.requests.outputs import Delta
 
 PAIR = ("drafter", "verifier")
@@ -58,6 +59,23 @@ class Metrics:
             (*PAIR, "position"),
             registry=registry,
         )
+        self.predraft = {  # StageStats field -> its counter, per stage (pipespec.engine.outcome_cache)
+            "predraft_hits": Counter(
+                "pipespec:predraft_hits", "Verdicts a pre-drafted branch foresaw.", ("stage",), registry=registry
+            ),
+            "predraft_misses": Counter(
+                "pipespec:predraft_misses",
+                "Verdicts that changed a pre-drafting stage's tokens unforeseen.",
+                ("stage",),
+                registry=registry,
+            ),
+            "predraft_tokens": Counter(
+                "pipespec:predraft_tokens", "Draft tokens sent from pre-drafted branches.", ("stage",), registry=registry
+            ),
+            "predraft_forwards": Counter(
+                "pipespec:predraft_forwards", "Forwards spent growing branches.", ("stage",), registry=registry
+            ),
+        }
         self.running = Gauge("pipespec:num_requests_running", "Requests streaming now.", registry=registry)
         self.finished = Counter(
             "pipespec:request_success", "Finished requests, by finish reason.", ("finished_reason",), registry=registry
@@ -101,6 +119,12 @@ class Metrics:
             for position, count in enumerate(pair.accepted_per_position):
                 self.accepted_per_position.labels(*labels, str(position)).inc(count)
 
+    def record_stages(self, stages: Sequence[StageStats]) -> None:
+        for stage in stages:
+            for field, counter in self.predraft.items():
+                if value := getattr(stage, field):
+                    counter.labels(stage.stage).inc(value)
+
     def exposition(self) -> bytes:
         """Every metric in Prometheus's text format (`content_type`)."""
         return generate_latest(self.registry)
@@ -130,6 +154,7 @@ class RequestMetrics:
             self._finish(delta.finish_reason, now)
             if delta.stats is not None:
                 m.record_pairs(delta.stats.pairs)
+                m.record_stages(delta.stats.stages)
 
     def close(self) -> None:
         """The stream ended; a request not finished by then was aborted (its client left)."""
