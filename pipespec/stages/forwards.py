@@ -132,7 +132,8 @@ class Forwards:
                 ids = torch.tensor([piece + piece[-1:] * (width - length)], dtype=torch.long, device=self.device)  # [1, w]
                 positions = torch.arange(at, at + width, device=self.device)  # [w]
                 cache.rewind(at)
-                parts.append([out[0, :length].clone() for out in self.step(cache, ids, positions)])
+                outs = self.step(cache, ids, positions)  # a graph's outputs: overwritten by its next replay, copied now
+                parts.append([out[0, :length].clone() if self.graphs else out[0, :length] for out in outs])
         cache.rewind(keep + len(tokens))
         return tuple(outs[0] if len(outs) == 1 else torch.cat(outs) for outs in zip(*parts))
 
