@@ -96,11 +96,6 @@ class _Taps:
             attn.keep_weights = False  # set before the forwards compile: flipping it in a prefill then costs no recompile
             attn.register_forward_hook(self._on_attention)
 
-    def clear(self) -> None:
-        """Let go of what the last forward left here: a compiled forward's outputs on a GPU live in its CUDA
-        graph's memory, and one held past the forward keeps the next replay from reusing it."""
-        self.embeddings = self.hidden = self.attention = None
-
     def _on_decoder(self, module: Any, args: tuple, kwargs: dict) -> None:
         self.embeddings = kwargs.get("inputs_embeds")
 
@@ -153,7 +148,6 @@ class VLMStage:
         self.forwards = Forwards(name, self._step, self.shapes, compiled, self.device)
         self.caches = KVPool(self.new_cache)
         self.forwards.warm_up(self.caches, min(self.eos_token_ids, default=0))
-        self.taps.clear()
 
     def new_cache(self) -> StaticKV:
         return StaticKV(self.model.config, self.shapes.capacity, self.dtype, self.device)
@@ -238,7 +232,6 @@ class VLMSession:
         check_keep(name, keep, self.cache.length)
         assert keep >= self.prompt_len - 1, f"rollback into the prompt ({keep} < {self.prompt_len - 1}): the image is gone"
         logits, hidden = self._with_rope_deltas(lambda: self.stage.forwards(self.cache, keep, tokens))
-        self.stage.taps.clear()
         self.hidden = hidden.detach()
         check_length(name, self.cache.length, keep + len(tokens))
         return self.stage.fit(logits.float())  # [n, V]
