@@ -121,8 +121,8 @@ class Metrics:
 
     def record_stages(self, stages: Sequence[StageStats]) -> None:
         for stage in stages:
-            for field, counter in self.predraft.items():
-                if value := getattr(stage, field):
+            for name, counter in self.predraft.items():
+                if value := getattr(stage, name):
                     counter.labels(stage.stage).inc(value)
 
     def exposition(self) -> bytes:

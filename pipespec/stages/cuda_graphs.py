@@ -41,27 +41,33 @@ class _Captured:
     @classmethod
     def of(cls, step: Step, cache: StaticKV, ids: torch.Tensor, positions: torch.Tensor, pool: tuple) -> _Captured:
         """Capture `step` at this call's inputs. It runs twice first, on a side stream (compiling on its
-        first call, as CUDA graph capture requires), writing where the captured forward will write next."""
+        first call, as CUDA graph capture requires), writing where the captured forward will write next.
+        All of it on the cache's GPU, which need not be the compute thread's current one (`cuda:N` stages)."""
         ids, positions = ids.clone(), positions.clone()
         at = cache.length
-        main = torch.cuda.current_stream(ids.device)
-        side = torch.cuda.Stream(ids.device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                cache.rewind(at)
-                step(cache, ids, positions)
-        main.wait_stream(side)
-        cache.rewind(at)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):  # other stages' threads run on
-            outputs = step(cache, ids, positions)
+        with torch.cuda.device(ids.device):
+            main = torch.cuda.current_stream()
+            side = torch.cuda.Stream()
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    cache.rewind(at)
+                    step(cache, ids, positions)
+            main.wait_stream(side)
+            cache.rewind(at)
+            graph = torch.cuda.CUDAGraph()
+            # on a stream of this GPU (torch's default capture stream is made once, on the GPU current then);
+            # other stages' threads go on meanwhile
+            with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
+                outputs = step(cache, ids, positions)
+            main.wait_stream(side)
         return cls(cache, ids, positions, graph, tuple(outputs))
 
     def replay(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        self.ids.copy_(ids)
-        self.positions.copy_(positions)
-        self.graph.replay()
+        with torch.cuda.device(self.ids.device):
+            self.ids.copy_(ids)
+            self.positions.copy_(positions)
+            self.graph.replay()
         return self.outputs
 
 

@@ -51,11 +51,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MOST_GRAPHS = 64  # compiled graphs of one stage kind per process (dynamo's default, 8, is two stages' widths)
-DEFAULT_CONTEXT = 4096
+DEFAULT_CONTEXT = 4096  # most context tokens per request when neither the model nor the config says less
 # A CUDA graph's replay overwrites the outputs of the replay before it (a stage's graphs share one memory
 # pool) and its input buffers: replays, and copying their outputs out, are one at a time in a process (a
 # device runs them one after another anyway).
-_GRAPHS = threading.Lock()  # most context tokens per request when neither the model nor the config says less
+_GRAPHS = threading.Lock()
 
 
 def _compile_default() -> bool:
