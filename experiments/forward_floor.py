@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from experiments.verify_cost import floor_s, streamed
+from experiments.verify_cost import cells, floor_s, streamed
 from pipespec.commands.logs import add_log_level, setup_logging
 from pipespec.config import StageSpec
 from pipespec.planning.profiling import time_forwards
@@ -98,9 +98,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"median ms per forward after a {args.prompt}-token prompt; (x): over the floor, {1e3 * floor:.2f} ms")
     print(f"{'how':>9} {'warm-up s':>10} {'widths':>10}" + "".join(f"{k:>14}" for k in args.blocks))
     for how in ("eager", "compiled"):
-        row = out[how]
-        cells = "".join(f"{1e3 * row[k]:>8.2f} ({row[k] / floor:.1f})" for k in args.blocks)
-        print(f"{how:>9} {out[how + '_warmup_s']:>10.1f} {str(out[how + '_widths']):>10}" + cells)
+        widths = str(out[how + "_widths"])
+        print(f"{how:>9} {out[how + '_warmup_s']:>10.1f} {widths:>10}" + cells(out[how], args.blocks, floor))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 

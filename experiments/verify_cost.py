@@ -97,6 +97,11 @@ def stage_costs(config: PipelineConfig, blocks: Sequence[int], threads: int, rep
     return out
 
 
+def cells(row: dict[int, float], blocks: Sequence[int], floor: float) -> str:
+    """A table row's cells: milliseconds per block size, and (x) over the floor."""
+    return "".join(f"{1e3 * row[k]:>8.2f} ({row[k] / floor:.1f})" for k in blocks)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="pipespec/configs/demo_two_cores.yaml")
@@ -113,9 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name, entry in costs.items():
         floor = entry["floor_s"]
         for how in ("eager", "compiled"):
-            row = entry[how]
-            cells = "".join(f"{1e3 * row[k]:>8.2f} ({row[k] / floor:.1f})" for k in args.blocks)
-            print(f"{name:>8} {how:>9} {1e3 * floor:>7.2f}" + cells)
+            print(f"{name:>8} {how:>9} {1e3 * floor:>7.2f}" + cells(entry[how], args.blocks, floor))
     if args.json:
         args.json.write_text(json.dumps(costs, indent=1))
 

@@ -41,6 +41,7 @@ from pipespec.stages.causal_lm import CausalLMStage
 from pipespec.stages.mock import MockStage
 from tests.fixtures.exactness import assert_same, text_pipeline
 from tests.fixtures.faults import kill_stage, mock3, restore_stage
+from tests.fixtures.recorder import Sent
 from tests.fixtures.toy_models import prompt_ids
 
 TOL = 1e-5
@@ -191,14 +192,6 @@ def test_a_stop_string_cuts_the_logprobs_with_the_tokens(family, loaded, prompts
 # ---- the coordinator, the step and a rejoin, on their own ------------------------------------------
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.sent: list = []
-
-    def send(self, message) -> None:
-        self.sent.append(message)
-
-
 def lp(token: int) -> TokenLogprobs:
     return TokenLogprobs(token, -float(token), (token,), (-float(token),))
 
@@ -206,7 +199,7 @@ def lp(token: int) -> TokenLogprobs:
 def test_the_coordinator_streams_a_commits_logprobs_up_to_a_stop_token():
     async def run() -> list:
         coordinator = Coordinator(["t"], None)
-        coordinator.connect([Recorder()])
+        coordinator.connect([Sent()])
         spec = RequestSpec("r", (1,), SamplingParams(), 8, frozenset({6}), logprobs=1)
         stream = coordinator.generate(spec)
         first = asyncio.ensure_future(stream.__anext__())
@@ -225,7 +218,7 @@ def test_the_coordinator_streams_a_commits_logprobs_up_to_a_stop_token():
 def test_a_commit_without_the_logprobs_asked_for_fails_its_request():
     async def run() -> list:
         coordinator = Coordinator(["t"], None)
-        coordinator.connect([Recorder()])
+        coordinator.connect([Sent()])
         stream = coordinator.generate(RequestSpec("r", (1,), SamplingParams(), 8, logprobs=2))
         first = asyncio.ensure_future(stream.__anext__())
         await asyncio.sleep(0)

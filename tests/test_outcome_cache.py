@@ -25,6 +25,7 @@ from pipespec.engine.scheduler import Done
 from pipespec.engine.stage import check_keep, check_length
 from pipespec.protocol.messages import Close, Draft, Open, RequestSpec, Verdict
 from pipespec.protocol.params import SamplingParams
+from tests.fixtures.recorder import Sent
 
 VOCAB = 12
 PROMPT = (3, 1, 4, 1, 5)
@@ -66,14 +67,6 @@ class WholeContextStage:
         return WholeContextSession(request.prompt_token_ids)
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.sent: list = []
-
-    def send(self, message) -> None:
-        self.sent.append(message)
-
-
 def pump(runner: StageRunner) -> None:
     """Let the runner do all it wants to, on this thread: each forward run at once, its result taken."""
     while True:
@@ -98,7 +91,7 @@ def test_random_verdicts_never_get_a_stale_draft(seed):
     rng = random.Random(seed)
     params = SamplingParams() if seed % 2 == 0 else SamplingParams(temperature=1.0, seed=seed)
     runner = StageRunner(WholeContextStage(), name="drafter", depth=1, max_lookahead=rng.randint(2, 6), predraft=3)
-    verifier, coordinator = Sink(), Sink()
+    verifier, coordinator = Sent(), Sent()
     runner.connect(downstream=verifier, coordinator=coordinator)
     spec = RequestSpec("r", PROMPT, params, max_new_tokens=80)
     runner._receive(Open(spec))
@@ -139,8 +132,7 @@ def test_random_verdicts_never_get_a_stale_draft(seed):
 
 def test_branches_follow_the_likeliest_verdicts_and_drop_with_them():
     cache = OutcomeCache(fanout=3, depth=2)
-    for position, chosen_p in enumerate([0.9, 0.4, 0.7, 0.95]):
-        cache.doubt(position, runner_up=10 + position, chosen_p=chosen_p)
+    cache.decided(0, [(10 + position, chosen_p) for position, chosen_p in enumerate([0.9, 0.4, 0.7, 0.95])])
     # verified 1: a rejection at 1 is 0.6 likely, at 2: 0.4 * 0.3, at 3: 0.4 * 0.7 * 0.05, full acceptance 0.27
     first = cache.to_grow(length=4, verified=1, fed=8, prompt_len=5)
     assert (first.position, first.token, first.fed) == (1, 11, 6)

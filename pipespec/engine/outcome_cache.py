@@ -25,6 +25,7 @@ position. Each line knows how many of its context tokens the cache holds (`fed`)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -53,8 +54,11 @@ class OutcomeCache:
     branches: list[Branch] = field(default_factory=list)
     doubts: dict[int, tuple[int, float]] = field(default_factory=dict)
 
-    def doubt(self, position: int, runner_up: int, chosen_p: float) -> None:
-        self.doubts[position] = (runner_up, chosen_p)
+    def decided(self, start: int, doubts: Sequence[tuple[int, float]]) -> None:
+        """Our main line decided tokens from `start` on, with these doubts (runner-up, our choice's probability):
+        a branch there would only repeat its forwards."""
+        self.branches = [b for b in self.branches if b.position < start]
+        self.doubts.update((start + i, doubt) for i, doubt in enumerate(doubts))
 
     def overwritten(self, keep: int) -> None:
         """A forward keeps the cache's first `keep` entries and writes past them."""
@@ -97,10 +101,6 @@ class OutcomeCache:
             branch.probs.append(prob)
         branch.fed = fed
         branch.done = full or len(branch.tokens) >= self.depth
-
-    def extended(self, start: int) -> None:
-        """Our main line decided tokens from `start` on: a branch there would only repeat its forwards."""
-        self.branches = [b for b in self.branches if b.position < start]
 
     def verdict(self, position: int, token: int, changed: bool) -> Branch | None:
         """The verifier put `token` at `position` (`changed`: it is not what we held there). -> the branch

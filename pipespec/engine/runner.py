@@ -485,10 +485,7 @@ class StageRunner(LinkProtocol):
             req.logprobs.extend(decision.logprobs[: len(tokens)])
         req.fed = req.prompt_len + min(plan.start + decision.accepted, len(req.tokens) - 1)
         if req.outcomes is not None:
-            req.outcomes.extended(plan.start)
-        if decision.doubts is not None and req.outcomes is not None:
-            for i, (runner_up, chosen_p) in enumerate(decision.doubts[: len(tokens)]):
-                req.outcomes.doubt(plan.start + i, runner_up, chosen_p)
+            req.outcomes.decided(plan.start, (decision.doubts or ())[: len(tokens)])
         if req.up is not None:
             req.up.pair.record(len(plan.drafts), decision.accepted)
             self.patience.observe_verification(len(plan.drafts), decision.accepted)
