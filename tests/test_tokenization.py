@@ -1,11 +1,14 @@
 """Tests for pipespec/requests/tokenization.py: `check_shared_tokenizer` accepts stages that share a tokenizer
 and rejects a mismatch (or a directory without one) with a ConfigError naming the stages and paths;
-`IncrementalDetokenizer` streams exactly the text a full decode gives, non-ASCII included."""
+`IncrementalDetokenizer` streams exactly the text a full decode gives, non-ASCII included, and never a
+partial character: a character split over byte tokens is held back until its last byte comes, under any
+split and under sampled (random) ids, where a U+FFFD streams only for bytes nothing can complete."""
 
 import random
 import re
 
 import pytest
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from pipespec.config import ConfigError, load_config
 from pipespec.requests.tokenization import IncrementalDetokenizer, check_shared_tokenizer
@@ -113,10 +116,82 @@ def test_incremental_detokenizer_skips_special_tokens(tokenizer):
     assert "".join(pieces) + rest == "one two ✓"
 
 
-def test_incremental_detokenizer_on_random_ids(tokenizer):
-    # Arbitrary id sequences, including byte tokens that do not form valid UTF-8.
-    rng = random.Random(0)
+def byte_tokens(tokenizer, data: bytes) -> list[int]:
+    """`data` as one byte-level token per byte (GPT-2's byte alphabet, which the toy tokenizer holds whole)."""
+    alphabet = bytes_to_unicode()
+    return tokenizer.convert_tokens_to_ids([alphabet[b] for b in data])
+
+
+def check_stream(tokenizer, ids: list[int]) -> list[str]:
+    """Push `ids` one at a time; after each, the text streamed so far must be a prefix of the decode of
+    the ids so far (nothing streamed is ever revised), and all of it with `flush` the full decode.
+    -> the pieces, `flush`'s last."""
+    detok = IncrementalDetokenizer(tokenizer)
+    pieces: list[str] = []
+    for k, token in enumerate(ids, 1):
+        pieces.append(detok.push(token))
+        so_far = tokenizer.decode(ids[:k], skip_special_tokens=True)
+        assert so_far.startswith("".join(pieces)), (ids[:k], pieces, so_far)
+    pieces.append(detok.flush())
+    assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True), ids
+    return pieces
+
+
+MULTI_BYTE = ["é", "ü", "ñ", "✓", "日", "本", "語", "中", "😀", "🎉", "👍🏽", "ß", "€", " ", "a", "."]
+
+
+@pytest.mark.parametrize("text", ["café", "naïve ✓ done", "日本語 and 中文", "emoji 😀🎉 end", "👍🏽 ok"])
+def test_characters_split_into_byte_tokens_are_held_back_until_complete(tokenizer, text):
+    ids = byte_tokens(tokenizer, text.encode())
+    pieces = check_stream(tokenizer, ids)
+    assert [piece for piece in pieces if piece] == list(text)  # each character once its last byte is in, whole
+
+
+def test_sampled_splits_of_multi_byte_text_never_stream_a_partial_character(tokenizer):
+    """Valid text cut into tokens at random byte offsets (merged tokens where the vocabulary has them,
+    single bytes elsewhere), as a sampled stream of a byte-level BPE model cuts it."""
+    rng = random.Random(7)
     for _ in range(200):
-        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 16))]
-        pieces, rest = stream(tokenizer, ids)
-        assert "".join(pieces) + rest == tokenizer.decode(ids, skip_special_tokens=True), ids
+        text = "".join(rng.choice(MULTI_BYTE) for _ in range(rng.randrange(1, 12)))
+        data, ids = text.encode(), []
+        while data:
+            cut = rng.randrange(1, min(len(data), 5) + 1)
+            chunk, data = data[:cut], data[cut:]
+            try:
+                merged = tokenizer.encode(chunk.decode())  # a whole piece of text: the vocabulary's merges
+            except UnicodeDecodeError:  # a cut through a character: its bytes one token each
+                merged = byte_tokens(tokenizer, chunk)
+            ids.extend(merged)
+        pieces = check_stream(tokenizer, ids)
+        assert "".join(pieces) == text
+        assert not any("\ufffd" in piece for piece in pieces), (text, pieces)
+
+
+def test_a_character_begun_and_abandoned_streams_once_nothing_can_complete_it(tokenizer):
+    """A sampled model may emit an emoji's first bytes, then " four": held while the next token could
+    complete them; then the decode's U+FFFD, which no token can take back."""
+    detok = IncrementalDetokenizer(tokenizer)
+    assert [detok.push(t) for t in byte_tokens(tokenizer, "😀".encode()[:2])] == ["", ""]
+    four = tokenizer.encode(" four")
+    assert (
+        "".join(detok.push(t) for t in four)
+        == "\ufffd four"
+        == tokenizer.decode([*byte_tokens(tokenizer, "😀".encode()[:2]), *four])
+    )
+    assert detok.flush() == ""
+
+
+def test_a_character_cut_by_the_end_of_the_stream_is_flushed(tokenizer):
+    ids = [*tokenizer.encode("ok "), *byte_tokens(tokenizer, "日".encode()[:2])]
+    pieces = check_stream(tokenizer, ids)
+    assert "".join(pieces[:-1]) == "ok " and pieces[-1] == tokenizer.decode(ids)[len("ok ") :] == "\ufffd"
+
+
+def test_incremental_detokenizer_on_random_ids(tokenizer):
+    # Arbitrary id sequences, including byte tokens that do not form valid UTF-8 (most of them bytes:
+    # characters begun, continued and abandoned).
+    rng = random.Random(0)
+    for _ in range(300):
+        n = rng.randrange(1, 16)
+        ids = [rng.randrange(len(tokenizer)) if rng.random() < 0.5 else rng.randrange(3, 259) for _ in range(n)]
+        check_stream(tokenizer, ids)

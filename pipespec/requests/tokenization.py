@@ -64,7 +64,14 @@ class IncrementalDetokenizer:
     """Streams text for a growing list of ids, decoding only a short window per token.
 
     The classic prefix/read offset scheme (as in TGI and vLLM): decode the last few ids with and
-    without the new one and emit the difference, holding back incomplete UTF-8 sequences.
+    without the new one and emit the difference. A character split over several tokens (byte-level
+    BPE: an emoji, an accented or CJK character) decodes to U+FFFD until its last byte comes, so text
+    ending in U+FFFD is held back until a later token completes it; `flush` emits whatever is still
+    held. What `push` returns is never revised: the pieces streamed so far are always a prefix of the
+    decode of the ids so far, and all the pieces (and `flush`) add up to the full decode. A U+FFFD
+    streams only where that full decode has it too: bytes that are not UTF-8 (a sampled model can begin
+    a character and continue with something else: "\ufffd four"), emitted once the next token shows
+    that nothing can complete them.
     """
 
     def __init__(self, tokenizer: Any):
