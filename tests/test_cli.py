@@ -1,13 +1,26 @@
-"""The command line end to end: `pipespec serve` a config on a local Ray, `pipespec generate` from it."""
+"""The command line end to end: `pipespec serve` a config on a local Ray, `pipespec generate` from it.
+
+Without Ray (a pipeline in this process behind the coordinator's gRPC service): every flag of every
+subcommand has help; `generate` streams the answer to stdout and its statistics to stderr on a line of
+their own, prints `--logprobs` with each token's text given `--tokenizer`, and fails with one line on
+stderr and nothing on stdout: exit 2 for bad input, whichever side sees it, exit 1 when the server
+cannot be reached.
+"""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,7 +28,14 @@ import yaml
 
 from tests.fixtures import DEMO_MODELS
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+needs_ray = [pytest.mark.ray, pytest.mark.slow]  # the tests that start a Ray session (marks, applied one by one)
+
+
+def ray_test(test):
+    for mark in needs_ray:
+        test = mark(test)
+    return test
+
 
 PIPESPEC = str(Path(sys.executable).with_name("pipespec"))
 
@@ -48,6 +68,7 @@ def serving(config: Path) -> Iterator[str]:
     assert server.returncode == 0
 
 
+@ray_test
 def test_serve_then_generate(family, tmp_path):
     config = {
         "name": "cli",
@@ -81,11 +102,13 @@ def test_serve_then_generate(family, tmp_path):
             env=env,
         )
         assert (
-            over.returncode == 1
+            over.returncode == 2  # bad input, though only the server sees it
             and over.stderr == "pipespec generate: max_new_tokens 9000 is over limits.max_new_tokens (8192)\n"
+            and over.stdout == ""
         )
 
 
+@ray_test
 def test_serve_a_vlm_then_generate_with_an_image(tmp_path):
     """A VLM target in Ray actors; `pipespec generate --image` sends the file; equals the target alone."""
     import numpy as np
@@ -116,6 +139,7 @@ def test_serve_a_vlm_then_generate_with_an_image(tmp_path):
         assert missing.returncode == 2 and f"image file '{tmp_path / 'nope.png'}' does not exist" in missing.stderr
 
 
+@ray_test
 def test_demo_runs_the_shipped_models_exactly(tmp_path):
     """`pipespec demo`: local Ray, tiny -> dream -> VLM target from models/demo, figures as JSON."""
     import json
@@ -152,6 +176,7 @@ def test_an_unknown_strategy_is_refused_before_anything_starts(capsys):
     assert refused.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err
 
 
+@ray_test
 def test_serve_names_resources_it_can_never_place_and_exits_2(tmp_path):
     stage = {"name": "t", "kind": "mock", "vocab_size": 16, "resources": {"num_cpus": 1000}}
     path = tmp_path / "pipeline.yaml"
@@ -160,3 +185,132 @@ def test_serve_names_resources_it_can_never_place_and_exits_2(tmp_path):
     assert out.returncode == 2, out.stderr
     assert "{'CPU': 1000.0}] can never be placed (pack): no node has the resources" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+# --- without Ray: the parser, and `generate` against a pipeline in this process ---------------------
+
+
+def actions_without_help(parser: argparse.ArgumentParser, command: str = "pipespec") -> list[str]:
+    """Every argument (and subcommand) of `parser` and of its subcommands, at any depth, that has no help."""
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            listed = {choice.dest for choice in action._choices_actions if choice.help}
+            for name, sub in action.choices.items():
+                if name not in listed:
+                    missing.append(f"{command} {name}")
+                missing += actions_without_help(sub, f"{command} {name}")
+        elif not action.help or action.help == argparse.SUPPRESS:
+            missing.append(f"{command} {'/'.join(action.option_strings) or action.dest}")
+    return missing
+
+
+def test_every_flag_of_every_subcommand_has_help():
+    from pipespec.cli import build_parser
+
+    assert actions_without_help(build_parser()) == []
+
+
+def test_the_help_check_finds_what_has_none():
+    parser = argparse.ArgumentParser(prog="p")
+    sub = parser.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="runs")
+    run.add_argument("--fast", help="fast")
+    run.add_argument("--image")
+    run.add_argument("config")
+    sub.add_parser("quiet").add_argument("--x", help="x")
+    assert actions_without_help(parser) == ["pipespec run --image", "pipespec run config", "pipespec quiet"]
+
+
+@dataclass
+class Served:
+    address: str
+    tokenizer: str  # the pipeline's tokenizer directory (its target's)
+    pipe: object
+
+
+@pytest.fixture(scope="module")
+def served(family) -> Iterator[Served]:
+    """The toy target alone in a `LocalPipeline`, its coordinator's gRPC service on 127.0.0.1 (any port)."""
+    from pipespec import LocalPipeline, load_config
+    from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
+
+    config = load_config({"stages": [{"name": "target", "kind": "causal_lm", "model": family["target"], "dtype": "float32"}]})
+    with LocalPipeline(config) as pipe:
+        service = CoordinatorService(pipe.serving, "cli-test")
+        server, port = asyncio.run_coroutine_threadsafe(serve_coordinator(service, "127.0.0.1", 0), pipe.loop).result()
+        try:
+            yield Served(f"127.0.0.1:{port}", family["target"], pipe)
+        finally:
+            asyncio.run_coroutine_threadsafe(server.stop(grace=None), pipe.loop).result()
+
+
+def test_the_statistics_are_a_line_of_their_own_after_the_answer(served):
+    """stdout and stderr on one pipe, as a terminal shows them: the answer, then the statistics' line."""
+    from pipespec.cli import _printable
+
+    expected = served.pipe.generate("the red circle", max_new_tokens=12).text
+    out = subprocess.run(
+        [PIPESPEC, "generate", "--address", served.address, "--prompt", "the red circle", "--max-new-tokens", "12"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout
+    *answer, stats = out.stdout.rstrip("\n").split("\n")
+    assert "\n".join(answer) == _printable(expected)
+    assert stats.startswith("[length; 12 tokens; mean acceptance length")
+
+
+def test_logprobs_show_each_token_as_text_given_the_tokenizer(served, capsys):
+    from transformers import AutoTokenizer
+
+    from pipespec.cli import main as cli
+
+    tokenizer = AutoTokenizer.from_pretrained(served.tokenizer)
+    alone = served.pipe.generate("the red circle", max_new_tokens=6, logprobs=2)
+    ask = ["generate", "--address", served.address, "--prompt", "the red circle", "--max-new-tokens", "6", "--logprobs", "2"]
+    assert cli([*ask, "--tokenizer", served.tokenizer]) == 0
+    header, *rows, stats = capsys.readouterr().err.splitlines()
+    assert header == "token\tlogprob\ttop" and len(rows) == len(alone.logprobs) == 6 and stats.startswith("[length; 6 tokens")
+    shown = lambda token: json.dumps(tokenizer.decode([token]), ensure_ascii=False)  # noqa: E731
+    for row, want in zip(rows, alone.logprobs):
+        token, logprob, top = row.split("\t")
+        assert token == shown(want.token) and float(logprob) == pytest.approx(want.logprob, abs=1e-5)
+        assert re.findall(r'("(?:[^"\\]|\\.)*"):-?[0-9.inf]+', top) == [
+            shown(i) for i in want.top_ids
+        ]  # JSON strings, then :logprob
+    assert cli(ask) == 0  # without a tokenizer: the ids
+    rows = capsys.readouterr().err.splitlines()[1:-1]
+    assert [int(row.split("\t")[0]) for row in rows] == [t.token for t in alone.logprobs]
+
+
+def nowhere() -> str:
+    """An address on 127.0.0.1 where nothing listens."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.mark.parametrize(
+    "flags, code, message",
+    [
+        (["--temperature", "-2"], 2, "temperature must be >= 0, got -2.0"),  # refused here, nothing sent
+        (["--image", "{tmp}/nope.png"], 2, "image file '{tmp}/nope.png' does not exist"),
+        (["--image", "{tmp}/text.png"], 2, "image"),  # not a picture: refused by the server's front door
+        (["--max-new-tokens", "9000"], 2, "max_new_tokens 9000 is over limits.max_new_tokens (8192)"),  # the server's limit
+        (["--tokenizer", "{tmp}"], 2, "--tokenizer: cannot load a tokenizer from '{tmp}'"),
+        ([], 1, "the coordinator at {nowhere}: UNAVAILABLE"),  # nothing listens there
+    ],
+    ids=["bad temperature", "missing image", "not an image", "over a limit", "no tokenizer there", "refused connection"],
+)
+def test_a_failure_is_one_line_on_stderr_nothing_on_stdout_and_one_exit_code_convention(served, tmp_path, flags, code, message):
+    """Exit 2 for bad input (whichever side sees it), 1 when the server fails or cannot be reached."""
+    (tmp_path / "text.png").write_text("not a picture")
+    address = served.address if flags else nowhere()
+    fill = lambda text: text.replace("{tmp}", str(tmp_path)).replace("{nowhere}", address)  # noqa: E731
+    out = subprocess.run(
+        [PIPESPEC, "generate", "--address", address, "--prompt", "the red circle", "--max-new-tokens", "4", *map(fill, flags)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (out.returncode, out.stdout) == (code, ""), out.stderr
+    assert out.stderr.startswith("pipespec generate: ") and out.stderr.count("\n") == 1, out.stderr
+    assert fill(message) in out.stderr

@@ -6,6 +6,7 @@
                    [--http-port N [--http-host H] [--allowed-local-media-path DIR]] [--plan auto [--devices N] [--image FILE]]
     pipespec generate --address HOST:PORT --prompt TEXT [--system TEXT] [--image FILE] [--max-new-tokens N]
                       [--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT ...] [--logprobs K]
+                      [--tokenizer DIR]
     pipespec plan CONFIG [--devices N] [--prompt TEXT ...] [--image FILE] [--max-new-tokens N] [--json FILE]
                   [--write-config FILE] [--threads N]
 
@@ -19,12 +20,16 @@ acceptance, the median tokens per second of each side and their median ratio, an
 Its models are `--models`, by default models/demo in the working directory (`make demo` runs it in the
 repository).
 
-`generate` sends the prompt as the user's message, after `--system`'s when given. It refuses a bad
-value with one line on stderr: exit 2 when this side sees it (a value out of range, a missing image
-file: nothing is sent), exit 1 when the server refuses it (one of its pipeline's limits), the request
-fails there or the server cannot be reached. The messages are `LocalPipeline`'s. With `--logprobs K`,
-each generated token's logprob and its K most likely alternatives follow the answer on stderr, one
-line per token (token id, logprob, then id:logprob for each alternative; tab-separated).
+`generate` sends the prompt as the user's message, after `--system`'s when given, and streams the answer
+to stdout; its statistics follow on stderr, on a line of their own. A failure is one line on stderr
+(the messages are `LocalPipeline`'s) and nothing more on stdout (but the end of the line of an answer
+already streamed): exit 2 for bad input, whichever side sees it (a value out of range or over one of the
+pipeline's limits, a missing or undecodable image, a tokenizer that does not load), exit 1 when the
+request fails in the pipeline or the server cannot be reached. With `--logprobs K`, each generated
+token's logprob and its K most likely alternatives follow the answer on stderr, one line per token
+(the token, its logprob, then token:logprob for each alternative; tab-separated): each token as its
+text (JSON-quoted) with `--tokenizer DIR` (the pipeline's tokenizer: a stage's model directory), else
+as its id (the wire carries ids).
 
 `plan` profiles each stage's forward latency and each pair's acceptance on a few prompts, in this
 process, and recommends which stages to use, their placement on the devices and each drafter's
@@ -39,6 +44,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from pipespec.protocol.logprobs import TokenLogprobs
 from pipespec.requests.generate_args import DEFAULT_MAX_NEW_TOKENS
@@ -50,9 +56,10 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() or c in "\n\t" else "\u00b7" for c in text)
 
 
-def _fail(command: str, why: object) -> int:
+def _fail(command: str, why: object, code: int = 2) -> int:
+    """`why` on stderr, one line; -> `code` (2: bad input, 1: a failure of the server or of reaching it)."""
     print(f"pipespec {command}: {why}", file=sys.stderr)
-    return 2
+    return code
 
 
 def demo_command(args: argparse.Namespace) -> int:  # not `demo`: the submodule pipespec.cli.demo takes that name
@@ -110,8 +117,16 @@ def serve(args: argparse.Namespace) -> int:
 
 def generate(args: argparse.Namespace) -> int:
     from pipespec.client import Client
-    from pipespec.requests.outputs import GenerationError
+    from pipespec.requests.outputs import GenerationError, RequestRefused
 
+    tokenizer = None
+    if args.tokenizer is not None:  # to print --logprobs' tokens as text
+        from pipespec.requests.tokenization import load_tokenizer
+
+        try:
+            tokenizer = load_tokenizer(args.tokenizer, "--tokenizer")
+        except ValueError as e:  # ConfigError: the message names the directory (transformers' reason on one line)
+            return _fail("generate", " ".join(str(e).split()))
     prompt, messages = args.prompt, None
     if args.system is not None:  # a conversation: the system message, then the prompt (after the image, if any)
         user = [{"type": "image"}] if args.image is not None else []
@@ -134,29 +149,37 @@ def generate(args: argparse.Namespace) -> int:
             )
         except ValueError as e:  # refused on this side: exit 2 like a usage error
             return _fail("generate", e)
+        streamed = False
         try:
             for last in deltas:  # the last delta: the finish reason and the statistics
-                print(_printable(last.text), end="", flush=True)
+                if last.text:
+                    print(_printable(last.text), end="", flush=True)
+                    streamed = True
                 logprobs.extend(last.logprobs)
-        except GenerationError as e:  # refused by the server's front door, failed there, or not reached
-            print()
-            print(f"pipespec generate: {e}", file=sys.stderr)
-            return 1
-    print()
-    for line in _logprob_lines(logprobs):
+        except GenerationError as e:  # refused by the server's front door (bad input), failed there, or not reached
+            if streamed:
+                print(flush=True)  # the error on a line of its own
+            return _fail("generate", e, 2 if isinstance(e, RequestRefused) else 1)
+    print(flush=True)  # the answer's line ended before anything goes to stderr
+    for line in _logprob_lines(logprobs, tokenizer):
         print(line, file=sys.stderr)
     pairs = ", ".join(f"{p.drafter}->{p.verifier} {p.mean_acceptance_length:.2f}" for p in last.stats.pairs)
     print(f"[{last.finish_reason}; {last.stats.generated_tokens} tokens; mean acceptance length {pairs or '-'}]", file=sys.stderr)
     return 0
 
 
-def _logprob_lines(logprobs: list[TokenLogprobs]) -> list[str]:
-    """`--logprobs K`'s table, one line per generated token: its id, its logprob, then the K most likely
-    ids with theirs (id:logprob, most likely first), tab-separated, under a header; nothing if not asked.
-    Ids, not text: the wire carries each token's id and logprobs, and a delta's text as a whole."""
+def _logprob_lines(logprobs: list[TokenLogprobs], tokenizer: Any = None) -> list[str]:
+    """`--logprobs K`'s table, one line per generated token: the token, its logprob, then the K most likely
+    tokens with theirs (token:logprob, most likely first), tab-separated, under a header; nothing if not
+    asked. Each token as its text, JSON-quoted (spaces and newlines visible), when `tokenizer` is given,
+    else as its id: the wire carries each token's id and logprobs, and a delta's text as a whole."""
     if not logprobs:
         return []
-    rows = (f"{t.token}\t{t.logprob:.6f}\t" + " ".join(f"{i}:{p:.6f}" for i, p in t.top) for t in logprobs)
+
+    def shown(token: int) -> str:
+        return str(token) if tokenizer is None else json.dumps(tokenizer.decode([token]), ensure_ascii=False)
+
+    rows = (f"{shown(t.token)}\t{t.logprob:.6f}\t" + " ".join(f"{shown(i)}:{p:.6f}" for i, p in t.top) for t in logprobs)
     return ["token\tlogprob\ttop", *rows]
 
 
@@ -192,16 +215,17 @@ def _add_plan_flags(parser: argparse.ArgumentParser, plan_help: str) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `pipespec` command's parser: a subcommand each, every flag with its help."""
     from pipespec.cluster.launch import add_serve_arguments
-    from pipespec.commands.logs import LoggingConfigError, add_log_level, setup_logging
+    from pipespec.commands.logs import add_log_level
 
     parser = argparse.ArgumentParser(prog="pipespec", description="Asynchronous hierarchical speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run the embedded default pipeline on this machine")
     d.add_argument("--prompt", help="the question (default: Describe the image.)")
     d.add_argument("--image", help="a picture to ask about (default: the shipped example, example.png under --models)")
-    d.add_argument("--max-new-tokens", type=int, default=96)
+    d.add_argument("--max-new-tokens", type=int, default=96, help="tokens to generate per run (default 96)")
     d.add_argument(
         "--dtype",
         default="float32",
@@ -231,18 +255,30 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--address", required=True, help="HOST:PORT printed by serve")
     g.add_argument("--prompt", required=True, help="the user's message")
     g.add_argument("--system", help="a system message, sent before the prompt")
-    g.add_argument("--image")
-    g.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
-    g.add_argument("--temperature", type=float)
-    g.add_argument("--top-p", type=float)
-    g.add_argument("--top-k", type=int)
-    g.add_argument("--seed", type=int)
+    g.add_argument("--image", metavar="FILE", help="a picture to send with the prompt (PNG, JPEG, WEBP, GIF or BMP)")
+    g.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=DEFAULT_MAX_NEW_TOKENS,
+        help=f"tokens to generate at most (default {DEFAULT_MAX_NEW_TOKENS})",
+    )
+    g.add_argument("--temperature", type=float, help="sampling temperature, 0 = greedy (default: the pipeline config's)")
+    g.add_argument(
+        "--top-p", type=float, help="nucleus sampling: keep the most likely tokens up to this mass (default: the config's)"
+    )
+    g.add_argument("--top-k", type=int, help="sample among the K most likely tokens only, 0 = all (default: the config's)")
+    g.add_argument("--seed", type=int, help="the sampling seed: the same seed, the same answer (default: the config's)")
     g.add_argument("--stop", action="append", help="a stop string (repeatable)")
     g.add_argument("--logprobs", type=int, metavar="K", help="ask for each token's logprob and its K top alternatives")
+    g.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="the pipeline's tokenizer (a stage's model directory) to print --logprobs' tokens as text (default: ids)",
+    )
     add_log_level(g)
     g.set_defaults(run=generate)
     p = sub.add_parser("plan", help="profile a config's stages and recommend the chain and lookaheads to use")
-    p.add_argument("config")
+    p.add_argument("config", help="a pipeline YAML file, or the name of an example shipped in pipespec/configs")
     p.add_argument(
         "--devices", type=int, help="devices to place the stages on: this machine's cores split in N (default: one per core)"
     )
@@ -254,7 +290,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write-config", help="write the recommended config (YAML) to this file")
     add_log_level(p, default="INFO")  # profiling's progress: real models take a while
     p.set_defaults(run=plan)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipespec.commands.logs import LoggingConfigError, setup_logging
+
+    args = build_parser().parse_args(argv)
     try:
         setup_logging(args.log_level)
     except LoggingConfigError as e:
