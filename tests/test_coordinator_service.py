@@ -44,6 +44,7 @@ class HeldCoordinator:
         self.live: dict[str, asyncio.Event] = {}
         self.aborted: list[str] = []
         self.reason: str | None = None
+        self.draining: str | None = None  # never drains
 
     def trouble(self) -> str | None:
         return self.reason

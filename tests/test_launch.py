@@ -1,5 +1,6 @@
 """The launcher's HTTP flags (`pipespec serve` and `python -m pipespec.cluster.launch`), refused before
-anything starts: a flag of the HTTP server without `--http-port`, a media directory that is not one.
+anything starts: a flag of the HTTP server without `--http-port`, a media directory that is not one, a
+negative `--drain-seconds`.
 (Serving over HTTP itself starts Ray: tests/test_cli.py and tests/test_cluster_faults.py.)"""
 
 from __future__ import annotations
@@ -29,3 +30,10 @@ def test_http_flags_that_cannot_serve_are_refused_at_once(main, flags, why, caps
     argv = ["mock3", *flags]
     assert main(["serve", *argv] if main is cli.main else argv) == 2
     assert capsys.readouterr().err == f"pipespec: {why}\n"
+
+
+@pytest.mark.parametrize("main", [cli.main, launch.main], ids=["pipespec serve", "cluster.launch"])
+def test_a_negative_drain_is_refused_at_once(main, capsys):
+    argv = ["mock3", "--drain-seconds", "-1"]
+    assert main(["serve", *argv] if main is cli.main else argv) == 2
+    assert capsys.readouterr().err == "pipespec: --drain-seconds must be >= 0, got -1\n"

@@ -14,7 +14,10 @@ pipeline's secret.
 
 The coordinator's actor builds one `Serving` (pipespec.serving.serving) and serves it over gRPC
 and, given an `HttpSpec`, over OpenAI-compatible HTTP too (pipespec.serving.http_server), both on
-the actor's event loop: every way in shares one front door, one coordinator, one readiness.
+the actor's event loop: every way in shares one front door, one coordinator, one readiness. Told
+to stop, it drains (pipespec.serving.drain): `stop_accepting`, then `drain`, which ends the requests
+its grace does not see finished with an error and then stops its servers gracefully, so that every
+client hears how its stream ended before the actor goes.
 """
 
 from __future__ import annotations
@@ -201,6 +204,7 @@ class CoordinatorActor:
         serving = Serving(self.coordinator, entrance.front_door(target))
         service = CoordinatorService(serving, config.name, secret=secret)
         self.server, bound = await serve_coordinator(service, host, port)
+        self.http = None
         url = None
         if http is not None:
             from pipespec.serving.http_server import serve_http
@@ -212,6 +216,24 @@ class CoordinatorActor:
     async def lifetime(self) -> None:
         """Never returns: the call fails when this actor dies (pipespec.cluster.supervisor watches it)."""
         await asyncio.Event().wait()
+
+    def stop_accepting(self) -> int:
+        """Refuse new requests from now on, naming the drain (pipespec.serving.drain); -> how many are running."""
+        from pipespec.serving.drain import begin_drain
+
+        begin_drain(self.coordinator)
+        return len(self.coordinator.live)
+
+    async def drain(self, grace_s: float) -> int:
+        """Let the running requests finish for up to `grace_s` seconds, end those left with an error, then
+        stop the servers once their clients have heard how their streams ended. -> how many were ended so."""
+        from pipespec.serving.drain import CLOSE_S, drain
+
+        cut = await drain(self.coordinator, grace_s)
+        if self.http is not None:
+            await self.http.stop()  # stops accepting, lets the responses send their last events
+        await self.server.stop(CLOSE_S)
+        return cut
 
     async def wait_lost(self) -> list[int]:
         """-> the stages whose link is lost, once there is one."""

@@ -1,12 +1,18 @@
 """Serve a pipeline on a Ray cluster: the `ray job submit` entrypoint, and `pipespec serve`.
 
     ray job submit --working-dir . -- python -m pipespec.cluster.launch CONFIG [--host H] [--port P] [--strategy pack|spread]
-                                      [--http-port N [--http-host H] [--allowed-local-media-path DIR]] [--log-level LEVEL]
+                                      [--http-port N [--http-host H] [--allowed-local-media-path DIR]] [--drain-seconds S]
+                                      [--log-level LEVEL]
     pipespec serve CONFIG [--address RAY_ADDRESS]        # a local Ray unless --address
 
 Prints the address clients connect to (`pipespec generate --address ...`, `Client(address)`) and,
 with `--http-port`, the URL of the OpenAI-compatible HTTP server beside it (without: none), then
 serves until stopped (Ctrl-C, SIGTERM, `ray job stop`), removing its actors and placement group.
+Stopped, it drains first (pipespec.serving.drain): new requests are refused (HTTP 503, gRPC
+UNAVAILABLE, naming the drain), running ones get `--drain-seconds` to finish, and any still running
+then ends with an error (an error event and `data: [DONE]` over HTTP, an UNAVAILABLE status over
+gRPC), never a cut connection; a second Ctrl-C or SIGTERM ends the drain at once. (`ray job stop`
+kills the job `RAY_JOB_STOP_WAIT_TIME_S` after its SIGTERM, 3 s unless the cluster sets it higher.)
 The host and port default to the config's `server` section (loopback unless it says otherwise); the
 HTTP server binds `--http-host`, else the coordinator's host. A config, strategy, port or placement
 the pipeline cannot start with is one line on stderr and exit 2.
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -30,6 +37,12 @@ from pipespec.errors import ConfigError
 
 if TYPE_CHECKING:  # ray's, imported when serving: the command line builds its parser without it
     from pipespec.cluster.actors import HttpSpec
+    from pipespec.cluster.pipeline import RunningPipeline
+
+log = logging.getLogger(__name__)
+
+DRAIN_S = 20.0  # how long running requests get to finish once the server is told to stop (--drain-seconds)
+SETTLE_S = 15.0  # past the drain: for the coordinator to end the requests left and send their last events
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,7 @@ class ServeOptions:
     http_port: int | None = None  # also serve OpenAI-compatible HTTP here (None: no HTTP server; 0: any)
     http_host: str | None = None  # the HTTP server's interface (None: `host`)
     allowed_media: str | None = None  # the directory whose files `image_url` may name (None: none)
+    drain_s: float = DRAIN_S  # how long running requests get to finish once stopped (pipespec.serving.drain)
 
     @classmethod
     def from_flags(cls, args: argparse.Namespace) -> ServeOptions:
@@ -55,6 +69,7 @@ class ServeOptions:
             http_port=args.http_port,
             http_host=args.http_host,
             allowed_media=args.allowed_local_media_path,
+            drain_s=args.drain_seconds,
         )
 
 
@@ -72,6 +87,13 @@ def add_serve_arguments(
     parser.add_argument("--http-port", type=int, help="also serve OpenAI-compatible HTTP on this port (0 = any; default: none)")
     parser.add_argument("--http-host", help="interface the HTTP server binds (default: the coordinator's host)")
     parser.add_argument("--allowed-local-media-path", help="a directory whose files image_url may name (default: none)")
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=DRAIN_S,
+        help="on SIGTERM or Ctrl-C: refuse new requests, give running ones this long to finish, then end each left "
+        f"with an error (default: {DRAIN_S:g}; a second signal stops at once)",
+    )
 
 
 def serve(config_arg: str | Mapping[str, Any], options: ServeOptions = ServeOptions()) -> int:
@@ -87,6 +109,8 @@ def serve(config_arg: str | Mapping[str, Any], options: ServeOptions = ServeOpti
     try:
         config = load_config(config_path(config_arg) if isinstance(config_arg, str) else config_arg)
         http = _http(options)
+        if not options.drain_s >= 0:
+            raise ConfigError(f"--drain-seconds must be >= 0, got {options.drain_s:g}")
     except ConfigError as e:
         print(f"pipespec: {e}", file=sys.stderr)
         return 2
@@ -115,6 +139,9 @@ def serve(config_arg: str | Mapping[str, Any], options: ServeOptions = ServeOpti
 
         running.supervise(failed)
         await stop.wait()
+        if not failures:
+            stop.clear()  # a second signal ends the drain at once
+            await _drain(running, options.drain_s, stop)
 
     try:
         asyncio.run(wait())
@@ -124,6 +151,31 @@ def serve(config_arg: str | Mapping[str, Any], options: ServeOptions = ServeOpti
     for why in failures:
         print(f"pipespec: the pipeline cannot be restored: {why}", file=sys.stderr, flush=True)
     return 1 if failures else 0
+
+
+async def _drain(running: RunningPipeline, grace_s: float, stop: asyncio.Event) -> None:
+    """Drain the coordinator (pipespec.cluster.actors.CoordinatorActor.drain) until it is done or `stop` is set."""
+    import ray
+
+    try:
+        count = await running.coordinator.stop_accepting.remote()
+        print(
+            f"pipespec: draining (requests running: {count}): no new ones taken, up to {grace_s:g} s for these to finish "
+            "(--drain-seconds); stop again to end them now",
+            flush=True,
+        )
+        drained = asyncio.wrap_future(running.coordinator.drain.remote(grace_s).future())
+        stopped = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait({drained, stopped}, timeout=grace_s + SETTLE_S, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if drained in done:
+            cut = drained.result()
+            print(f"pipespec: drained (requests still running then, ended with an error: {cut})", flush=True)
+        else:
+            drained.cancel()
+            print("pipespec: stopping now: the requests still running are cut", file=sys.stderr, flush=True)
+    except ray.exceptions.RayError as e:  # the coordinator is gone: nothing left to drain
+        log.warning("could not drain the coordinator: %s", e)
 
 
 def _http(options: ServeOptions) -> HttpSpec | None:

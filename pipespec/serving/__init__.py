@@ -2,6 +2,7 @@
 
 - `coordinator`: opens requests on every stage, turns the target's commits into a client stream
 - `ledger`: the committed prefix of each request, and nothing else
+- `drain`: a server told to stop refuses new requests, lets running ones finish, then ends those left with an error
 - `serving`: `Serving`, the one way in that every protocol shares: the coordinator's gRPC `Generate`
   (pipespec.transport.coordinator_service) and the OpenAI-compatible HTTP server (`openai_app`, run by
   `http_server`) both admit requests through it, so the same front door refuses the same bad values

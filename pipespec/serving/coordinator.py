@@ -14,6 +14,9 @@ rejoins: it is re-opened on every stage from its committed prefix under a fresh 
 incarnation), so no message of the old one can be mistaken for the new one and every link starts
 at epoch 0; what was speculative is re-derived, and no committed token can change.
 
+Draining (pipespec.serving.drain): while `draining` says why, new requests are refused with it; `idle`
+is set while no request is live, and `fail` ends one with an error naming why.
+
 No torch here: the coordinator sees token ids and text only.
 """
 
@@ -69,6 +72,9 @@ class Coordinator:
         self.wires: dict[str, _Live] = {}  # by the id the stages know it by
         self.lost_at: dict[int, float] = {}  # stage index -> when its link was lost
         self.any_lost = asyncio.Event()  # set while some stage's link is lost (pipespec.cluster.supervisor waits on it)
+        self.draining: str | None = None  # why new requests are refused while the server drains (None: not draining)
+        self.idle = asyncio.Event()  # set while no request is live (pipespec.serving.drain waits on it)
+        self.idle.set()
 
     def connect(self, stages: Sequence[Link]) -> None:
         """Give the coordinator its links to every stage, upstream to downstream."""
@@ -87,6 +93,7 @@ class Coordinator:
         detok = self.detokenizer_factory() if self.detokenizer_factory else None
         live = _Live(spec, StopRules(spec.max_new_tokens, spec.stop_token_ids, stop, detok), asyncio.Queue(), time.perf_counter())
         self.live[spec.request_id] = live
+        self.idle.clear()
         self.ledger.open(spec.request_id)
         self._open(live, spec.request_id)
         done = False
@@ -123,6 +130,13 @@ class Coordinator:
         live = self.live.get(request_id)
         if live is not None and live.finish_reason is None:
             self._finish(live, "abort")
+
+    def fail(self, request_id: str, why: str) -> None:
+        """End a running request with an error saying `why` (its client gets it as any failure's)."""
+        live = self.live.get(request_id)
+        if live is not None and live.finish_reason is None:
+            live.error = why
+            self._finish(live, "error")
 
     # ---- stage side ---------------------------------------------------------------------------
 
@@ -186,8 +200,10 @@ class Coordinator:
         return "; ".join(self._lost_text(i) for i in sorted(self.lost_at)) or None
 
     def refusal(self) -> str | None:
-        """Why a new request is refused now (the target is lost), or None: the one rule `generate` and
-        the ways in (pipespec.serving.Serving.refusal) follow."""
+        """Why a new request is refused now (the server drains, the target is lost), or None: the one rule
+        `generate` and the ways in (pipespec.serving.Serving.refusal) follow."""
+        if self.draining is not None:
+            return self.draining
         target = len(self.stage_names) - 1
         if target in self.lost_at:
             return f"{self._lost_text(target)}; the pipeline is restoring it"
@@ -262,5 +278,7 @@ class Coordinator:
             stages=[c.stage_stats for c in closed],
         )
         del self.live[rid], self.wires[live.wire]
+        if not self.live:
+            self.idle.set()
         self.ledger.close(rid)
         live.queue.put_nowait(Delta("", (), live.finish_reason, stats, live.error))

@@ -11,11 +11,11 @@ with its own seed. `stream` runs a request on the coordinator and records it in 
 metrics (time to first token, inter-token latency, end-to-end latency, running requests, finish
 reasons, speculative-decoding counters per drafter and verifier pair).
 
-Two questions with two answers: `trouble()` is None when every stage is linked and answering, else
-why not: readiness for `/health` and grpc.health.v1 (a lost drafter shows there). `refusal()` is
-None while new requests are served, else why not: the stages not linked yet, or the target lost (the
-coordinator's own rule, `Coordinator.refusal`); a lost drafter costs speed only, so it refuses
-nothing. Runs on the coordinator's event loop; torch-free.
+Two questions with two answers: `trouble()` is None when every stage is linked and answering and
+the server is not draining, else why not: readiness for `/health` and grpc.health.v1 (a lost drafter
+shows there). `refusal()` is None while new requests are served, else why not: the stages not linked
+yet, the server draining to shut down (pipespec.serving.drain), or the target lost (the coordinator's
+own rule, `Coordinator.refusal`); a lost drafter costs speed only, so it refuses nothing. Runs on the coordinator's event loop; torch-free.
 """
 
 from __future__ import annotations
@@ -82,10 +82,10 @@ class Serving:
             record.close()
 
     def trouble(self) -> str | None:
-        """None when every stage is linked and answering; else why not (readiness)."""
+        """None when every stage is linked and answering and the server is not draining; else why not (readiness)."""
         if not self.coordinator.stages:
             return NOT_LINKED
-        return self.coordinator.trouble()
+        return self.coordinator.draining or self.coordinator.trouble()
 
     def refusal(self) -> str | None:
         """None while new requests are served; else why not (not linked yet, the target lost)."""

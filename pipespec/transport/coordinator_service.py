@@ -16,10 +16,15 @@ id that names no request, gets `cancelled=False` and nothing happens. `Health` s
 "not_serving: <why>" while `serving.trouble()` says why (the stages not linked yet, a stage lost);
 the same readiness answers grpc.health.v1 on the same server (pipespec.transport.health), open to
 anyone like `Generate`.
+
+While the server drains to shut down (pipespec.serving.drain), a new `Generate` is refused with
+UNAVAILABLE naming the drain, and a request that ends in an error meanwhile (the drain's grace ran out)
+ends with an UNAVAILABLE status carrying its message, a status a client may retry elsewhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -49,6 +54,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateResponse]:
         peer, most = context.peer(), self.limits.requests_per_client
+        coordinator = self.serving.coordinator
+        if coordinator.draining is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, coordinator.draining)
         if self._in_flight[peer] >= most:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -56,8 +64,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             )
         self._in_flight[peer] += 1
         try:
-            async for response in self._generate(request, peer):
-                yield response
+            async with contextlib.aclosing(self._generate(request, peer)) as responses:
+                async for response in responses:
+                    if coordinator.draining is not None and response.request_id and response.WhichOneof("kind") == "error":
+                        await context.abort(grpc.StatusCode.UNAVAILABLE, response.error.message)
+                    yield response
         finally:
             self._in_flight[peer] -= 1
             if not self._in_flight[peer]:
