@@ -3,8 +3,10 @@
 Every error names the offending key path and value (`stages[1].kind: unknown kind 'causal-lm' ...`),
 and unknown keys are errors with a did-you-mean hint. Nothing downstream re-validates. What each
 kind adds (its own keys, whether it loads a model, where in a chain it may sit) is asked of the
-table of stage kinds, `pipespec.stages.kinds`. Model directories must exist; whether their
-tokenizers agree is checked by `pipespec.requests.tokenization` before any weights load.
+table of stage kinds, `pipespec.stages.kinds`. A stage's `model` is a directory that exists or a
+Hugging Face hub id (`org/name`, at an optional `revision`) in the local cache, kept as the snapshot
+directory it resolves to (`pipespec.stages.model_source`); whether their tokenizers agree is checked
+by `pipespec.requests.tokenization` before any weights load.
 
 A stage on a GPU (`device: cuda` or `cuda:N`) reserves one: its `resources` default to a CPU and a
 GPU, and resources that reserve no GPU are an error. In process (`LocalPipeline`) resources are
@@ -27,6 +29,7 @@ import yaml
 from pipespec.errors import ConfigError
 from pipespec.protocol.params import SamplingParams, VerifyMode
 from pipespec.stages.kinds import KINDS, MockOptions, ModelOptions, NgramOptions, kind_of
+from pipespec.stages.model_source import model_dir
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -35,7 +38,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 class StageSpec:
     name: str
     kind: str  # a name of the table of stage kinds (pipespec.stages.kinds)
-    model: str | None = None  # directory that from_pretrained loads (kinds that load a model)
+    model: str | None = None  # directory that from_pretrained loads (kinds that load a model; a hub id's snapshot)
     max_lookahead: int = 8  # uncommitted tokens this stage may run ahead of its verifier
     verify_window: int | None = None  # most drafts one step verifies; None: half the drafter's lookahead
     dtype: str = "bfloat16"
@@ -215,6 +218,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
         "name",
         "kind",
         "model",
+        "revision",
         "max_lookahead",
         "verify_window",
         "dtype",
@@ -231,10 +235,12 @@ def _stage(raw: Any, i: int) -> StageSpec:
         if model is None:
             raise ConfigError(f"{where}.model: kind {kind!r} needs a model directory")
         model = _typed(model, str, f"{where}.model")
-        if not Path(model).is_dir():
-            raise ConfigError(f"{where}.model: model directory {model!r} does not exist")
+        revision = raw.get("revision")
+        model = model_dir(model, None if revision is None else _typed(revision, str, f"{where}.revision"), where)
     elif model is not None:
         raise ConfigError(f"{where}.model: kind {kind!r} takes no model, got {model!r}")
+    elif "revision" in raw:
+        raise ConfigError(f"{where}.revision: kind {kind!r} takes no model, so no revision, got {raw['revision']!r}")
 
     lookahead = _typed(raw.get("max_lookahead", 8), int, f"{where}.max_lookahead")
     if lookahead < 0:

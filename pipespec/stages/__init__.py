@@ -1,6 +1,8 @@
 """The stage kinds (design sections 3 and 6): what each kind is, and the stages themselves.
 
 - `kinds`: the table of stage kinds and their options (torch-free, below the config, which reads it)
+- `model_source`: where a stage's model is: a directory, or a Hugging Face hub id in the local cache (torch-free,
+  below the config, which reads it)
 - `build_context`: what building one stage needs besides its spec (`BuildContext`)
 - `build`: each kind's builder by name; `build_stage`, `load_stages`, `check_vocabularies`
 - `causal_lm`, `vlm`, `mock`, `ngram`, `dream/`: one stage class per kind, each built from its `StageSpec`
