@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -314,3 +315,66 @@ def test_a_failure_is_one_line_on_stderr_nothing_on_stdout_and_one_exit_code_con
     assert (out.returncode, out.stdout) == (code, ""), out.stderr
     assert out.stderr.startswith("pipespec generate: ") and out.stderr.count("\n") == 1, out.stderr
     assert fill(message) in out.stderr
+
+
+# --- a port in use: refused before anything starts ----------------------------------------------------
+
+# Runs a command's main in a fresh interpreter, then says, as JSON on stdout's last line, its exit code,
+# its seconds and whether ray or torch was ever imported (no Ray session, no model, can start without).
+PROBE = """
+import json, sys, time
+from importlib import import_module
+started = time.perf_counter()
+code = import_module(sys.argv[1]).main(sys.argv[2:])
+print(json.dumps({"code": code, "seconds": time.perf_counter() - started, "ray": "ray" in sys.modules,
+                  "torch": "torch" in sys.modules}))
+"""
+
+
+@pytest.fixture
+def busy() -> Iterator[int]:
+    """A port on 127.0.0.1 that a listening socket holds."""
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        yield held.getsockname()[1]
+
+
+@pytest.fixture
+def models_config(family, tmp_path) -> Path:
+    """A pipeline of the toy models (tiny -> target): what `--plan auto` would profile, loading them."""
+    stage = lambda n: {"name": n, "kind": "causal_lm", "model": family[n], "dtype": "float32"}  # noqa: E731
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump({"name": "toy", "stages": [stage("tiny"), stage("target")], "server": {"port": 0}}))
+    return path
+
+
+@pytest.mark.parametrize(
+    "module, argv, what, key",
+    [
+        ("pipespec.cli", ["serve", "mock3", "--port", "{busy}"], "the coordinator", "--port"),
+        ("pipespec.cli", ["serve", "mock3", "--port", "0", "--http-port", "{busy}"], "the HTTP server", "--http-port"),
+        ("pipespec.cli", ["serve", "{models}", "--port", "{busy}", "--plan", "auto"], "the coordinator", "--port"),
+        ("pipespec.cluster.launch", ["mock3", "--port", "{busy}"], "the coordinator", "--port"),
+    ],
+    ids=["serve", "serve --http-port", "serve --plan auto", "cluster.launch"],
+)
+def test_a_port_in_use_is_refused_before_ray_starts_or_a_model_loads(busy, models_config, module, argv, what, key):
+    fill = lambda a: a.replace("{busy}", str(busy)).replace("{models}", str(models_config))  # noqa: E731
+    out = subprocess.run([sys.executable, "-c", PROBE, module, *map(fill, argv)], capture_output=True, text=True, timeout=120)
+    probe = json.loads(out.stdout)  # nothing else on stdout
+    assert probe["code"] == 2 and not probe["ray"] and not probe["torch"], (probe, out.stderr)
+    refusal = f"{what} cannot serve on 127.0.0.1:{busy}: Address already in use ({key}; 0 picks a free port)\n"
+    assert out.stderr in (f"pipespec: {refusal}", f"pipespec serve: {refusal}"), out.stderr  # one line
+    assert probe["seconds"] < 5  # a hang guard only: it takes milliseconds; Ray's start alone took seconds
+
+
+def test_pipespec_serve_on_a_port_in_use_returns_at_once_naming_it(busy):
+    """The installed command as a user runs it: the message, exit 2, nothing on stdout, within seconds
+    (interpreter start included; a hang guard, not a benchmark)."""
+    started = time.perf_counter()
+    out = subprocess.run(
+        [PIPESPEC, "serve", "mock3", "--port", str(busy)], capture_output=True, text=True, timeout=120, env=ray_env()
+    )
+    seconds = time.perf_counter() - started
+    assert (out.returncode, out.stdout) == (2, ""), out.stderr
+    assert f"pipespec: the coordinator cannot serve on 127.0.0.1:{busy}: Address already in use" in out.stderr
+    assert seconds < 5, seconds

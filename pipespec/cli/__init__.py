@@ -96,14 +96,19 @@ def demo_command(args: argparse.Namespace) -> int:  # not `demo`: the submodule 
 
 
 def serve(args: argparse.Namespace) -> int:
-    from pipespec.cluster.launch import ServeOptions
+    from pipespec.cluster.launch import ServeOptions, check_ports
     from pipespec.cluster.launch import serve as launch
     from pipespec.commands.examples import config_path
+    from pipespec.config import load_config
 
     config: str | dict = args.config
     if args.plan != "auto" and (args.devices is not None or args.image is not None):
         return _fail("serve", "--devices and --image are for --plan auto; give it too")
     if args.plan == "auto":
+        try:  # before profiling imports torch and loads the models
+            check_ports(load_config(config_path(args.config)), ServeOptions.from_flags(args))
+        except ValueError as e:  # ConfigError included
+            return _fail("serve", e)
         from pipespec.planning.placement import Devices
         from pipespec.planning.plan import auto, explain
 

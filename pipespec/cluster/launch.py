@@ -15,7 +15,8 @@ gRPC), never a cut connection; a second Ctrl-C or SIGTERM ends the drain at once
 kills the job `RAY_JOB_STOP_WAIT_TIME_S` after its SIGTERM, 3 s unless the cluster sets it higher.)
 The host and port default to the config's `server` section (loopback unless it says otherwise); the
 HTTP server binds `--http-host`, else the coordinator's host. A config, strategy, port or placement
-the pipeline cannot start with is one line on stderr and exit 2.
+the pipeline cannot start with is one line on stderr and exit 2; a port in use at once, before Ray
+starts (`check_ports`).
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 from pipespec.cluster.bundles import STRATEGIES
 from pipespec.commands.logs import LoggingConfigError, add_log_level, setup_logging
+from pipespec.commands.ports import check_free
 from pipespec.errors import ConfigError
 
 if TYPE_CHECKING:  # ray's, imported when serving: the command line builds its parser without it
     from pipespec.cluster.actors import HttpSpec
     from pipespec.cluster.pipeline import RunningPipeline
+    from pipespec.config import PipelineConfig
 
 log = logging.getLogger(__name__)
 
@@ -99,15 +102,21 @@ def add_serve_arguments(
 def serve(config_arg: str | Mapping[str, Any], options: ServeOptions = ServeOptions()) -> int:
     """Serve `config_arg` (a config file, a shipped example's name, or a parsed config) as `options`
     say until stopped; -> the exit status (2: it could not start, 1: it could not be restored)."""
-    from pipespec.cluster.pipeline import ray_env, start_pipeline
     from pipespec.commands.examples import config_path
     from pipespec.config import load_config
+
+    try:  # before anything starts: a port in use is refused at once
+        config = load_config(config_path(config_arg) if isinstance(config_arg, str) else config_arg)
+        check_ports(config, options)
+    except ConfigError as e:
+        print(f"pipespec: {e}", file=sys.stderr)
+        return 2
+    from pipespec.cluster.pipeline import ray_env, start_pipeline  # imports ray
 
     ray_env()
     import ray
 
     try:
-        config = load_config(config_path(config_arg) if isinstance(config_arg, str) else config_arg)
         http = _http(options)
         if not options.drain_s >= 0:
             raise ConfigError(f"--drain-seconds must be >= 0, got {options.drain_s:g}")
@@ -176,6 +185,17 @@ async def _drain(running: RunningPipeline, grace_s: float, stop: asyncio.Event) 
             print("pipespec: stopping now: the requests still running are cut", file=sys.stderr, flush=True)
     except ray.exceptions.RayError as e:  # the coordinator is gone: nothing left to drain
         log.warning("could not drain the coordinator: %s", e)
+
+
+def check_ports(config: PipelineConfig, options: ServeOptions) -> None:
+    """ConfigError naming the port if the coordinator's, or the HTTP server's, cannot be bound here (both
+    serve on the launcher's node). Ray-free and quick: `serve` (and `pipespec serve --plan auto`, before
+    it profiles) checks first, before Ray starts or a model loads."""
+    host = config.server.host if options.host is None else options.host
+    port, key = (config.server.port, "server.port") if options.port is None else (options.port, "--port")
+    check_free(host, port, "the coordinator", key)
+    if options.http_port is not None:
+        check_free(host if options.http_host is None else options.http_host, options.http_port, "the HTTP server", "--http-port")
 
 
 def _http(options: ServeOptions) -> HttpSpec | None:

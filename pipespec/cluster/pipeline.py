@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -45,6 +44,7 @@ from pipespec.cluster.bundles import STRATEGIES, bundle, unplaceable
 from pipespec.cluster.cores import CoreSlice, slices
 from pipespec.cluster.supervisor import Supervisor
 from pipespec.commands.logs import actor_env
+from pipespec.commands.ports import check_free
 from pipespec.config import PipelineConfig
 from pipespec.errors import ConfigError
 from pipespec.requests.frontdoor import TargetInfo
@@ -192,17 +192,6 @@ def _tear_down(actors: list, group: object) -> None:
     remove_placement_group(group)
 
 
-def _check_port(host: str, port: int, what: str = "the coordinator", key: str = "server.port") -> None:
-    """ConfigError at once if `what` could not bind host:port here (the coordinator runs on this node)."""
-    if port == 0:
-        return
-    try:
-        family, _, _, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        socket.create_server(where, family=family).close()  # SO_REUSEADDR, as gRPC and uvicorn bind
-    except OSError as e:
-        raise ConfigError(f"{what} cannot serve on {host}:{port}: {e.strerror or e} ({key}; 0 picks a free port)") from None
-
-
 def start_pipeline(
     config: PipelineConfig,
     host: str | None = None,
@@ -253,12 +242,12 @@ def _check(config: PipelineConfig, host: str | None, port: int | None, strategy:
         raise ConfigError(f"placement strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
     host = config.server.host if host is None else host
     port = config.server.port if port is None else port
-    _check_port(host, port)
+    check_free(host, port, "the coordinator", "server.port")  # the coordinator runs on this node
     if http is not None:
         http = replace(http, host=host if http.host is None else http.host)
         if http.port != 0 and (http.host, http.port) == (host, port):
             raise ConfigError(f"the HTTP server and the coordinator's gRPC cannot share {address(host, port)} (--http-port)")
-        _check_port(http.host, http.port, "the HTTP server", "--http-port")
+        check_free(http.host, http.port, "the HTTP server", "--http-port")
     tokenizer_size = Entrance.check(config).tokenizer_size
     bundles = [bundle(config.stages[d[0]].resources) or {"CPU": 0.01} for d in config.devices()]
     why = unplaceable(bundles, [n["Resources"] for n in ray.nodes() if n["Alive"]], strategy)
