@@ -247,13 +247,15 @@ def served(family) -> Iterator[Served]:
 
 
 def test_the_statistics_are_a_line_of_their_own_after_the_answer(served):
-    """stdout and stderr on one pipe, as a terminal shows them: the answer, then the statistics' line."""
+    """stdout and stderr on one pipe, as a terminal shows them: the answer, then the statistics' line
+    (stdout block-buffered, as Python buffers a pipe unless PYTHONUNBUFFERED says otherwise)."""
     from pipespec.cli import _printable
 
     expected = served.pipe.generate("the red circle", max_new_tokens=12).text
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     out = subprocess.run(
         [PIPESPEC, "generate", "--address", served.address, "--prompt", "the red circle", "--max-new-tokens", "12"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, env=buffered,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout
     *answer, stats = out.stdout.rstrip("\n").split("\n")
