@@ -20,6 +20,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipespec import LocalPipeline, load_config
@@ -28,6 +29,7 @@ from pipespec.engine.synchronous import generate_sync
 from pipespec.planning.analytical import pipeline_speedup, sync_speedup
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
+from pipespec.protocol.stats import StageStats, merged_pairs, merged_stages
 from pipespec.stages.build import load_stages
 
 PROMPTS = [(1, 2, 3), (7, 5, 9, 4), (11, 3)]
@@ -57,18 +59,24 @@ def time_sync(target, drafter, tokens: int, gamma: int) -> tuple[float, float]:
     return total / (time.perf_counter() - t0), accepted / trials if trials else 0.0
 
 
-def time_pipeline(pipe: LocalPipeline, tokens: int) -> tuple[float, list[float]]:
-    """-> (tokens per second, per-token acceptance alpha per stage pair) over PROMPTS, one after the other."""
-    t0, total, pairs = time.perf_counter(), 0, None
+@dataclass(frozen=True)
+class Timed:
+    """One pass of a pipeline over PROMPTS, one prompt after the other."""
+
+    tokens_per_s: float
+    alphas: list[float]  # per-token acceptance per stage pair, upstream first
+    stages: list[StageStats]  # per stage, summed over the prompts
+
+
+def time_pipeline(pipe: LocalPipeline, tokens: int) -> Timed:
+    t0, total, stats = time.perf_counter(), 0, []
     for prompt in PROMPTS:
         r = pipe.generate(prompt_token_ids=prompt, max_new_tokens=tokens)
         total += len(r.token_ids)
-        if pairs is None:
-            pairs = r.stats.pairs
-        else:
-            for mine, theirs in zip(pairs, r.stats.pairs):
-                mine.merge(theirs)
-    return total / (time.perf_counter() - t0), [p.token_acceptance for p in pairs]
+        stats.append(r.stats)
+    wall = time.perf_counter() - t0
+    alphas = [p.token_acceptance for p in merged_pairs(s.pairs for s in stats)]
+    return Timed(total / wall, alphas, merged_stages(s.stages for s in stats))
 
 
 def bench_agreement(latencies, agreement, lookahead, tokens, runs) -> dict:
@@ -94,11 +102,13 @@ def bench_agreement(latencies, agreement, lookahead, tokens, runs) -> dict:
             best_gamma.append(best)
             figures["sync"].append(sync[best][0])
             alpha["sync"].append(sync[best][1])
-            tps, (a2,) = time_pipeline(p2, tokens)
-            figures["async2"].append(tps)
+            two_timed = time_pipeline(p2, tokens)
+            figures["async2"].append(two_timed.tokens_per_s)
+            (a2,) = two_timed.alphas
             alpha["async2"].append(a2)
-            tps, (a_tm, a_mt) = time_pipeline(p3, tokens)
-            figures["async3"].append(tps)
+            three_timed = time_pipeline(p3, tokens)
+            figures["async3"].append(three_timed.tokens_per_s)
+            a_tm, a_mt = three_timed.alphas
             alpha["async3_tiny_mid"].append(a_tm)
             alpha["async3_mid_target"].append(a_mt)
     med = {k: statistics.median(v) for k, v in figures.items()}

@@ -1,6 +1,6 @@
 """Scaling sweep: tokens per second and speedup against the number of devices, measured and predicted.
 
-    python -m experiments.scaling [--devices 4] [--time-scale 0.1] [--tokens 64] [--runs 3]
+    python -m experiments.scaling [--devices 4] [--time-scale 0.1] [--tokens 64] [--runs 3] [--predraft 0]
                                   [--real | --no-real] [--out experiments/results/scaling]
 
 One device per pipeline stage. Two sweeps, each next to the analytical chain model
@@ -22,7 +22,11 @@ One device per pipeline stage. Two sweeps, each next to the analytical chain mod
    each the median of --runs runs; the prediction uses the seconds per forward (traced: a sleep lasts
    a little longer than asked), the drafters' verify windows and the per-token acceptance alpha
    MEASURED in the run (and, beside it, the configured latencies and rates).
-   The gap quoted is measured / predicted - 1.
+   The gap quoted is measured / predicted - 1. With --predraft N the first drafter pre-drafts N
+   branches (pipespec.engine.outcome_cache); where an emulated drafter disagrees with the next model,
+   it ranks that model's token second with probability `runner_up` (0.5, ASSUMED: the demo's drafters
+   measure 0.49 and 0.54), which is what a rejection branch bets on. The chain model has no term for
+   pre-drafting: a row's gap shows what it adds.
 
 2. REAL (this machine): the shipped demo models (`models/demo`) on a local Ray, one actor per
    device (a CPU core here, a GPU where the cluster has them): d = 1 the target alone, d = 2
@@ -54,7 +58,7 @@ from pipespec.config import ConfigError, PipelineConfig
 from pipespec.engine.stage import Stage
 from pipespec.engine.synchronous import generate_sync
 from pipespec.planning.analytical import chain_rates, sync_speedup
-from pipespec.protocol.stats import merged_pairs
+from pipespec.protocol.stats import StageStats, merged_pairs, merged_stages
 from pipespec.requests.outputs import Generation
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,8 @@ class EmulatedModel:
     latency_ms: float  # per forward on the emulated hardware (A100), before --time-scale
     agreement: float  # per-token acceptance of its drafts by the next model (unused for the target)
     source: str  # where latency_ms comes from: "published" or "assumed"
+    runner_up: float = 0.5  # where it disagrees, how often the next model's token is its second choice (the
+    # demo's drafters: 0.49 and 0.54, experiments/results/predraft/draft_ranks.md); what pre-drafting bets on
 
 
 CHAIN: tuple[EmulatedModel, ...] = (
@@ -100,6 +106,7 @@ class ScalingRow:
     sync_predicted_tokens_per_s: float | None = None
     sync_best: str | None = None  # "1B, window 4"
     forward_ms: tuple[float, ...] = ()  # emulated: per stage, measured ms per forward on the emulated clock (the model's)
+    predraft_hit_rate: float | None = None  # emulated, pre-drafting on: the first stage's changed verdicts a branch foresaw
 
     @property
     def gap(self) -> float:
@@ -129,12 +136,16 @@ def verify_windows(config: PipelineConfig) -> list[int]:
 # ---- the emulated sweep -------------------------------------------------------------------------
 
 
-def emulated_config(models: Sequence[EmulatedModel], time_scale: float, lookahead: int, vocab: int = 256) -> PipelineConfig:
+def emulated_config(
+    models: Sequence[EmulatedModel], time_scale: float, lookahead: int, predraft: int = 0, vocab: int = 256
+) -> PipelineConfig:
+    """`predraft`: branches the first drafter pre-drafts (pipespec.engine.outcome_cache)."""
     stages = [
         {
             "name": m.name, "kind": "mock", "agreement": m.agreement if i < len(models) - 1 else 1.0,
+            "runner_up": m.runner_up if i < len(models) - 1 else 0.0,
             "latency_ms": m.latency_ms * time_scale, "max_lookahead": lookahead if i < len(models) - 1 else 0,
-            "vocab_size": vocab,
+            "vocab_size": vocab, "predraft": predraft if i == 0 and len(models) > 1 else 0,
         }
         for i, m in enumerate(models)
     ]  # fmt: skip
@@ -181,11 +192,14 @@ class ChainRun:
     sync: SyncBest | None  # None for the target alone
     outputs: list[list[int]]  # committed token ids per prompt
     forward_s: tuple[float, ...]  # per stage, wall seconds per forward as traced in the timed runs (pipespec.engine.trace)
+    first: StageStats  # the first stage's statistics over the timed runs (its pre-drafting)
 
 
-def run_chain(models: Sequence[EmulatedModel], time_scale: float, lookahead: int, tokens: int, runs: int) -> ChainRun:
+def run_chain(
+    models: Sequence[EmulatedModel], time_scale: float, lookahead: int, tokens: int, runs: int, predraft: int = 0
+) -> ChainRun:
     """The pipeline's outputs (also its warm-up), its median rate and alphas, then the best sync."""
-    config = emulated_config(models, time_scale, lookahead)
+    config = emulated_config(models, time_scale, lookahead, predraft)
     with LocalPipeline(config) as pipe:
         outputs = pipeline_outputs(pipe, tokens)
         pipe.start_trace()
@@ -194,14 +208,22 @@ def run_chain(models: Sequence[EmulatedModel], time_scale: float, lookahead: int
         *drafters, target = pipe.stages
         latencies = {m.name: m.latency_ms for m in models}  # the prediction is on the emulated clock
         sync = best_sync(target, drafters, latencies, tokens, runs) if drafters else None
-    alphas = tuple(statistics.median(a[i] for _, a in timed) for i in range(len(models) - 1))
-    return ChainRun(config, statistics.median(t for t, _ in timed), alphas, sync, outputs, forward_s)
+    alphas = tuple(statistics.median(t.alphas[i] for t in timed) for i in range(len(models) - 1))
+    [first] = merged_stages([t.stages[0]] for t in timed)
+    return ChainRun(config, statistics.median(t.tokens_per_s for t in timed), alphas, sync, outputs, forward_s, first)
 
 
 def emulated_sweep(
-    devices: int, time_scale: float = 0.1, lookahead: int = 8, tokens: int = 64, runs: int = 3, tick: Tick | None = None
+    devices: int,
+    time_scale: float = 0.1,
+    lookahead: int = 8,
+    tokens: int = 64,
+    runs: int = 3,
+    tick: Tick | None = None,
+    predraft: int = 0,
 ) -> list[ScalingRow]:
-    """d = 1 .. devices: the last d models of CHAIN as an asynchronous pipeline, measured and predicted."""
+    """d = 1 .. devices: the last d models of CHAIN as an asynchronous pipeline, measured and predicted;
+    `predraft`: branches the first drafter pre-drafts."""
     if not 1 <= devices <= len(CHAIN):
         raise ValueError(f"--devices: the emulated chain has {len(CHAIN)} models, got {devices}")
     if time_scale <= 0:
@@ -210,7 +232,7 @@ def emulated_sweep(
     reference: list[list[int]] | None = None
     for d in range(1, devices + 1):
         models = CHAIN[-d:]
-        run = run_chain(models, time_scale, lookahead, tokens, runs)
+        run = run_chain(models, time_scale, lookahead, tokens, runs, predraft)
         reference = reference or run.outputs
         latencies_s = [m.latency_ms / 1000.0 for m in models]  # the emulated clock: measured rates rescaled below
         windows = verify_windows(run.config)
@@ -236,6 +258,7 @@ def emulated_sweep(
                 sync_predicted_tokens_per_s=run.sync.predicted_tokens_per_s if run.sync else None,
                 sync_best=run.sync.label if run.sync else None,
                 forward_ms=tuple(1e3 * f for f in forward_s),
+                predraft_hit_rate=run.first.predraft_hit_rate if predraft and d > 1 else None,
             )
         )
         log.info("emulated %s: %.2f tok/s measured, %.2f predicted", rows[-1].chain, tps, predicted)
@@ -344,8 +367,9 @@ def markdown(rows: Sequence[ScalingRow], settings: dict[str, Any]) -> str:
         "a sleep lasting a little longer than asked; real: the measured compute time per forward), the measured alphas and the verify windows; gap = measured / predicted - 1.",
         "",
         "| sweep | devices | chain | tok/s measured | tok/s predicted | gap | predicted (configured alpha) "
-        "| speedup measured | speedup predicted | alpha per pair (measured) | sync best tok/s (predicted; drafter, window) | exact |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| speedup measured | speedup predicted | alpha per pair (measured) | sync best tok/s (predicted; drafter, window) "
+        "| async / sync | pre-drafted hits | exact |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         sync = (
@@ -356,7 +380,9 @@ def markdown(rows: Sequence[ScalingRow], settings: dict[str, Any]) -> str:
         lines.append(
             f"| {r.sweep} | {r.devices} | {r.chain} | {r.tokens_per_s:.2f} | {r.predicted_tokens_per_s:.2f} | {r.gap:+.1%} "
             f"| {_opt(r.configured_tokens_per_s)} | {r.speedup:.2f}x | {r.predicted_speedup:.2f}x "
-            f"| {' / '.join(f'{a:.2f}' for a in r.alphas) or '-'} | {sync} | {'yes' if r.exact else 'NO'} |"
+            f"| {' / '.join(f'{a:.2f}' for a in r.alphas) or '-'} | {sync} "
+            f"| {'-' if r.sync_tokens_per_s is None else format(r.tokens_per_s / r.sync_tokens_per_s, '.2f') + 'x'} "
+            f"| {_opt(r.predraft_hit_rate, '.0%')} | {'yes' if r.exact else 'NO'} |"
         )
     for sweep in ("emulated", "real"):
         mine = [r for r in rows if r.sweep == sweep]
@@ -435,6 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lookahead", type=int, default=8, help="emulated drafters' max_lookahead (verify window: half)")
     parser.add_argument("--tokens", type=int, default=64, help="emulated: new tokens per prompt")
     parser.add_argument("--runs", type=int, default=3, help="emulated: median of this many runs")
+    parser.add_argument("--predraft", type=int, default=0, help="emulated: branches the first drafter pre-drafts (0: none)")
     parser.add_argument("--real", action=argparse.BooleanOptionalAction, default=True, help="also sweep the demo models on Ray")
     parser.add_argument("--models", type=Path, default=DEMO_MODELS)
     parser.add_argument("--real-prompts", type=int, default=4)
@@ -459,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bar.set_postfix_str(label)
             bar.update()
 
-        rows = emulated_sweep(args.devices, args.time_scale, args.lookahead, args.tokens, args.runs, tick)
+        rows = emulated_sweep(args.devices, args.time_scale, args.lookahead, args.tokens, args.runs, tick, args.predraft)
         failed = real and not run_real(rows, args, tick)
     print(write_outputs(rows, args.out, settings))
     print(f"wrote {args.out / 'scaling.md'}, scaling.json, scaling.png")

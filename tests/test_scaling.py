@@ -49,14 +49,18 @@ def test_predictions_come_from_the_chain_model(rows):
         assert r.predicted_speedup == pytest.approx(r.predicted_tokens_per_s / rows[0].predicted_tokens_per_s)
 
 
-def test_pipeline_commits_exactly_the_target_alone():
-    """Zero latency: the most asynchrony (and rollbacks) the runtime can get; still the target's tokens."""
-    run = scaling.run_chain(CHAIN[-3:], time_scale=0.0, lookahead=8, tokens=TOKENS, runs=1)
+@pytest.mark.parametrize("predraft", [0, 3])
+def test_pipeline_commits_exactly_the_target_alone(predraft):
+    """Zero latency: the most asynchrony (and rollbacks) the runtime can get; still the target's tokens,
+    with branches pre-drafted or without."""
+    run = scaling.run_chain(CHAIN[-3:], time_scale=0.0, lookahead=8, tokens=TOKENS, runs=1, predraft=predraft)
     [target] = load_stages(scaling.emulated_config(CHAIN[-1:], time_scale=0.0, lookahead=8))
     alone = scaling.target_alone_outputs(target, TOKENS)
     assert [len(ids) for ids in alone] == [TOKENS] * len(alone)
     assert run.outputs == alone
     assert len(set(map(tuple, alone))) == len(alone)  # the prompts lead to different answers
+    assert run.config.stages[0].predraft == predraft and all(s.predraft == 0 for s in run.config.stages[1:])
+    assert (run.first.predraft_hits + run.first.predraft_misses > 0) == (predraft > 0)  # verdicts met with the cache
 
 
 def test_predicted_rate_by_hand():

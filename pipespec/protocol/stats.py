@@ -103,8 +103,29 @@ class StageStats:
     predraft_tokens: int = 0  # tokens sent from branches, without a forward
     predraft_forwards: int = 0  # forwards spent growing branches (included in `forwards`)
 
+    def merge(self, other: StageStats) -> None:
+        """Add `other`'s counts and seconds to ours."""
+        for name, value in other.__dict__.items():
+            if name != "stage":
+                setattr(self, name, getattr(self, name) + value)
+
+    @property
+    def predraft_hit_rate(self) -> float:
+        """Of the verdicts that changed our tokens, the share a pre-drafted branch foresaw."""
+        verdicts = self.predraft_hits + self.predraft_misses
+        return self.predraft_hits / verdicts if verdicts else 0.0
+
     def as_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+def merged_stages(per_request: Iterable[Iterable[StageStats]]) -> list[StageStats]:
+    """Each stage's statistics summed over requests, in pipeline order; the inputs are left as they were."""
+    merged: dict[str, StageStats] = {}
+    for stages in per_request:
+        for stage in stages:
+            merged.setdefault(stage.stage, StageStats(stage.stage)).merge(stage)
+    return list(merged.values())
 
 
 @dataclass

@@ -7,8 +7,9 @@ length invariant as a real cache, so rollback bugs show up here first.
 
 The world: at context index t with previous tokens (a, b), the stage `level` hops above the target
 agrees with the level below with probability `agreement` (a hash of (a, b, t, level) decides); the
-first level that disagrees produces its own random logits. Level 0 (the target) always produces its
-own. So the mock at level d reproduces the target's logits exactly where the whole chain agrees.
+first level that disagrees produces its own random logits, with the level below's token ranked second
+there with probability `runner_up` (another hash). Level 0 (the target) always produces its own. So
+the mock at level d reproduces the target's logits exactly where the whole chain agrees.
 """
 
 from __future__ import annotations
@@ -57,15 +58,30 @@ class MockStage:
     def row(self, prev2: int, prev1: int, index: int) -> torch.Tensor:
         """[V] float32 logits for context index `index` after tokens (prev2, prev1)."""
         context = noise.mix32((prev2 + 1) * 0x10001 ^ noise.mix32(prev1 + 1))
-        level = len(self.chain) - 1
-        for options in self.chain[:-1]:
-            if noise.scalar_uniform(self.world_seed, index, context ^ (level << 24) ^ 0xA5) >= options.agreement:
-                break
-            level -= 1
+        return torch.from_numpy(self._row(0, context, index))
+
+    def _row(self, hop: int, context: int, index: int) -> np.ndarray:
+        """The logits of the stage `hop` hops after this one in the chain (0: this one)."""
+        options, level = self.chain[hop], len(self.chain) - 1 - hop
+        if level == 0:
+            return self._own(level, context, index)
+        if noise.scalar_uniform(self.world_seed, index, context ^ (level << 24) ^ 0xA5) < options.agreement:
+            return self._row(hop + 1, context, index)
+        own = self._own(level, context, index)
+        if options.runner_up and noise.scalar_uniform(self.world_seed, index, context ^ (level << 24) ^ 0x5A) < options.runner_up:
+            theirs = int(self._row(hop + 1, context, index).argmax())
+            top = int(own.argmax())
+            if theirs != top:  # their token just under our choice
+                runner = np.partition(own, -2)[-2]
+                own[theirs] = runner + 0.5 * (own[top] - runner)
+        return own
+
+    def _own(self, level: int, context: int, index: int) -> np.ndarray:
+        """[V] float32: level `level`'s own random logits (Gumbel-shaped, `scale` wide)."""
         k1, k2 = noise.counter_key(self.world_seed + level * 7919, index, context)
         h = noise.mix32(noise.mix32(self._ids ^ k1) ^ k2)  # numpy: cheaper than torch at this size
         u = (h.astype(np.float64) + 0.5) * (1.0 / (1 << 32))
-        return torch.from_numpy((-self.chain[0].scale * np.log(-np.log(u))).astype(np.float32))
+        return (-self.chain[0].scale * np.log(-np.log(u))).astype(np.float32)
 
 
 class MockSession:

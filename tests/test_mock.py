@@ -1,0 +1,53 @@
+"""Mock stages (pipespec/stages/mock.py): they agree with their verifier, and rank its token second where
+they do not, at the configured rates."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pipespec import load_config
+from pipespec.stages.build import load_stages
+
+N = 3000  # positions sampled per rate
+
+
+def _pair(agreement: float, runner_up: float):
+    drafter = {"name": "d", "kind": "mock", "agreement": agreement, "runner_up": runner_up, "vocab_size": 64}
+    return load_stages(load_config({"stages": [drafter, {"name": "t", "kind": "mock", "vocab_size": 64}]}))
+
+
+def _rows(stage) -> torch.Tensor:
+    """[N, V] the stage's logits at N positions after varied token pairs."""
+    return torch.stack([stage.row(i % 61, (7 * i) % 64, i) for i in range(N)])
+
+
+def _within(count: int, p: float) -> bool:
+    """count of N is a plausible Binomial(N, p) draw (5 standard deviations)."""
+    return abs(count - N * p) <= 5 * math.sqrt(N * p * (1 - p)) + 1
+
+
+@pytest.mark.parametrize("agreement, runner_up", [(0.8, 0.0), (0.6, 0.5), (0.7, 1.0)])
+def test_a_mock_agrees_and_ranks_its_verifiers_token_second_at_the_configured_rates(agreement, runner_up):
+    drafter, target = _pair(agreement, runner_up)
+    ours, theirs = _rows(drafter), _rows(target)
+    truth = theirs.argmax(-1)
+    agreed = (ours == theirs).all(-1)
+    assert _within(int(agreed.sum()), agreement)
+    assert (ours.argmax(-1) == truth)[agreed].all()
+    second = ours.topk(2, -1).indices[:, 1] == truth
+    disagreed = int((~agreed).sum())
+    # a random row ranks a given token first 1 time in 64 (then it stays first), second 1 time in 64
+    expected = runner_up * 63 / 64 + (1 - runner_up) / 64
+    assert abs(int(second[~agreed].sum()) - disagreed * expected) <= 5 * math.sqrt(disagreed * expected * (1 - expected)) + 1
+
+
+def test_the_runner_up_rate_changes_no_agreement_and_no_verifier_logit():
+    plain, plain_target = _pair(0.7, 0.0)
+    betting, betting_target = _pair(0.7, 1.0)
+    assert torch.equal(_rows(plain_target), _rows(betting_target))
+    a, b = _rows(plain), _rows(betting)
+    assert torch.equal((a == _rows(plain_target)).all(-1), (b == _rows(plain_target)).all(-1))
+    assert torch.equal(a.argmax(-1), b.argmax(-1))  # only the second place moves
