@@ -10,6 +10,7 @@ argparse (pipespec's commands, experiments/, demo/) takes `--log-level`.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -22,7 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipespec.cli import build_parser
 from pipespec.cli import main as cli
+from pipespec.cluster.launch import main as launch_main
 from pipespec.commands.logs import CONFIG_ENV, CONFIG_JSON_ENV, LEVEL_ENV, LoggingConfigError, actor_env, setup_logging
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,3 +192,36 @@ ENTRY_POINTS = sorted(
 def test_every_command_takes_log_level(path):
     text = path.read_text()
     assert "add_log_level(" in text and "setup_logging(" in text
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {name: sub for a in actions for name, sub in a.choices.items()}
+
+
+def test_every_pipespec_command_logs_at_warning_by_default(capsys):
+    commands = _subcommands(build_parser())
+    assert {"demo", "serve", "generate", "plan"} <= set(commands)
+    for name, parser in commands.items():
+        assert parser.get_default("log_level") == "WARNING", name
+    with pytest.raises(SystemExit):
+        launch_main(["--help"])
+    assert "(default WARNING)" in " ".join(capsys.readouterr().out.split())
+
+
+_LOAD = """
+import sys
+from pipespec.commands.logs import setup_logging
+setup_logging(sys.argv[1])
+from transformers import AutoModelForCausalLM
+AutoModelForCausalLM.from_pretrained(sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("level, bars", [("WARNING", False), ("INFO", True)])
+def test_loading_a_model_shows_progress_bars_only_at_info(family, level, bars):
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "GRPC_VERBOSITY")}
+    done = subprocess.run([sys.executable, "-c", _LOAD, level, family["tiny"]], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert ("Loading weights" in done.stderr) == bars, done.stderr
+    assert ("\x1b[" in done.stderr) is False or bars

@@ -293,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch threads to profile at (default: the cores of one device)")
     p.add_argument("--json", help="also write the profile and the plan as JSON to this file")
     p.add_argument("--write-config", help="write the recommended config (YAML) to this file")
-    add_log_level(p, default="INFO")  # profiling's progress: real models take a while
+    add_log_level(p)  # INFO: profiling's progress (real models take a while)
     p.set_defaults(run=plan)
     return parser
 

@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         host_help="interface the gRPC servers bind (default: the config's server.host)",
         port_help="coordinator port (default: the config's server.port; 0 = any)",
     )
-    add_log_level(parser, default="INFO")
+    add_log_level(parser)
     args = parser.parse_args(argv)
     try:
         setup_logging(args.log_level)

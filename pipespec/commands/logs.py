@@ -1,12 +1,13 @@
 """Logging, set up the same way by every command: `--log-level`, or a config file named by an environment variable.
 
     parser = argparse.ArgumentParser()
-    add_log_level(parser, default="INFO")
+    add_log_level(parser)
     args = parser.parse_args()
     setup_logging(args.log_level)
 
 `--log-level` takes DEBUG, INFO, WARNING, ERROR or CRITICAL, in any case: the level of the root
-logger, whose records go to stderr. When `PIPESPEC_LOGGING_CONFIG` names a file (JSON, or YAML, in
+logger, whose records go to stderr; WARNING by default for every command. Above INFO the libraries are
+quiet too: no Hugging Face progress bars, no gRPC core chatter (`quiet_libraries`). When `PIPESPEC_LOGGING_CONFIG` names a file (JSON, or YAML, in
 the form `logging.config.dictConfig` takes) that file configures logging instead, and a file that
 does not load is a `LoggingConfigError` naming it.
 
@@ -24,6 +25,7 @@ import json
 import logging
 import logging.config
 import os
+import sys
 from pathlib import Path
 
 import yaml
@@ -63,12 +65,26 @@ def setup_logging(level: str | None = None, fmt: str = FORMAT) -> None:
         except ValueError as e:
             raise LoggingConfigError(f"{where} is not JSON: {e}") from None
         _apply(config, where)
-        return
-    if path := os.environ.get(CONFIG_ENV):
+    elif path := os.environ.get(CONFIG_ENV):
         _apply(read_config_file(path), _named(path))
+    else:
+        logging.basicConfig(format=fmt)  # a handler on stderr, unless logging has one already
+        logging.getLogger().setLevel(level or os.environ.get(LEVEL_ENV, DEFAULT_LEVEL))
+    if logging.getLogger().getEffectiveLevel() > logging.INFO:
+        quiet_libraries()
+
+
+def quiet_libraries() -> None:
+    """No progress bars from Hugging Face (loading weights, reading the hub) and only errors from gRPC's C
+    core, as the libraries read them (an environment variable set by the user wins). Called for any level
+    above INFO: at INFO and below they speak as they would."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # read when gRPC's core starts
+    if os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1") != "1":
         return
-    logging.basicConfig(format=fmt)  # a handler on stderr, unless logging has one already
-    logging.getLogger().setLevel(level or os.environ.get(LEVEL_ENV, DEFAULT_LEVEL))
+    if "huggingface_hub" in sys.modules:  # imported already: it read the variable then
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
 
 
 def read_config_file(path: str) -> dict:
