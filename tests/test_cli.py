@@ -286,6 +286,40 @@ def test_logprobs_show_each_token_as_text_given_the_tokenizer(served, capsys):
     assert [int(row.split("\t")[0]) for row in rows] == [t.token for t in alone.logprobs]
 
 
+def test_a_prompt_as_token_ids_bypasses_the_tokenizer(served, capsys):
+    """What a mock pipeline (no tokenizer) takes: the same answer as the LocalPipeline given the same ids."""
+    from pipespec.cli import main as cli
+
+    expected = served.pipe.generate(prompt_token_ids=[5, 9, 3], max_new_tokens=6).token_ids
+    ask = ["generate", "--address", served.address, "--prompt-token-ids", "5,9,3", "--max-new-tokens", "6", "--logprobs", "0"]
+    assert cli(ask) == 0
+    rows = capsys.readouterr().err.splitlines()[1:-1]
+    assert [int(row.split("\t")[0]) for row in rows] == expected
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--prompt-token-ids", "1,x"], "argument --prompt-token-ids: '1,x' is not comma-separated token ids (such as 1,2,3)"),
+        (["--prompt", "hi", "--prompt-token-ids", "1"], "argument --prompt-token-ids: not allowed with argument --prompt"),
+        ([], "one of the arguments --prompt --prompt-token-ids is required"),
+    ],
+)
+def test_the_prompt_is_text_or_token_ids_exactly_one_of_them(flags, message, capsys):
+    from pipespec.cli import main as cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli(["generate", "--address", nowhere(), *flags])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_system_message_needs_a_text_prompt(capsys):
+    from pipespec.cli import main as cli
+
+    assert cli(["generate", "--address", nowhere(), "--prompt-token-ids", "1,2", "--system", "Be brief."]) == 2
+    assert capsys.readouterr().err == "pipespec generate: --system needs --prompt: --prompt-token-ids bypass the chat template\n"
+
+
 def nowhere() -> str:
     """An address on 127.0.0.1 where nothing listens."""
     with socket.socket() as s:

@@ -222,3 +222,15 @@ def test_max_tokens_left_out_is_as_many_as_the_limits_and_the_context_allow(mock
     finally:
         stop(pipe, few)
         stop(pipe, narrow)
+
+
+def test_a_pipeline_without_a_tokenizer_says_which_request_it_takes(mock):
+    """Mock stages have no tokenizer: a chat request is refused naming what works, /v1/completions with token ids."""
+    pipe, port = mock
+    chat = {"model": pipe.serving.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    status, answer = post(port, "/v1/chat/completions", chat)
+    assert status == 400 and answer["error"]["message"] == (
+        "this pipeline has no tokenizer (mock stages): pass the prompt of /v1/completions as a list of token ids"
+    )
+    status, answer = post(port, "/v1/completions", completion(pipe, max_tokens=4))
+    assert status == 200 and answer["usage"]["completion_tokens"] == 4

@@ -133,6 +133,8 @@ def generate(args: argparse.Namespace) -> int:
         except ValueError as e:  # ConfigError: the message names the directory (transformers' reason on one line)
             return _fail("generate", " ".join(str(e).split()))
     prompt, messages = args.prompt, None
+    if args.system is not None and prompt is None:
+        return _fail("generate", "--system needs --prompt: --prompt-token-ids bypass the chat template")
     if args.system is not None:  # a conversation: the system message, then the prompt (after the image, if any)
         user = [{"type": "image"}] if args.image is not None else []
         user.append({"type": "text", "text": args.prompt})
@@ -142,6 +144,7 @@ def generate(args: argparse.Namespace) -> int:
         try:  # the request's GenerateArgs, built (checked) once by the Client, the image read: nothing sent yet
             deltas = client.stream(
                 prompt,
+                prompt_token_ids=args.prompt_token_ids,
                 messages=messages,
                 image=args.image,
                 max_new_tokens=args.max_new_tokens,
@@ -220,6 +223,14 @@ def _add_plan_flags(parser: argparse.ArgumentParser, plan_help: str) -> None:
     )
 
 
+def _token_ids(text: str) -> list[int]:
+    """--prompt-token-ids: "1,2,3" -> [1, 2, 3]."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not comma-separated token ids (such as 1,2,3)") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `pipespec` command's parser: a subcommand each, every flag with its help."""
     from pipespec.cluster.launch import add_serve_arguments
@@ -258,7 +269,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(run=serve)
     g = sub.add_parser("generate", help="stream a generation from a running pipeline")
     g.add_argument("--address", required=True, help="HOST:PORT printed by serve")
-    g.add_argument("--prompt", required=True, help="the user's message")
+    what = g.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prompt", help="the user's message")
+    what.add_argument(
+        "--prompt-token-ids",
+        type=_token_ids,
+        metavar="IDS",
+        help="the prompt as token ids, comma-separated (1,2,3): no tokenizer, no chat template (mock stages)",
+    )
     g.add_argument("--system", help="a system message, sent before the prompt")
     g.add_argument("--image", metavar="FILE", help="a picture to send with the prompt (PNG, JPEG, WEBP, GIF or BMP)")
     g.add_argument(

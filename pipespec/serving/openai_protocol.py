@@ -95,7 +95,7 @@ class ChatCompletionRequest(GenerationRequest):
     @property
     def renamed(self) -> dict[str, str]:
         given = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
-        return {"max_new_tokens": given}
+        return {"max_new_tokens": given, "prompt_token_ids": "the prompt of /v1/completions as a list of token ids"}
 
     def check(self) -> None:
         super().check()
