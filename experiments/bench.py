@@ -55,7 +55,7 @@ from pipespec.config import PipelineConfig, sub_pipeline
 from pipespec.engine import trace
 from pipespec.engine.synchronous import generate_sync
 from pipespec.protocol.messages import RequestSpec
-from pipespec.protocol.stats import PairStats
+from pipespec.protocol.stats import PairStats, StageStats, merged_stages
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,7 @@ class Answer:
     prefill_s: float  # submission -> first committed token
     accept_lengths: tuple[int, ...]  # tokens committed per target step
     pairs: tuple[tuple[str, int, int], ...]  # (drafter->verifier, verification steps with drafts, accepted drafts)
+    stages: tuple[StageStats, ...] = ()  # the pipeline's, per stage (its pre-drafting among them)
 
 
 class Method(Protocol):
@@ -187,7 +188,10 @@ class Pipelined:
         wall = time.perf_counter() - t0
         g = Generation.from_deltas(deltas)
         steps = tuple(len(d.token_ids) for d in deltas if d.token_ids)
-        return Answer(request.prompt.question_id, tuple(g.token_ids), wall, g.stats.prefill_s, steps, _pairs(g.stats.pairs))
+        pairs = _pairs(g.stats.pairs)
+        return Answer(
+            request.prompt.question_id, tuple(g.token_ids), wall, g.stats.prefill_s, steps, pairs, tuple(g.stats.stages)
+        )
 
 
 # ---- which methods a config allows ---------------------------------------------------------------
@@ -250,6 +254,7 @@ class Row:
     mean_acceptance_length: dict[str, float]  # per stage pair, over all prompts and runs
     exact: float  # fraction of answers identical to the target alone's
     runs: int
+    predraft: str | None = None  # per pre-drafting stage: its hit rate over the verdicts that changed its tokens, tokens served
     speedup: float = 1.0  # over the target alone
     speedup_vs_sync: float | None = None  # over the best synchronous method
 
@@ -277,7 +282,18 @@ def summarise(name: str, runs: list[list[Answer]], reference: dict[int | str, tu
         tau,
         exact,
         len(runs),
+        _predraft(merged_stages(a.stages for a in every)),
     )
+
+
+def _predraft(stages: list[StageStats]) -> str | None:
+    """'tiny 27% of 129 (35 tokens)': each pre-drafting stage's hit rate over the verdicts that changed its tokens."""
+    cells = [
+        f"{s.stage} {s.predraft_hit_rate:.0%} of {s.predraft_hits + s.predraft_misses} ({s.predraft_tokens} tokens)"
+        for s in stages
+        if s.predraft_hits + s.predraft_misses
+    ]
+    return "; ".join(cells) or None
 
 
 def spec_bench_lines(method: str, runs: list[list[Answer]], prompt_of: dict[int | str, Prompt], decode) -> list[str]:
@@ -299,15 +315,16 @@ def markdown(rows: list[Row], header: str) -> str:
     lines = [
         header,
         "",
-        "| method | tok/s | speedup vs target | vs best sync | prefill s | decode tok/s | mean acceptance length | exact |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | tok/s | speedup vs target | vs best sync | prefill s | decode tok/s | mean acceptance length "
+        "| pre-drafted hits | exact |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         taus = ", ".join(f"{pair} {tau:.2f}" for pair, tau in r.mean_acceptance_length.items()) or "-"
         vs_sync = f"{r.speedup_vs_sync:.2f}x" if r.speedup_vs_sync is not None else "-"
         lines.append(
             f"| {r.method} | {r.tokens_per_s:.1f} | {r.speedup:.2f}x | {vs_sync} | {r.prefill_s:.3f} | {r.decode_tokens_per_s:.1f} "
-            f"| {taus} | {r.exact:.0%} |"
+            f"| {taus} | {r.predraft or '-'} | {r.exact:.0%} |"
         )
     return "\n".join(lines)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -22,7 +23,7 @@ def _config(family: dict) -> dict:
     return {
         "name": "toy",
         "stages": [
-            {"name": "tiny", "kind": "causal_lm", "model": family["tiny"], **stage},
+            {"name": "tiny", "kind": "causal_lm", "model": family["tiny"], "predraft": 2, **stage},
             {"name": "mid", "kind": "causal_lm", "model": family["mid"], **stage},
             {"name": "target", "kind": "causal_lm", "model": family["target"], **stage},
         ],
@@ -46,6 +47,10 @@ def test_every_method_runs_and_equals_the_target_alone(family, tmp_path):
     assert set(three.mean_acceptance_length) == {"tiny->mid", "mid->target"}
     # the mid drafter is the target's first 4 layers: it gets drafts accepted
     assert rows[3].mean_acceptance_length["mid->target"] > 1.0
+    # tiny pre-drafts where it is first (its verdicts met with its branches), and only there
+    by_name = {r.method: r for r in rows}
+    assert re.fullmatch(r"tiny \d+% of [1-9]\d* \(\d+ tokens\)", by_name["async tiny->target (local)"].predraft)
+    assert by_name["async mid->target (local)"].predraft is None and by_name["sync tiny->target"].predraft is None
     for name in ("bench.md", "bench.json", "bench.png"):
         assert (out / name).stat().st_size > 0
     lines = [json.loads(line) for line in (out / "sync_tiny-target.jsonl").read_text().splitlines()]
@@ -55,7 +60,7 @@ def test_every_method_runs_and_equals_the_target_alone(family, tmp_path):
     assert choice["new_tokens"][0] == sum(choice["accept_lengths"]) > 0 and choice["wall_time"][0] > 0
     assert isinstance(choice["turns"][0], str)
     table = (out / "bench.md").read_text()
-    assert "| async tiny->mid->target (local) |" in table and "prefill s" in table
+    assert "| async tiny->mid->target (local) |" in table and "prefill s" in table and "| pre-drafted hits |" in table
     assert "**async tiny->mid->target (local)** on one process" in table  # its trace (pipespec.engine.trace)
     assert "| mid | " in table.split("**async tiny->mid->target (local)**")[1]
 
