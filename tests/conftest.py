@@ -2,8 +2,8 @@
 small random LLaVA family with an untrained DREAM drafter for its target.
 
 Per test module, over the toy Llamas that the module loads itself (its `loaded` fixture: stage name ->
-stage, the target among them): the target alone as a pipeline (`reference`) and as a Hugging Face model
-(`target_model`), both on `toy_device` ("cpu"; a module overrides it to run them elsewhere)."""
+stage, the target among them): the target alone as a pipeline (`reference`; `alone`: its answers, each
+computed once) and as a Hugging Face model (`target_model`), both on `toy_device` ("cpu"; a module overrides it to run them elsewhere)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,21 @@ def reference(family, loaded, toy_device):
 
     with text_pipeline(family, loaded, ["target"], device=toy_device) as p:
         yield p
+
+
+@pytest.fixture(scope="module")
+def alone(reference):
+    """alone(prompt_token_ids, **sampling) -> the target alone's token ids, each computed once per module: the
+    target alone answers a (prompt, sampling) the same whatever chain its answer is compared with."""
+    answers: dict = {}
+
+    def ids(prompt_token_ids, **kwargs) -> list[int]:
+        key = (tuple(prompt_token_ids), tuple(sorted(kwargs.items())))
+        if key not in answers:
+            answers[key] = reference.generate(prompt_token_ids=list(prompt_token_ids), **kwargs).token_ids
+        return answers[key]
+
+    return ids
 
 
 @pytest.fixture(scope="module")
