@@ -18,6 +18,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # as every command's default level sets it: no "Got goaway" among the dots
 # Eager forwards unless a test asks for compiled ones (compile: true): compiling costs seconds per model.
 os.environ.setdefault("PIPESPEC_COMPILE", "0")
 
