@@ -400,7 +400,7 @@ def test_a_port_in_use_is_refused_before_ray_starts_or_a_model_loads(busy, model
     assert probe["code"] == 2 and not probe["ray"] and not probe["torch"], (probe, out.stderr)
     refusal = f"{what} cannot serve on 127.0.0.1:{busy}: Address already in use ({key}; 0 picks a free port)\n"
     assert out.stderr in (f"pipespec: {refusal}", f"pipespec serve: {refusal}"), out.stderr  # one line
-    assert probe["seconds"] < 5  # a hang guard only: it takes milliseconds; Ray's start alone took seconds
+    assert probe["seconds"] < 30  # a hang guard only: it takes milliseconds; Ray's start alone took seconds
 
 
 def test_pipespec_serve_on_a_port_in_use_returns_at_once_naming_it(busy):
@@ -413,4 +413,4 @@ def test_pipespec_serve_on_a_port_in_use_returns_at_once_naming_it(busy):
     seconds = time.perf_counter() - started
     assert (out.returncode, out.stdout) == (2, ""), out.stderr
     assert f"pipespec: the coordinator cannot serve on 127.0.0.1:{busy}: Address already in use" in out.stderr
-    assert seconds < 5, seconds
+    assert seconds < 30, seconds  # a hang guard (a loaded CI machine); it took 0.7 s here

@@ -32,6 +32,7 @@ import yaml
 
 import pipespec
 from pipespec import Client, LocalPipeline, load_config
+from pipespec.protocol.messages import Close
 from pipespec.requests.outputs import GenerationError
 from pipespec.serving.drain import DRAINING, begin_drain, drain
 from tests.fixtures.openai_http import events, post
@@ -79,6 +80,20 @@ def test_requests_left_when_the_grace_is_over_end_with_an_error_naming_the_drain
     with pytest.raises(GenerationError, match=r"shut down before the request finished: .* for 0.2 s \(--drain-seconds\)"):
         list(stream)
     assert not pipe.coordinator.live and all(not runner.requests for runner in pipe.runners)
+
+
+def test_a_stage_slow_to_close_does_not_keep_the_error_from_its_client(pipe, monkeypatch):
+    """A stage that never closes its request (its Close lost) does not keep the request's error from its
+    client: the drain completes it without that stage once CLOSE_S is over."""
+    monkeypatch.setattr(pipespec.serving.drain, "CLOSE_S", 0.2)
+    link, send = pipe.coordinator.stages[0], pipe.coordinator.stages[0].send
+    monkeypatch.setattr(link, "send", lambda message: None if isinstance(message, Close) else send(message))
+    stream = pipe.stream(prompt_token_ids=PROMPT, max_new_tokens=8000)
+    next(stream)
+    assert on_loop(pipe, drain(pipe.coordinator, 0.0)).result(timeout=30) == 1
+    assert not pipe.coordinator.live  # completed without the first stage's Closed
+    with pytest.raises(GenerationError, match=r"shut down before the request finished"):
+        list(stream)
 
 
 # ---- pipespec serve, signalled ---------------------------------------------------------------------

@@ -3,8 +3,10 @@
     pipespec demo [--prompt TEXT] [--image FILE] [--max-new-tokens N] [--runs N] [--plan auto [--devices N]]
                   [--models DIR] [--json FILE]
     pipespec serve CONFIG [--address RAY_ADDRESS] [--host H] [--port P] [--strategy pack|spread|strict-pack|strict-spread]
-                   [--http-port N [--http-host H] [--allowed-local-media-path DIR]] [--plan auto [--devices N] [--image FILE]]
-    pipespec generate --address HOST:PORT --prompt TEXT [--system TEXT] [--image FILE] [--max-new-tokens N]
+                   [--http-port N [--http-host H] [--allowed-local-media-path DIR]] [--drain-seconds S]
+                   [--plan auto [--devices N] [--image FILE]]
+    pipespec generate --address HOST:PORT (--prompt TEXT | --prompt-token-ids IDS) [--system TEXT] [--image FILE]
+                      [--max-new-tokens N]
                       [--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT ...] [--logprobs K]
                       [--tokenizer DIR]
     pipespec plan CONFIG [--devices N] [--prompt TEXT ...] [--image FILE] [--max-new-tokens N] [--json FILE]
@@ -96,7 +98,7 @@ def demo_command(args: argparse.Namespace) -> int:  # not `demo`: the submodule 
 
 
 def serve(args: argparse.Namespace) -> int:
-    from pipespec.cluster.launch import ServeOptions, check_ports
+    from pipespec.cluster.launch import ServeOptions, check_early
     from pipespec.cluster.launch import serve as launch
     from pipespec.commands.examples import config_path
     from pipespec.config import load_config
@@ -106,7 +108,7 @@ def serve(args: argparse.Namespace) -> int:
         return _fail("serve", "--devices and --image are for --plan auto; give it too")
     if args.plan == "auto":
         try:  # before profiling imports torch and loads the models
-            check_ports(load_config(config_path(args.config)), ServeOptions.from_flags(args))
+            check_early(load_config(config_path(args.config)), ServeOptions.from_flags(args))
         except ValueError as e:  # ConfigError included
             return _fail("serve", e)
         from pipespec.planning.placement import Devices

@@ -16,7 +16,7 @@ kills the job `RAY_JOB_STOP_WAIT_TIME_S` after its SIGTERM, 3 s unless the clust
 The host and port default to the config's `server` section (loopback unless it says otherwise); the
 HTTP server binds `--http-host`, else the coordinator's host. A config, strategy, port or placement
 the pipeline cannot start with is one line on stderr and exit 2; a port in use at once, before Ray
-starts (`check_ports`).
+starts (`check_early`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipespec.cluster.bundles import STRATEGIES
 from pipespec.commands.logs import LoggingConfigError, add_log_level, setup_logging
-from pipespec.commands.ports import check_free
+from pipespec.commands.ports import check_server_ports
 from pipespec.errors import ConfigError
 
 if TYPE_CHECKING:  # ray's, imported when serving: the command line builds its parser without it
@@ -107,7 +107,7 @@ def serve(config_arg: str | Mapping[str, Any], options: ServeOptions = ServeOpti
 
     try:  # before anything starts: a port in use is refused at once
         config = load_config(config_path(config_arg) if isinstance(config_arg, str) else config_arg)
-        check_ports(config, options)
+        check_early(config, options)
     except ConfigError as e:
         print(f"pipespec: {e}", file=sys.stderr)
         return 2
@@ -118,8 +118,6 @@ def serve(config_arg: str | Mapping[str, Any], options: ServeOptions = ServeOpti
 
     try:
         http = _http(options)
-        if not options.drain_s >= 0:
-            raise ConfigError(f"--drain-seconds must be >= 0, got {options.drain_s:g}")
     except ConfigError as e:
         print(f"pipespec: {e}", file=sys.stderr)
         return 2
@@ -138,9 +136,9 @@ def serve(config_arg: str | Mapping[str, Any], options: ServeOptions = ServeOpti
     failures: list[str] = []
 
     async def wait() -> None:
-        loop, stop = asyncio.get_running_loop(), asyncio.Event()
+        loop, stop, signals = asyncio.get_running_loop(), asyncio.Event(), []
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, lambda sig=sig: (signals.append(sig), stop.set()))
 
         def failed(why: str) -> None:  # on the supervisor's thread
             failures.append(why)
@@ -148,7 +146,7 @@ def serve(config_arg: str | Mapping[str, Any], options: ServeOptions = ServeOpti
 
         running.supervise(failed)
         await stop.wait()
-        if not failures:
+        if not failures and len(signals) == 1:  # two signals (even at once): no drain
             stop.clear()  # a second signal ends the drain at once
             await _drain(running, options.drain_s, stop)
 
@@ -163,20 +161,25 @@ def serve(config_arg: str | Mapping[str, Any], options: ServeOptions = ServeOpti
 
 
 async def _drain(running: RunningPipeline, grace_s: float, stop: asyncio.Event) -> None:
-    """Drain the coordinator (pipespec.cluster.actors.CoordinatorActor.drain) until it is done or `stop` is set."""
+    """Drain the coordinator (pipespec.cluster.actors.CoordinatorActor.drain) until it is done, `stop` is set,
+    or the coordinator does not answer in time."""
     import ray
 
+    stopped = asyncio.ensure_future(stop.wait())
     try:
-        count = await running.coordinator.stop_accepting.remote()
+        accepting = asyncio.wrap_future(running.coordinator.stop_accepting.remote().future())
+        done, _ = await asyncio.wait({accepting, stopped}, timeout=SETTLE_S, return_when=asyncio.FIRST_COMPLETED)
+        if accepting not in done:
+            accepting.cancel()
+            print("pipespec: stopping now: the coordinator did not start draining", file=sys.stderr, flush=True)
+            return
         print(
-            f"pipespec: draining (requests running: {count}): no new ones taken, up to {grace_s:g} s for these to finish "
-            "(--drain-seconds); stop again to end them now",
+            f"pipespec: draining (requests running: {accepting.result()}): no new ones taken, up to {grace_s:g} s for "
+            "these to finish (--drain-seconds); stop again to end them now",
             flush=True,
         )
         drained = asyncio.wrap_future(running.coordinator.drain.remote(grace_s).future())
-        stopped = asyncio.ensure_future(stop.wait())
         done, _ = await asyncio.wait({drained, stopped}, timeout=grace_s + SETTLE_S, return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
         if drained in done:
             cut = drained.result()
             print(f"pipespec: drained (requests still running then, ended with an error: {cut})", flush=True)
@@ -185,17 +188,20 @@ async def _drain(running: RunningPipeline, grace_s: float, stop: asyncio.Event) 
             print("pipespec: stopping now: the requests still running are cut", file=sys.stderr, flush=True)
     except ray.exceptions.RayError as e:  # the coordinator is gone: nothing left to drain
         log.warning("could not drain the coordinator: %s", e)
+    finally:
+        stopped.cancel()
 
 
-def check_ports(config: PipelineConfig, options: ServeOptions) -> None:
-    """ConfigError naming the port if the coordinator's, or the HTTP server's, cannot be bound here (both
-    serve on the launcher's node). Ray-free and quick: `serve` (and `pipespec serve --plan auto`, before
-    it profiles) checks first, before Ray starts or a model loads."""
+def check_early(config: PipelineConfig, options: ServeOptions) -> None:
+    """What can be refused before anything starts, Ray-free and quick: ConfigError naming the port if the
+    coordinator's, or the HTTP server's, cannot be bound here (both serve on the launcher's node), or naming
+    a negative --drain-seconds. `serve` (and `pipespec serve --plan auto`, before it profiles) checks first,
+    before Ray starts or a model loads."""
+    if not options.drain_s >= 0:
+        raise ConfigError(f"--drain-seconds must be >= 0, got {options.drain_s:g}")
     host = config.server.host if options.host is None else options.host
     port, key = (config.server.port, "server.port") if options.port is None else (options.port, "--port")
-    check_free(host, port, "the coordinator", key)
-    if options.http_port is not None:
-        check_free(host if options.http_host is None else options.http_host, options.http_port, "the HTTP server", "--http-port")
+    check_server_ports(host, port, key, options.http_host, options.http_port)
 
 
 def _http(options: ServeOptions) -> HttpSpec | None:

@@ -43,8 +43,8 @@ from pipespec.cluster.actors import WILDCARDS, CoordinatorActor, DeviceActor, Ht
 from pipespec.cluster.bundles import STRATEGIES, bundle, unplaceable
 from pipespec.cluster.cores import CoreSlice, slices
 from pipespec.cluster.supervisor import Supervisor
-from pipespec.commands.logs import actor_env
-from pipespec.commands.ports import check_free
+from pipespec.commands.logs import QUIET_ENV, actor_env
+from pipespec.commands.ports import check_server_ports
 from pipespec.config import PipelineConfig
 from pipespec.errors import ConfigError
 from pipespec.requests.frontdoor import TargetInfo
@@ -242,12 +242,10 @@ def _check(config: PipelineConfig, host: str | None, port: int | None, strategy:
         raise ConfigError(f"placement strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
     host = config.server.host if host is None else host
     port = config.server.port if port is None else port
-    check_free(host, port, "the coordinator", "server.port")  # the coordinator runs on this node
     if http is not None:
         http = replace(http, host=host if http.host is None else http.host)
-        if http.port != 0 and (http.host, http.port) == (host, port):
-            raise ConfigError(f"the HTTP server and the coordinator's gRPC cannot share {address(host, port)} (--http-port)")
-        check_free(http.host, http.port, "the HTTP server", "--http-port")
+    # the coordinator runs on this node; `port` is the config's server.port unless the caller chose it
+    check_server_ports(host, port, "server.port", None if http is None else http.host, None if http is None else http.port)
     tokenizer_size = Entrance.check(config).tokenizer_size
     bundles = [bundle(config.stages[d[0]].resources) or {"CPU": 0.01} for d in config.devices()]
     why = unplaceable(bundles, [n["Resources"] for n in ray.nodes() if n["Alive"]], strategy)
@@ -289,7 +287,9 @@ def _start(checked: _Checked, placed: _Placement) -> RunningPipeline:
     config = checked.config
     specs, devices = config.stages, config.devices()
     secret = new_secret()
-    runtime_env = {"env_vars": env} if (env := actor_env()) else None  # the actors log as this process does
+    # the actors log as this process does, and its libraries are as quiet (on any node: not inherited there)
+    env = actor_env() | {name: os.environ[name] for name in QUIET_ENV if name in os.environ}
+    runtime_env = {"env_vars": env} if env else None
 
     def device_actor(k: int, target_vocab: int | None) -> object:
         resources = dict(specs[devices[k][0]].resources)

@@ -35,6 +35,7 @@ DEFAULT_LEVEL = "WARNING"  # Python's own
 CONFIG_ENV = "PIPESPEC_LOGGING_CONFIG"
 CONFIG_JSON_ENV = "PIPESPEC_LOGGING_CONFIG_JSON"  # the file's content, as the launcher hands it to its actors
 LEVEL_ENV = "PIPESPEC_LOG_LEVEL"
+QUIET_ENV = {"GRPC_VERBOSITY": "ERROR", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}  # what `quiet_libraries` sets
 FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
@@ -76,15 +77,19 @@ def setup_logging(level: str | None = None, fmt: str = FORMAT) -> None:
 
 def quiet_libraries() -> None:
     """No progress bars from Hugging Face (loading weights, reading the hub) and only errors from gRPC's C
-    core, as the libraries read them (an environment variable set by the user wins). Called for any level
-    above INFO: at INFO and below they speak as they would."""
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # read when gRPC's core starts
-    if os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1") != "1":
-        return
+    core, for the rest of the process and its children, as the libraries read them; an environment
+    variable the user set wins. Called for any level above INFO: at INFO and below they speak as they would."""
+    os.environ.update({name: value for name, value in QUIET_ENV.items() if name not in os.environ})
+    if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] != QUIET_ENV["HF_HUB_DISABLE_PROGRESS_BARS"]:
+        return  # the user's choice
     if "huggingface_hub" in sys.modules:  # imported already: it read the variable then
-        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
     if "transformers" in sys.modules:
-        sys.modules["transformers"].utils.logging.disable_progress_bar()
+        from transformers.utils.logging import disable_progress_bar
+
+        disable_progress_bar()
 
 
 def read_config_file(path: str) -> dict:

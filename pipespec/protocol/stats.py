@@ -9,7 +9,7 @@ accepted. Mean acceptance length = 1 + accepted / drafts (the bonus or correctio
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -104,10 +104,12 @@ class StageStats:
     predraft_forwards: int = 0  # forwards spent growing branches (included in `forwards`)
 
     def merge(self, other: StageStats) -> None:
-        """Add `other`'s counts and seconds to ours."""
-        for name, value in other.__dict__.items():
-            if name != "stage":
-                setattr(self, name, getattr(self, name) + value)
+        """Add `other`'s counts and seconds (the same stage's, for another request) to ours."""
+        if other.stage != self.stage:
+            raise ValueError(f"cannot merge stage {other.stage!r}'s statistics into stage {self.stage!r}'s")
+        for f in fields(self):
+            if f.name != "stage":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     @property
     def predraft_hit_rate(self) -> float:
@@ -120,7 +122,8 @@ class StageStats:
 
 
 def merged_stages(per_request: Iterable[Iterable[StageStats]]) -> list[StageStats]:
-    """Each stage's statistics summed over requests, in pipeline order; the inputs are left as they were."""
+    """Each stage's statistics summed over requests, in the order they first appear (pipeline order, unless a
+    stage lost during the first request is missing from it); the inputs are left as they were."""
     merged: dict[str, StageStats] = {}
     for stages in per_request:
         for stage in stages:

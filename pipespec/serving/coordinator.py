@@ -138,6 +138,14 @@ class Coordinator:
             live.error = why
             self._finish(live, "error")
 
+    def complete_now(self, request_id: str) -> None:
+        """Complete a finished request without waiting any longer for the stages that have not closed it (their
+        statistics left out; a Closed of theirs that comes later is dropped): for a server about to stop."""
+        live = self.live.get(request_id)
+        if live is not None and live.finish_reason is not None:
+            live.opened_on = {i for i in live.opened_on if self.stage_names[i] in live.closed_by}
+            self._complete_if_closed(live)
+
     # ---- stage side ---------------------------------------------------------------------------
 
     def deliver(self, message: Message) -> None:
@@ -217,10 +225,8 @@ class Coordinator:
         if self.lost_at.get(i) != since:
             return
         why = f"stage {self.stage_names[i]!r} was lost and not restored within {self.restore_s:g} s"
-        for live in list(self.live.values()):
-            if live.finish_reason is None:
-                live.error = why
-                self._finish(live, "error")
+        for request_id in list(self.live):
+            self.fail(request_id, why)
 
     def _on_commit(self, live: _Live, commit: Commit) -> None:
         if live.finish_reason is not None:

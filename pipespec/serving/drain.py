@@ -43,8 +43,10 @@ async def drain(coordinator: Coordinator, grace_s: float) -> int:
     log.warning("draining: %d requests still running after %g s end with an error", len(left), grace_s)
     for rid in left:
         coordinator.fail(rid, why)
-    if not await _idle(coordinator, CLOSE_S):
-        log.warning("draining: %d requests not closed on every stage within %g s", len(coordinator.live), CLOSE_S)
+    if not await _idle(coordinator, CLOSE_S):  # their clients still get their error: completed without those stages
+        log.warning("draining: %d requests not closed on every stage within %g s: ended now", len(coordinator.live), CLOSE_S)
+        for rid in list(coordinator.live):
+            coordinator.complete_now(rid)
     return len(left)
 
 

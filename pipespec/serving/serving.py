@@ -88,7 +88,7 @@ class Serving:
         return self.coordinator.draining or self.coordinator.trouble()
 
     def refusal(self) -> str | None:
-        """None while new requests are served; else why not (not linked yet, the target lost)."""
+        """None while new requests are served; else why not (not linked yet, the target lost, draining)."""
         if not self.coordinator.stages:
             return NOT_LINKED
         return self.coordinator.refusal()
