@@ -121,7 +121,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     (args.out / "draft_ranks.json").write_text(json.dumps(rows, indent=2) + "\n")
     header = (
         f"Where each drafter of `{config.name}` ranks the target's greedy token ({len(prompts)} prompts of "
-        f"{args.prompts}, up to {args.tokens} tokens; `python -m experiments.draft_ranks`)."
+        f"{args.prompts}, up to {args.tokens} tokens; `python -m experiments.draft_ranks {args.config} --limit {args.limit} "
+        f"--tokens {args.tokens}`)."
     )
     md = markdown(rows, header)
     (args.out / "draft_ranks.md").write_text(md)

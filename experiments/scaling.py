@@ -25,7 +25,7 @@ One device per pipeline stage. Two sweeps, each next to the analytical chain mod
    The gap quoted is measured / predicted - 1. With --predraft N the first drafter pre-drafts N
    branches (pipespec.engine.outcome_cache); where an emulated drafter disagrees with the next model,
    it ranks that model's token second with probability `runner_up` (0.5, ASSUMED: the demo's drafters
-   measure 0.49 and 0.54), which is what a rejection branch bets on. The chain model has no term for
+   measure 0.49 and 0.51), which is what a rejection branch bets on. The chain model has no term for
    pre-drafting: a row's gap shows what it adds.
 
 2. REAL (this machine): the shipped demo models (`models/demo`) on a local Ray, one actor per
@@ -76,7 +76,7 @@ class EmulatedModel:
     agreement: float  # per-token acceptance of its drafts by the next model (unused for the target)
     source: str  # where latency_ms comes from: "published" or "assumed"
     runner_up: float = 0.5  # where it disagrees, how often the next model's token is its second choice (the
-    # demo's drafters: 0.49 and 0.54, experiments/results/predraft/draft_ranks.md); what pre-drafting bets on
+    # demo's drafters: 0.49 and 0.51, experiments/results/predraft/draft_ranks.md); what pre-drafting bets on
 
 
 CHAIN: tuple[EmulatedModel, ...] = (
