@@ -7,9 +7,9 @@
 
 `--log-level` takes DEBUG, INFO, WARNING, ERROR or CRITICAL, in any case: the level of the root
 logger, whose records go to stderr; WARNING by default for every command. Above INFO the libraries are
-quiet too: no Hugging Face progress bars, no gRPC core chatter (`quiet_libraries`). When `PIPESPEC_LOGGING_CONFIG` names a file (JSON, or YAML, in
-the form `logging.config.dictConfig` takes) that file configures logging instead, and a file that
-does not load is a `LoggingConfigError` naming it.
+quiet too: no Hugging Face progress bars, no gRPC core chatter (`quiet_libraries`). When
+`PIPESPEC_LOGGING_CONFIG` names a file (JSON, or YAML, in the form `logging.config.dictConfig` takes)
+that file configures logging instead, and a file that does not load is a `LoggingConfigError` naming it.
 
 Ray actors run in processes of their own, possibly on other nodes where the file is not:
 `actor_env()` is what to put in their `runtime_env` env_vars (the level as `PIPESPEC_LOG_LEVEL`, or
