@@ -69,6 +69,7 @@ class Timed:
 
 
 def time_pipeline(pipe: LocalPipeline, tokens: int) -> Timed:
+    """The pipeline over PROMPTS, one after the other: its rate, its pairs' alphas, its stages' statistics."""
     t0, total, stats = time.perf_counter(), 0, []
     for prompt in PROMPTS:
         r = pipe.generate(prompt_token_ids=prompt, max_new_tokens=tokens)

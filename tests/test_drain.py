@@ -177,15 +177,22 @@ class HttpStream:
         return events(text)
 
 
+@contextmanager
+def two_streams(served: Served, max_tokens: int) -> Iterator[tuple[HttpStream, Iterator]]:
+    """An HTTP and a gRPC stream of `max_tokens`, each running (its first tokens in) when this yields them."""
+    streamed = HttpStream(served.http_port, max_tokens=max_tokens)
+    streamed.first_tokens()
+    with Client(served.address) as client:
+        grpc_stream = client.stream(prompt_token_ids=PROMPT, max_new_tokens=max_tokens)
+        next(grpc_stream)
+        yield streamed, grpc_stream
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_sigterm_drains_running_streams_to_their_end_and_refuses_new_requests(tmp_path):
     with serve(tmp_path, drain_s=120) as served:
-        streamed = HttpStream(served.http_port, max_tokens=600)
-        streamed.first_tokens()
-        with Client(served.address) as client:
-            grpc_stream = client.stream(prompt_token_ids=PROMPT, max_new_tokens=600)
-            next(grpc_stream)  # running
+        with two_streams(served, 600) as (streamed, grpc_stream):
             served.process.send_signal(signal.SIGTERM)
             assert "pipespec: draining (requests running: 2)" in served.wait_for("pipespec: draining")
             status, answer = post(served.http_port, "/v1/completions", {"model": "mock3", "prompt": PROMPT, "max_tokens": 4})
@@ -204,11 +211,7 @@ def test_sigterm_drains_running_streams_to_their_end_and_refuses_new_requests(tm
 @pytest.mark.slow
 def test_streams_still_running_when_the_grace_is_over_end_with_an_error_then_done(tmp_path):
     with serve(tmp_path, drain_s=0.5) as served:
-        streamed = HttpStream(served.http_port, max_tokens=8000)
-        streamed.first_tokens()
-        with Client(served.address) as client:
-            grpc_stream = client.stream(prompt_token_ids=PROMPT, max_new_tokens=8000)
-            next(grpc_stream)
+        with two_streams(served, 8000) as (streamed, grpc_stream):
             served.process.send_signal(signal.SIGINT)  # Ctrl-C drains as SIGTERM does
             with pytest.raises(GenerationError, match=r"UNAVAILABLE: the server shut down before the request finished"):
                 list(grpc_stream)

@@ -15,7 +15,8 @@ Two questions with two answers: `trouble()` is None when every stage is linked a
 the server is not draining, else why not: readiness for `/health` and grpc.health.v1 (a lost drafter
 shows there). `refusal()` is None while new requests are served, else why not: the stages not linked
 yet, the server draining to shut down (pipespec.serving.drain), or the target lost (the coordinator's
-own rule, `Coordinator.refusal`); a lost drafter costs speed only, so it refuses nothing. Runs on the coordinator's event loop; torch-free.
+own rule, `Coordinator.refusal`); a lost drafter costs speed only, so it refuses nothing. Runs on the
+coordinator's event loop; torch-free.
 """
 
 from __future__ import annotations

@@ -50,7 +50,9 @@ def _from_cache(repo_id: str, revision: str, where: str) -> str:
     except HFValidationError as e:
         raise ConfigError(f"{where}.model: {repo_id!r} is not a model directory, nor a valid Hugging Face hub id: {e}") from None
     except PermissionError as e:
-        raise ConfigError(f"{where}.model: {repo_id!r}: the local Hugging Face cache {str(cache)!r} cannot be read: {e}") from None
+        raise ConfigError(
+            f"{where}.model: {repo_id!r}: the local Hugging Face cache {str(cache)!r} cannot be read: {e}"
+        ) from None
     except LocalEntryNotFoundError:
         fetch = f"fetch it first (`hf download {repo_id}{'' if revision == 'main' else f' --revision {revision}'}`)"
         if (cache / repo_folder_name(repo_id=repo_id, repo_type="model")).is_dir():
