@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 setup: $(VENV)/.installed
 
 demo: setup
-	$(VENV)/bin/pipespec demo --plan auto
+	$(VENV)/bin/pipespec demo
 
 test: setup
 	$(PY) -m pytest -q

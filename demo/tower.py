@@ -4,7 +4,7 @@ A CLIP-style tower trained from scratch only through a language model's answers 
 2-core CPU, 40 minutes of end-to-end training taught the first demo target to count but not to see
 colours or positions. This step plays the part that contrastive pretraining plays for real LLaVA
 models, on the world's ground truth instead of captions: every patch predicts what is drawn in the
-grid cell under it (the shape's kind, colour and size, the printed word), and the class token
+grid cell under it (the shape's kind, colour and size, the printed word, and which cell it is), and the class token
 predicts the background and the number of shapes. Random scenes are drawn fresh for every batch
 (rendering takes a quarter of a millisecond), so the tower never sees a scene twice.
 
@@ -14,6 +14,7 @@ Run by `python -m demo.train target` before the language model trains over the f
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -64,6 +65,7 @@ class DenseProbe(nn.Module):
     def __init__(self, hidden: int, heads: Heads = Heads()):
         super().__init__()
         self.cell = nn.ModuleList(nn.Linear(hidden, n) for n in (heads.kind, heads.colour, heads.size, heads.word))
+        self.where = nn.Linear(hidden, len(CELLS))  # the patch's own cell: keeps "where" linearly readable at the top
         self.background = nn.Linear(hidden, heads.background)
         self.count = nn.Linear(hidden, heads.count)
 
@@ -73,6 +75,8 @@ class DenseProbe(nn.Module):
         """states [B, 1 + N, H] (class token first); cells [B, N, 4]; background, count [B] -> (loss, patch accuracy)."""
         patches = states[:, 1:].float()
         loss = sum(F.cross_entropy(head(patches).flatten(0, 1), cells[..., j].flatten()) for j, head in enumerate(self.cell))
+        under = cell_of_patches(math.isqrt(patches.shape[1])).repeat(patches.shape[0])  # [B * N]
+        loss = loss + F.cross_entropy(self.where(patches).flatten(0, 1), under)
         cls = states[:, 0].float()
         loss = loss + F.cross_entropy(self.background(cls), background) + F.cross_entropy(self.count(cls), count)
         with torch.no_grad():
@@ -101,10 +105,9 @@ def pretrain_tower(
     minutes: float,
     steps: int,
     seed: int,
-    autocast: torch.dtype | None = torch.bfloat16,
 ) -> tuple[list[float], DenseProbe]:
-    """Train `tower` (a CLIPVisionModel) in place with the dense probe, under `autocast` (None: fp32; on a CPU
-    without bf16 instructions a bf16 step costs 16x an fp32 one); -> (the loss curve, the probe)."""
+    """Train `tower` (a CLIPVisionModel) in place with the dense probe, in fp32 (on a CPU without bf16
+    instructions a bf16-autocast step costs 16-23x an fp32 one); -> (the loss curve, the probe)."""
     torch.manual_seed(seed)
     probe = DenseProbe(tower.config.hidden_size)
     optimiser = Optimiser.adamw(
@@ -117,8 +120,7 @@ def pretrain_tower(
     bar = tqdm(range(steps), desc="tower")
     for _ in bar:
         pixels, cells, background, count = next(data)
-        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-            states = tower(pixel_values=pixels).last_hidden_state  # [B, 1 + N, H]
+        states = tower(pixel_values=pixels).last_hidden_state  # [B, 1 + N, H]
         loss, accuracy = probe.loss(states, cells, background, count)
         curve.append(optimiser.update(loss))
         bar.set_postfix(loss=f"{curve[-1]:.3f}", patches_right=f"{accuracy:.2f}")

@@ -1,22 +1,22 @@
-"""Train the demo's models on the generated visual world (`demo.world`), reproducibly, on a CPU.
+"""Train the demo's models on the generated visual world (`demo.world`, `demo.talk`), reproducibly, on a CPU.
 
     python -m demo.train tokenizer        # BPE on the world's text, with the chat tokens
-    python -m demo.train target           # the VLM target (LLaVA class), ~21M parameters: 1500 steps, 60 min budget
-    python -m demo.train target --resume  # its second phase (as shipped): 650 steps, a fresh schedule
+    python -m demo.train tower            # the target's vision tower, pretrained on the world's ground truth (demo.tower)
+    python -m demo.train target           # the VLM target (LLaVA class, 384 wide, 4 layers) over the frozen tower
     python -m demo.train tiny             # the tiny text drafter (sees the prompt's text only)
     python -m demo.train dream            # the DREAM drafter, through training.train
     python -m demo.train evaluate         # the target's accuracy per kind, 40 held-out questions each (demo.evaluate)
     python -m demo.train picture          # models/demo/example.png: the picture `pipespec demo` asks about
     python -m demo.train all              # everything above, in order: the shipped models
 
-The target step first pretrains the vision tower on the world's ground truth (1200 steps, about 5
-minutes; `demo.tower`), then trains the language model and projector on the
-conversations with the tower frozen, as LLaVA does (about 25 minutes on an idle machine). Each step
-runs the shipped recipe (`SHIPPED`: its optimiser steps, stopping early at its minutes of budget)
-unless `--steps` / `--minutes` say otherwise. Everything is seeded. The models are written in half
-precision to `models/demo/{target,tiny,dream}` (shipped in the repository, so `pipespec demo` starts
-at once; retraining overwrites them). Training runs in bf16 autocast with fp32 master weights (bf16
-matmuls are several times faster on this CPU).
+The tower step pretrains the CLIP-style tower densely (`demo.tower`), as contrastive pretraining does for
+real LLaVA models; the target step then trains the language model and projector on the conversations with
+the tower frozen, as LLaVA does. Each step runs the shipped recipe (`SHIPPED`: its optimiser steps,
+stopping early at its minutes of budget) unless `--steps` / `--minutes` say otherwise; each fits in
+about 30 minutes on this 2-core machine. Everything is seeded. The models are written in half precision
+to `models/demo/{tower,target,tiny,dream}` (shipped in the repository, so `pipespec demo` starts at once;
+retraining overwrites them). Training runs in fp32: this CPU has no bf16 instructions, and a
+bf16-autocast step costs 23x an fp32 one (80 s against 3.5 s for the old 24-layer target's batch).
 """
 
 from __future__ import annotations
@@ -45,20 +45,21 @@ from training.optimiser import Optimiser
 if TYPE_CHECKING:
     from transformers import LlamaConfig, PreTrainedTokenizerBase
 
+    from demo.world import Example
+
 log = logging.getLogger(__name__)
 
 MODELS = Path("models/demo")
 PATCH = 8  # 64 image tokens of the world's IMAGE_SIZE pictures
-# Deep and narrow: a forward on this CPU costs about 0.45 ms per layer plus the bytes of its weights, so
-# 24 narrow layers make the target several times as costly as its drafters (DREAM's blocks have the
-# target's width), within the ship budget.
-TARGET = dict(hidden=256, layers=24, heads=4, intermediate=704)
-TOWER_STEPS, TOWER_MINUTES = 1200, 15.0  # about 5 minutes on an idle machine
+# Shallow and wide, chosen by measurement (experiments/demo_shapes.py, experiments/results/demo_shapes): a
+# 24-layer, 256-wide target did not learn to use the picture in the budget. Compiled, a forward of this
+# shape costs about 6x the tiny drafter's on one thread of this CPU.
+TARGET = dict(hidden=384, layers=4, heads=6, intermediate=1024)
 # How the shipped models were trained, (optimiser steps, minutes of budget) per step of `all`; --steps
-# and --minutes override them. The target trains in two phases, the second a fresh schedule (--resume).
+# and --minutes override them.
 SHIPPED: dict[str, tuple[int, float | None]] = {
-    "target": (1500, 60.0),
-    "target-resume": (650, 13.0),
+    "tower": (1200, 15.0),
+    "target": (1500, 30.0),
     "tiny": (3000, 8.0),
     "dream": (4000, None),
 }
@@ -113,23 +114,25 @@ def llama_config(tokenizer: PreTrainedTokenizerBase, shape: dict[str, int], tie_
     )  # fmt: skip
 
 
-def build_target(tokenizer, seed: int = 0):
-    from transformers import (
-        CLIPImageProcessor,
-        CLIPVisionConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-        LlavaProcessor,
-    )
+def vision_config():
+    """The demo tower's CLIP vision config: 64 patches of the world's pictures, 4 layers at width 192."""
+    from transformers import CLIPVisionConfig
 
-    vision = CLIPVisionConfig(
+    return CLIPVisionConfig(
         hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
         image_size=IMAGE_SIZE, patch_size=PATCH, projection_dim=192,
     )  # fmt: skip
-    text = llama_config(tokenizer, TARGET, tie_word_embeddings=False)
+
+
+def build_target(tokenizer, seed: int = 0, shape: dict[str, int] = TARGET):
+    """A fresh LLaVA-class target (random weights, its tower too) of `shape`, and its processor."""
+    from transformers import CLIPImageProcessor, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+
+    text = llama_config(tokenizer, shape, tie_word_embeddings=False)
     config = LlavaConfig(
-        vision_config=vision.to_dict(), text_config=text.to_dict(), image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
-        vision_feature_select_strategy="default", vision_feature_layer=-1,
+        vision_config=vision_config().to_dict(), text_config=text.to_dict(),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"), vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
     )  # fmt: skip
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config)
@@ -143,7 +146,9 @@ def build_target(tokenizer, seed: int = 0):
 
 
 def batches(examples, processor, tokenizer, batch_size: int, rng: random.Random, with_image: bool = True):
-    """Endless shuffled batches: (input_ids [B, T], pixel_values [B, 3, S, S] | None, labels [B, T])."""
+    """Endless shuffled batches: (input_ids [B, T], pixel_values [P, 3, S, S] | None, labels [B, T]), P the
+    rows with a picture: every example with a scene, unless `with_image` is False (the tiny drafter's view:
+    the conversations' text alone)."""
     from demo.world import render
 
     order: list[int] = []
@@ -154,10 +159,11 @@ def batches(examples, processor, tokenizer, batch_size: int, rng: random.Random,
         chosen = [examples[order.pop()] for _ in range(batch_size)]
         rows, labels, pixels = [], [], []
         for ex in chosen:
-            parts = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": ex.prompt}]
-            renderer = processor if with_image else tokenizer
+            picture = with_image and ex.scene is not None
+            parts = ([{"type": "image"}] if picture else []) + [{"type": "text", "text": ex.prompt}]
+            renderer = processor if picture else tokenizer
             text = renderer.apply_chat_template([{"role": "user", "content": parts}], add_generation_prompt=True, tokenize=False)
-            if with_image:
+            if picture:
                 enc = processor(text=[text], images=[render(ex.scene, IMAGE_SIZE)], return_tensors="pt")
                 prompt = enc["input_ids"][0].tolist()
                 pixels.append(enc["pixel_values"][0])
@@ -170,11 +176,20 @@ def batches(examples, processor, tokenizer, batch_size: int, rng: random.Random,
         pad = tokenizer.pad_token_id
         ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
         lab = torch.tensor([r + [-100] * (width - len(r)) for r in labels])
-        yield ids, (torch.stack(pixels) if with_image else None), lab
+        yield ids, (torch.stack(pixels) if pixels else None), lab
+
+
+def conversations(seed: int) -> list[Example]:
+    """What the target and the tiny drafter learn from: 50,000 picture questions (demo.world) and a sixth as
+    many that need no picture (demo.talk)."""
+    from demo.talk import text_examples
+    from demo.world import examples
+
+    return examples("train", 50_000, seed) + text_examples("train", 50_000 // 6, seed)
 
 
 def fit(model, data, minutes: float, lr: float, max_steps: int, desc: str) -> list[float]:
-    """AdamW, warmup then cosine over `max_steps`, stopping at the time budget; bf16 autocast."""
+    """AdamW, warmup then cosine over `max_steps`, stopping at the time budget; fp32."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimiser = Optimiser.adamw(params, lr, max_steps, weight_decay=0.1, warmup_steps=max_steps // 30)
     deadline = time.monotonic() + minutes * 60
@@ -183,10 +198,9 @@ def fit(model, data, minutes: float, lr: float, max_steps: int, desc: str) -> li
     bar = tqdm(range(max_steps), desc=desc)
     for _ in bar:
         ids, pixels, labels = next(data)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            kwargs = {"pixel_values": pixels} if pixels is not None else {}
-            logits = model(input_ids=ids, **kwargs).logits  # right padding: real tokens never see it
-        loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+        kwargs = {"pixel_values": pixels} if pixels is not None else {}
+        logits = model(input_ids=ids, **kwargs).logits  # right padding: real tokens never see it
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
         curve.append(optimiser.update(loss))
         bar.set_postfix(loss=f"{sum(curve[-20:]) / len(curve[-20:]):.3f}")
         if time.monotonic() > deadline:
@@ -204,31 +218,34 @@ def save_half(model, out: Path, *extras) -> None:
         extra.save_pretrained(out)
 
 
-def train_target(models: Path, minutes: float, steps: int, batch_size: int, seed: int, resume: bool = False) -> Path:
-    """Train the target from scratch, or (`resume`) continue from the saved one with a fresh schedule."""
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
+def train_tower(models: Path, minutes: float, steps: int, seed: int) -> Path:
+    """Pretrain the target's vision tower on the world's ground truth (`demo.tower`) into models/tower."""
+    from transformers import CLIPImageProcessor, CLIPVisionModel
 
-    from demo.world import examples
+    torch.manual_seed(seed)
+    tower = CLIPVisionModel(vision_config())
+    processor = CLIPImageProcessor(size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    curve, _ = pretrain_tower(tower, processor, IMAGE_SIZE, PATCH, minutes, steps, seed)
+    out = models / "tower"
+    save_half(tower, out)
+    (out / "loss_curve.json").write_text(json.dumps(curve) + "\n")
+    return out
 
-    out = models / "target"
+
+def train_target(models: Path, minutes: float, steps: int, batch_size: int, seed: int, shape: dict[str, int] = TARGET) -> Path:
+    """Train the target's language model and projector over the pretrained tower (models/tower, frozen, as
+    LLaVA's recipe keeps it)."""
+    from transformers import CLIPVisionModel
+
     tokenizer = load_tokenizer(models)
-    curve: list[float] = []
-    if resume:
-        model = LlavaForConditionalGeneration.from_pretrained(out, dtype=torch.float32)
-        processor = AutoProcessor.from_pretrained(out)
-        curve = json.loads((out / "loss_curve.json").read_text())
-    else:
-        model, processor = build_target(tokenizer, seed)
-        tower_curve, _ = pretrain_tower(
-            model.model.vision_tower, processor.image_processor, IMAGE_SIZE, PATCH, TOWER_MINUTES, TOWER_STEPS, seed
-        )  # fmt: skip
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "tower_loss_curve.json").write_text(json.dumps(tower_curve) + "\n")
-    model.model.vision_tower.requires_grad_(False)  # LLaVA's recipe: the pretrained tower stays frozen
+    model, processor = build_target(tokenizer, seed, shape)
+    tower = CLIPVisionModel.from_pretrained(models / "tower", dtype=torch.float32)
+    model.model.vision_tower.load_state_dict(tower.state_dict())
+    model.model.vision_tower.requires_grad_(False)
     log.info("target: %.1fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)
-    phase = len(curve) > 0
-    data = batches(examples("train", 50_000, seed + phase), processor, tokenizer, batch_size, random.Random(seed + phase))
-    curve += fit(model, data, minutes, 5e-4 if resume else 1e-3, steps, "target")
+    data = batches(conversations(seed), processor, tokenizer, batch_size, random.Random(seed))
+    curve = fit(model, data, minutes, 1e-3, steps, "target")
+    out = models / "target"
     save_half(model, out, processor)
     (out / "loss_curve.json").write_text(json.dumps(curve) + "\n")
     return out
@@ -238,13 +255,11 @@ def train_tiny(models: Path, minutes: float, steps: int, batch_size: int, seed: 
     """A small Llama on the same conversations, text only (what a text drafter sees)."""
     from transformers import LlamaForCausalLM
 
-    from demo.world import examples
-
     tokenizer = load_tokenizer(models)
     config = llama_config(tokenizer, TINY, tie_word_embeddings=True)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    data = batches(examples("train", 50_000, seed + 1), None, tokenizer, batch_size, random.Random(seed), with_image=False)
+    data = batches(conversations(seed + 1), None, tokenizer, batch_size, random.Random(seed), with_image=False)
     curve = fit(model, data, minutes, 2e-3, steps, "tiny")
     out = models / "tiny"
     save_half(model, out, tokenizer)
@@ -283,31 +298,27 @@ def write_example_picture(models: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=["tokenizer", "target", "tiny", "dream", "evaluate", "picture", "all"])
+    parser.add_argument("step", choices=["tokenizer", "tower", "target", "tiny", "dream", "evaluate", "picture", "all"])
     parser.add_argument("--models", type=Path, default=MODELS)
     parser.add_argument("--minutes", type=float, help="time budget of a training step (default: the shipped recipe's)")
     parser.add_argument("--steps", type=int, help="optimiser steps (default: the shipped recipe's)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--per-kind", type=int, default=40, help="evaluate: held-out questions of each kind")
-    parser.add_argument("--resume", action="store_true", help="target: continue from the saved model (a second phase)")
     add_log_level(parser, default="INFO")
     args = parser.parse_args(argv)
-    if args.resume and args.step != "target":
-        parser.error(f"--resume continues the target's training, not step {args.step!r} (all runs both phases)")
     setup_logging(args.log_level, fmt="%(message)s")
     torch.manual_seed(args.seed)
-    steps = (
-        [args.step] if args.step != "all" else ["tokenizer", "target", "target-resume", "tiny", "dream", "evaluate", "picture"]
-    )
+    steps = [args.step] if args.step != "all" else ["tokenizer", "tower", "target", "tiny", "dream", "evaluate", "picture"]
     for step in steps:
-        step = "target-resume" if step == "target" and args.resume else step
         shipped_steps, shipped_minutes = SHIPPED.get(step, (None, None))
         n_steps, minutes = args.steps or shipped_steps, args.minutes or shipped_minutes
         if step == "tokenizer":
             train_tokenizer(args.models / "tokenizer", seed=args.seed)
-        elif step in ("target", "target-resume"):
-            train_target(args.models, minutes, n_steps, args.batch_size, args.seed, resume=step == "target-resume")
+        elif step == "tower":
+            train_tower(args.models, minutes, n_steps, args.seed)
+        elif step == "target":
+            train_target(args.models, minutes, n_steps, args.batch_size, args.seed)
         elif step == "tiny":
             train_tiny(args.models, minutes, n_steps, args.batch_size * 2, args.seed)
         elif step == "dream":

@@ -611,8 +611,8 @@ _ASK = {"describe": _describe, "count": _count, "colour": _colour, "where": _whe
 
 @dataclass(frozen=True)
 class Example:
-    scene: Scene
-    kind: str  # one of KINDS
+    scene: Scene | None  # None: a question that needs no picture (demo.talk)
+    kind: str  # one of KINDS, or demo.talk's "text"
     prompt: str
     answer: str
     truth: str  # the short value `score` looks for: a number word, colour, cell name, word, yes/no, "red circle", ...
@@ -655,8 +655,10 @@ def samples(split: str, n: int, seed: int = 0, size: int = IMAGE_SIZE) -> list[t
 
 
 def corpus(n: int = 20000, seed: int = 0) -> list[str]:
-    """The prompts and answers of `n` training examples, for training a tokenizer."""
-    return [text for ex in examples("train", n, seed) for text in (ex.prompt, ex.answer)]
+    """The prompts and answers of `n` training examples and of n / 6 text-only ones, for training a tokenizer."""
+    from demo.talk import text_examples
+
+    return [text for ex in examples("train", n, seed) + text_examples("train", n // 6, seed) for text in (ex.prompt, ex.answer)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -718,6 +720,10 @@ def score(example: Example, answer_text: str) -> bool:
     text = answer_text.lower()
     truth = example.truth
     kind = example.kind
+    if kind == "text":  # a question that needs no picture: demo.talk's rules
+        from demo.talk import score_text
+
+        return score_text(example, answer_text)
     if kind == "count":
         return _first_number(text) == NUMBERS.index(truth)
     if kind == "colour":
@@ -772,6 +778,7 @@ _CHANCE = {
     "where": 1 / 9,
     "read": 1 / len(WORDS),
     "free": 0.2,  # ~30% yes/no (1/2), ~25% background (1/5), the rest naming a shape or "nothing" (~1/40)
+    "text": 0.1,  # demo.talk: a number of nine, a colour of four, or saying there is no picture
 }
 
 

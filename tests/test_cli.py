@@ -142,12 +142,12 @@ def test_serve_a_vlm_then_generate_with_an_image(tmp_path):
 
 @ray_test
 def test_demo_runs_the_shipped_models_exactly(tmp_path):
-    """`pipespec demo`: local Ray, tiny -> dream -> VLM target from models/demo, figures as JSON."""
+    """`pipespec demo --plan none`: local Ray, tiny -> dream -> VLM target from models/demo, figures as JSON."""
     import json
 
     out = tmp_path / "demo.json"
     run = subprocess.run(
-        [PIPESPEC, "demo", "--max-new-tokens", "24", "--json", str(out)],
+        [PIPESPEC, "demo", "--plan", "none", "--max-new-tokens", "24", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=300,

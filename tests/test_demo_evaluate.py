@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from demo.evaluate import BARS, KindScore, evaluate_target, summary, wilson
+from demo.talk import TEXT
 from demo.world import KINDS
 from tests.fixtures import DEMO_MODELS as MODELS
 
@@ -22,16 +23,16 @@ def test_a_kind_s_score_says_whether_it_meets_its_bar():
     assert met["accuracy"] == 37 / 40 and met["meets_bar"] is True and met["interval_95"] == list(wilson(37, 40))
     assert KindScore(35, 40, 0.125, 0.9).as_dict()["meets_bar"] is False
     assert KindScore(3, 40, 0.0, None).as_dict()["meets_bar"] is None
-    assert set(BARS) == set(KINDS)
+    assert set(BARS) == {*KINDS, TEXT}
 
 
 def test_the_report_covers_every_kind_and_the_strict_describe():
     report = evaluate_target(MODELS, per_kind=1, seed=0, max_new_tokens=48)
-    assert list(report) == [*KINDS, "describe_exact"]
+    assert list(report) == [*KINDS, TEXT, "describe_exact"]
     assert all(r["questions"] == 1 and r["right"] in (0, 1) for r in report.values())
     assert report["describe_exact"]["right"] <= report["describe"]["right"]  # strict implies lenient
     for r in report.values():
         assert len(r["wrong_answers"]) == 1 - r["right"]
         assert all({"prompt", "truth", "answer"} <= set(w) for w in r["wrong_answers"])
     lines = summary(report)
-    assert len(lines) == len(KINDS) + 1 and lines[0].startswith("describe") and "held-out questions" in lines[0]
+    assert len(lines) == len(KINDS) + 2 and lines[0].startswith("describe") and "held-out questions" in lines[0]

@@ -35,7 +35,7 @@ def pretrained(tmp_path_factory) -> tuple[Path, DenseProbe, float]:
     model, processor = build_target(load_tokenizer(MODELS), seed=0)
     # no time budget: STEPS steps whatever the machine's speed
     tower, image_processor = model.model.vision_tower, processor.image_processor
-    _, probe = pretrain_tower(tower, image_processor, IMAGE_SIZE, PATCH, math.inf, STEPS, seed=0, autocast=None)
+    _, probe = pretrain_tower(tower, image_processor, IMAGE_SIZE, PATCH, math.inf, STEPS, seed=0)
     scenes = fresh_scenes(seed=11)
     with torch.no_grad():
         pixels = processor.image_processor(images=[render(s, IMAGE_SIZE) for s in scenes], return_tensors="pt")["pixel_values"]

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import random
+import shutil
 
-from demo.train import IMAGE_SIZE, PATCH, batches, build_target, load_tokenizer
+import torch
+from transformers import CLIPVisionModel, LlavaForConditionalGeneration
+
+from demo.talk import text_examples
+from demo.train import IMAGE_SIZE, PATCH, batches, build_target, load_tokenizer, train_target, train_tower
 from demo.world import examples
 from tests.fixtures import DEMO_MODELS as MODELS
+
+SMALL = dict(hidden=64, layers=1, heads=1, intermediate=128)  # a target's language model small enough to train in a test
 
 
 def test_the_target_reads_the_pretrained_layer_and_learns_only_answers():
@@ -19,3 +27,23 @@ def test_the_target_reads_the_pretrained_layer_and_learns_only_answers():
     assert ((labels != -100) & (ids == model.config.image_token_id)).sum() == 0
     answers = [processor.tokenizer.decode(row[row != -100]) for row in labels]
     assert all(a.endswith(processor.tokenizer.eos_token) for a in answers)  # each answer, then the end of turn
+
+
+def test_questions_without_a_picture_are_fed_without_one():
+    model, processor = build_target(load_tokenizer(MODELS), shape=SMALL)
+    mixed = examples("train", 6) + text_examples("train", 6)
+    ids, pixels, labels = next(batches(mixed, processor, processor.tokenizer, 12, random.Random(0)))
+    with_picture = (ids == model.config.image_token_id).any(1)
+    assert with_picture.sum() == 6 and pixels.shape[0] == 6  # a picture for each row that has one, in order
+    assert model(input_ids=ids, pixel_values=pixels).logits.shape[:2] == ids.shape  # LLaVA matches them to rows
+
+
+def test_the_target_trains_over_the_pretrained_tower_it_ships_with(tmp_path):
+    shutil.copytree(MODELS / "tokenizer", tmp_path / "tokenizer")
+    train_tower(tmp_path, math.inf, 2, seed=0)
+    train_target(tmp_path, math.inf, 2, 2, seed=0, shape=SMALL)
+    tower = CLIPVisionModel.from_pretrained(tmp_path / "tower").state_dict()
+    target = LlavaForConditionalGeneration.from_pretrained(tmp_path / "target")
+    assert target.config.text_config.hidden_size == SMALL["hidden"]
+    shipped = target.model.vision_tower.state_dict()
+    assert shipped.keys() == tower.keys() and all(torch.equal(shipped[k], tower[k]) for k in tower)  # frozen while it learnt

@@ -390,7 +390,7 @@ def test_cli_plans_for_the_devices_it_is_given(tmp_path, capsys):
         (["serve", "absent.yaml", "--plan", "auto"], "absent.yaml"),
         (["serve", "mock3", "--plan", "auto", "--devices", "0"], "at least one device"),
         (["demo", "--runs", "0"], "--runs"),
-        (["demo", "--devices", "2"], "--plan auto"),
+        (["demo", "--plan", "none", "--devices", "2"], "--plan auto"),
         (["demo", "--plan", "auto", "--devices", "-1"], "at least one device"),
     ],
     ids=[

@@ -1,10 +1,10 @@
 """The `pipespec` command line.
 
-    pipespec demo [--prompt TEXT] [--image FILE] [--max-new-tokens N] [--runs N] [--plan auto [--devices N]]
+    pipespec demo [--prompt TEXT] [--image FILE] [--max-new-tokens N] [--runs N] [--plan auto|none] [--devices N]
                   [--models DIR] [--json FILE]
     pipespec serve CONFIG [--address RAY_ADDRESS] [--host H] [--port P] [--strategy pack|spread|strict-pack|strict-spread]
                    [--http-port N [--http-host H] [--allowed-local-media-path DIR]] [--drain-seconds S]
-                   [--plan auto [--devices N] [--image FILE]]
+                   [--plan auto|none [--devices N] [--image FILE]]
     pipespec generate --address HOST:PORT (--prompt TEXT | --prompt-token-ids IDS) [--system TEXT] [--image FILE]
                       [--max-new-tokens N]
                       [--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT ...] [--logprobs K]
@@ -16,7 +16,8 @@ Every command takes `--log-level LEVEL` (DEBUG, INFO, WARNING, ERROR, CRITICAL; 
 for `plan`), or a logging config file named by $PIPESPEC_LOGGING_CONFIG (pipespec.commands.logs).
 
 `demo` runs the embedded default on a local Ray (see pipespec.cli.demo): the shipped models (tiny -> dream
--> VLM target, trained on the generated visual world) answer a question about a picture, streamed
+-> VLM target, trained on the generated visual world), in the chain and placement `pipespec plan`
+recommends for this machine (`--plan none`: all three, a device each), answer a question about a picture, streamed
 token by token; then pipeline and target-alone runs alternate, and a table shows each stage pair's
 acceptance, the median tokens per second of each side and their median ratio, and whether the answers match.
 Its models are `--models`, by default models/demo in the working directory (`make demo` runs it in the
@@ -36,8 +37,8 @@ as its id (the wire carries ids).
 `plan` profiles each stage's forward latency and each pair's acceptance on a few prompts, in this
 process, and recommends which stages to use, their placement on the devices and each drafter's
 lookahead (see pipespec.planning.plan). Devices default to this machine's cores, one core each (`--devices N`
-splits the cores into N devices). `--plan auto` on `serve` and `demo` profiles quickly, prints the
-recommendation and why, and runs it.
+splits the cores into N devices). `--plan auto` on `serve` (and `demo`, by default) profiles quickly,
+prints the recommendation and why, and runs it.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def demo_command(args: argparse.Namespace) -> int:  # not `demo`: the submodule 
     if args.runs < 1:
         return _fail("demo", f"--runs must be at least 1, got {args.runs}")
     if args.devices is not None and args.plan != "auto":
-        return _fail("demo", "--devices places the stages with --plan auto; give both")
+        return _fail("demo", "--devices places the stages with --plan auto (the default), not --plan none")
     try:
         devices = Devices.of_this_machine(args.devices) if args.plan == "auto" else None
     except ValueError as e:
@@ -217,9 +218,9 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_plan_flags(parser: argparse.ArgumentParser, plan_help: str) -> None:
-    """`--plan auto` and the `--devices` it places the stages on (demo, serve); `plan_help` says what auto runs."""
-    parser.add_argument("--plan", choices=["auto"], help=plan_help)
+def _add_plan_flags(parser: argparse.ArgumentParser, plan_help: str, default: str = "none") -> None:
+    """`--plan auto|none` and the `--devices` auto places the stages on (demo, serve); `plan_help` says what each runs."""
+    parser.add_argument("--plan", choices=["auto", "none"], default=default, help=f"{plan_help} (default {default})")
     parser.add_argument(
         "--devices", type=int, help="with --plan auto: split this machine's cores into N devices (default: one per core)"
     )
@@ -258,14 +259,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="the trained demo models (default: models/demo in the working directory; python -m demo.train)",
     )
     d.add_argument("--runs", type=int, default=3, help="pipeline and target-alone runs, alternating (default 3 each)")
-    _add_plan_flags(d, "auto: profile the models, run the chain and placement `pipespec plan` recommends")
+    _add_plan_flags(
+        d,
+        "auto: profile the models, run the chain and placement `pipespec plan` recommends; "
+        "none: tiny -> dream -> target, a device each",
+        default="auto",
+    )
     d.add_argument("--json", help="also write the figures as JSON to this file")
     add_log_level(d)
     d.set_defaults(run=demo_command)
     s = sub.add_parser("serve", help="start a pipeline on Ray (a local one by default) and serve it")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
     add_serve_arguments(s)  # CONFIG, --host, --port, --strategy, --http-port, --http-host, --allowed-local-media-path
-    _add_plan_flags(s, "auto: profile the config here, serve the chain and placement `pipespec plan` recommends")
+    _add_plan_flags(s, "auto: profile the config here, serve the chain and placement `pipespec plan` recommends; none: the config as written")
     s.add_argument("--image", help="with --plan auto: a picture to profile a VLM target on")
     add_log_level(s)
     s.set_defaults(run=serve)

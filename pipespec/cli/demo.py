@@ -2,10 +2,10 @@
 
 The shipped models (`models/demo`: a LLaVA-class target trained on the generated visual world, a tiny
 text drafter and a DREAM drafter, all trained by `python -m demo.train`) run as a pipeline of Ray
-actors linked by gRPC streams. By default all three, tiny -> dream -> target, each stage on a device of
-its own with a third of this machine's cores; with `--plan auto`, the chain, placement and lookaheads
-that `pipespec plan` recommends for this machine's cores, profiled here first on the demo's own request
-(a few seconds). A picture from the world's held-out split (or `--image`) and a question (or `--prompt`)
+actors linked by gRPC streams: by default (`--plan auto`) the chain, placement and lookaheads that
+`pipespec plan` recommends for this machine's cores, profiled here first on the demo's own request (a
+few seconds); with `--plan none`, all three, tiny -> dream -> target, each stage on a device of its own
+with a third of this machine's cores. A picture from the world's held-out split (or `--image`) and a question (or `--prompt`)
 go through the `Client`; the first answer streams token by token.
 
 Measured honestly: pipeline runs and target-alone runs alternate (`--runs`, 3 each by default) with
