@@ -3,7 +3,7 @@
 No images or text can be downloaded on our machines, so the small LLaVA-class target, its drafters
 and their evaluation use this world instead of a data set. A scene is a background colour, one to
 four coloured shapes in distinct cells of a 3x3 grid, and optionally one short printed word in
-another cell; `render` draws it (64x64 by default, any size). Questions come in six kinds, each with
+another cell; `render` draws it (72x72 by default, any size). Questions come in six kinds, each with
 several phrasings, and answers are full sentences, deterministic given the scene and a phrasing
 drawn from the generator, varied enough that drafting them is not trivial:
 
@@ -199,8 +199,8 @@ def _shape_polygon(kind: str, cx: float, cy: float, d: float) -> list[tuple[floa
 
 
 # The pictures' side in pixels: what the demo's models are trained on, evaluated on and shown (`render` draws
-# any size).
-IMAGE_SIZE = 64
+# any size). 72 = 3 cells of 24: the demo target's tower sees each cell of the grid as one patch.
+IMAGE_SIZE = 72
 
 
 def render(scene: Scene, size: int = IMAGE_SIZE) -> Image.Image:

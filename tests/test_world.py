@@ -26,7 +26,7 @@ def test_render_is_deterministic_and_sized(train):
             a, b = w.render(ex.scene, size), w.render(ex.scene, size)
             assert a.mode == "RGB" and a.size == (size, size)
             assert np.array_equal(np.asarray(a), np.asarray(b))
-    assert w.render(train[0].scene).size == (64, 64)
+    assert w.render(train[0].scene).size == (w.IMAGE_SIZE, w.IMAGE_SIZE)
 
 
 def test_shapes_are_drawn_in_their_cells(train):
@@ -161,7 +161,7 @@ def test_samples_and_corpus():
     triples = w.samples("held_out", 6, seed=3)
     exs = w.examples("held_out", 6, seed=3)
     assert [(p, kind) for _, p, kind in triples] == [(ex.prompt, ex.kind) for ex in exs]
-    assert all(im.size == (64, 64) and im.mode == "RGB" for im, _, _ in triples)
+    assert all(im.size == (w.IMAGE_SIZE, w.IMAGE_SIZE) and im.mode == "RGB" for im, _, _ in triples)
     text = w.corpus(30, seed=0)
     assert len(text) == 2 * (30 + 30 // 6) and all(isinstance(t, str) and t for t in text)  # with demo.talk's
 
