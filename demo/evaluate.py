@@ -3,9 +3,10 @@
     python -m demo.train evaluate   # 40 questions of each kind -> experiments/results/demo_target_accuracy.json
 
 Greedy answers of the target alone (the `vlm` stage in a `LocalPipeline`, float32), scored by
-`demo.world.score`; the "text" kind asks questions that need no picture (demo.talk). Forty questions a kind resolve a bar of 0.90 only roughly (the Wilson interval
-around 36/40 is 0.77-0.96), so the report prints each interval beside the bar it is held to, and a
-few wrong answers per kind to show where the accuracy goes. `describe_exact` re-scores the describe
+`demo.world.score`; the "text" kind asks questions that need no picture (demo.talk). Forty questions a
+kind resolve a bar of 0.90 only roughly (the Wilson interval around 36/40 is 0.77-0.96), so the report
+prints each interval beside the bar it is held to, and a few wrong answers per kind to show where the
+accuracy goes. `describe_exact` re-scores the describe
 answers strictly (`demo.world.describes_exactly`: sizes, cells, background and word too).
 """
 

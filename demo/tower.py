@@ -4,11 +4,12 @@ A CLIP-style tower trained from scratch only through a language model's answers 
 2-core CPU, 40 minutes of end-to-end training taught the first demo target to count but not to see
 colours or positions. This step plays the part that contrastive pretraining plays for real LLaVA
 models, on the world's ground truth instead of captions: every patch predicts what is drawn in the
-grid cell under it (the shape's kind, colour and size, the printed word, and which cell it is), and the class token
-predicts the background and the number of shapes. Random scenes are drawn fresh for every batch
+grid cell under it (the shape's kind, colour and size, the printed word, and which cell it is), and the
+class token predicts the background and the number of shapes. Random scenes are drawn fresh for every batch
 (rendering takes a quarter of a millisecond), so the tower never sees a scene twice.
 
-Run by `python -m demo.train target` before the language model trains over the frozen tower.
+Run by `python -m demo.train tower` (into models/demo/tower) before the language model trains over the
+frozen tower.
 """
 
 from __future__ import annotations
