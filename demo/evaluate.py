@@ -3,11 +3,11 @@
     python -m demo.train evaluate   # 40 questions of each kind -> experiments/results/demo_target_accuracy.json
 
 Greedy answers of the target alone (the `vlm` stage in a `LocalPipeline`, float32), scored by
-`demo.world.score`; the "text" kind asks questions that need no picture (demo.talk). Forty questions a
-kind resolve a bar of 0.90 only roughly (the Wilson interval around 36/40 is 0.77-0.96), so the report
-prints each interval beside the bar it is held to, and a few wrong answers per kind to show where the
-accuracy goes. `describe_exact` re-scores the describe
-answers strictly (`demo.world.describes_exactly`: sizes, cells, background and word too).
+`demo.world.score`; the "text" kind asks questions that need no picture, scored by
+`demo.talk.score_text`. Forty questions a kind resolve a bar of 0.90 only roughly (the Wilson interval
+around 36/40 is 0.77-0.96), so the report prints each interval beside the bar it is held to, and a few
+wrong answers per kind to show where the accuracy goes. `describe_exact` re-scores the describe answers
+strictly (`demo.world.describes_exactly`: sizes, cells, background and word too).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class KindScore:
 def evaluate_target(models: Path, per_kind: int, seed: int, max_new_tokens: int = 128) -> dict[str, dict]:
     """Score the target's greedy answers to `per_kind` held-out questions of every kind; -> {kind:
     KindScore.as_dict()}, in KINDS order, then "text" (no picture) and "describe_exact"."""
-    from demo.talk import TEXT, text_examples
+    from demo.talk import TEXT, score_text, text_examples
     from demo.world import IMAGE_SIZE, KINDS, chance, describes_exactly, examples, render, score
     from pipespec import LocalPipeline, load_config
 
@@ -79,7 +79,8 @@ def evaluate_target(models: Path, per_kind: int, seed: int, max_new_tokens: int 
             text = future.result().text
             truth = ex.truth if ex.scene is None else ex.scene.truth()
             seen = {"prompt": ex.prompt, "truth": truth, "answer": text}
-            answers.setdefault(ex.kind, []).append((score(ex, text), seen))
+            right = score_text(ex, text) if ex.kind == TEXT else score(ex, text)
+            answers.setdefault(ex.kind, []).append((right, seen))
             if ex.kind == "describe":
                 answers.setdefault("describe_exact", []).append((describes_exactly(ex.scene, text), seen))
     report = {}

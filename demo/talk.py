@@ -147,6 +147,11 @@ _COLOUR_RE = re.compile(r"\b(" + "|".join({*_MIXES.values(), *(c for pair in _MI
 _NO_IMAGE_RE = re.compile(r"\b(no|not|cannot|can't|without)\b[^.]*\b(image|picture)\b")
 
 
+def corpus(n: int, seed: int = 0) -> list[str]:
+    """The prompts and answers of `n` training examples, for training a tokenizer (beside demo.world.corpus)."""
+    return [text for ex in text_examples("train", n, seed) for text in (ex.prompt, ex.answer)]
+
+
 def score_text(example: Example, answer_text: str) -> bool:
     """Does a text-only answer say its truth? A picture question without the picture: that there is no
     picture. A number: the last number said (digits too; "no"/"none" are zero). A colour: the last colour

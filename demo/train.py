@@ -78,7 +78,7 @@ def train_tokenizer(out: Path, vocab_size: int = 1024, seed: int = 0):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from demo.world import corpus
+    from demo import talk, world
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -87,7 +87,7 @@ def train_tokenizer(out: Path, vocab_size: int = 1024, seed: int = 0):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
-    texts = corpus(seed=seed) + ["USER: ", "ASSISTANT:", "\n"]
+    texts = world.corpus(seed=seed) + talk.corpus(20000 // 6, seed) + ["USER: ", "ASSISTANT:", "\n"]
     tok.train_from_iterator(texts, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
     fast.add_special_tokens({"additional_special_tokens": ["<image>"]})

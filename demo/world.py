@@ -655,10 +655,8 @@ def samples(split: str, n: int, seed: int = 0, size: int = IMAGE_SIZE) -> list[t
 
 
 def corpus(n: int = 20000, seed: int = 0) -> list[str]:
-    """The prompts and answers of `n` training examples and of n / 6 text-only ones, for training a tokenizer."""
-    from demo.talk import text_examples
-
-    return [text for ex in examples("train", n, seed) + text_examples("train", n // 6, seed) for text in (ex.prompt, ex.answer)]
+    """The prompts and answers of `n` training examples, for training a tokenizer."""
+    return [text for ex in examples("train", n, seed) for text in (ex.prompt, ex.answer)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -720,10 +718,6 @@ def score(example: Example, answer_text: str) -> bool:
     text = answer_text.lower()
     truth = example.truth
     kind = example.kind
-    if kind == "text":  # a question that needs no picture: demo.talk's rules
-        from demo.talk import score_text
-
-        return score_text(example, answer_text)
     if kind == "count":
         return _first_number(text) == NUMBERS.index(truth)
     if kind == "colour":
