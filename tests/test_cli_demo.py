@@ -68,3 +68,14 @@ def test_the_report_holds_the_figures_and_renders_them():
     assert lines[1].split() == ["1", "20.0", "10.0", "2.00x"] and lines[5].split()[:2] == ["tiny", "->"]
     assert "(medians of 2 alternating runs): speedup 2.50x" in lines[-1]
     assert lines[-1].endswith("identical to the target alone: yes")
+
+
+def test_the_demo_plans_by_default_as_make_demo_runs_it():
+    """`pipespec demo` with no flags is `make demo`: the planner's chain and placement; serve plans only when asked."""
+    from pipespec.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["demo"]).plan == "auto" and parser.parse_args(["demo", "--plan", "none"]).plan == "none"
+    assert parser.parse_args(["serve", "mock3"]).plan == "none"
+    make_demo = (Path(__file__).resolve().parents[1] / "Makefile").read_text().split("\ndemo:", 1)[1].splitlines()[1]
+    assert make_demo.split() == ["$(VENV)/bin/pipespec", "demo"]
