@@ -29,15 +29,8 @@ NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "
 _SIDES = {"triangle": 3, "square": 4, "diamond": 4, "circle": 0}
 _MIXES = {("blue", "yellow"): "green", ("red", "yellow"): "orange", ("red", "blue"): "purple", ("black", "white"): "gray"}
 NO_IMAGE, HELLO = "no image", "hello"
-_TOPICS = (
-    "no_image",
-    "no_image",
-    "sides",
-    "sums",
-    "sums",
-    "mixing",
-    "hello",
-)  # a picture question without its picture most often
+# A picture question without its picture most often.
+_TOPICS = ("no_image", "no_image", "sides", "sums", "sums", "mixing", "hello")
 
 
 def _pick(rng: np.random.Generator, options: tuple[str, ...] | list[str]) -> str:
@@ -143,7 +136,7 @@ def text_examples(split: str, n: int, seed: int = 0) -> list[Example]:
 
 
 _NUMBER_RE = re.compile(r"\b(" + "|".join(NUMBER_WORDS) + r"|none|no|\d)\b")
-_COLOUR_RE = re.compile(r"\b(" + "|".join({*_MIXES.values(), *(c for pair in _MIXES for c in pair)}) + r")\b")
+_COLOUR_RE = re.compile(r"\b(" + "|".join(sorted({*_MIXES.values(), *(c for pair in _MIXES for c in pair)})) + r")\b")
 _NO_IMAGE_RE = re.compile(r"\b(no|not|cannot|can't|without)\b[^.]*\b(image|picture)\b")
 
 
