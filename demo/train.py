@@ -129,9 +129,16 @@ def vision_config():
     )  # fmt: skip
 
 
+def image_processor():
+    """The demo pictures' CLIP processor, one for the tower's pretraining and the target: IMAGE_SIZE, uncropped."""
+    from transformers import CLIPImageProcessor
+
+    return CLIPImageProcessor(size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+
+
 def build_target(tokenizer, seed: int = 0, shape: dict[str, int] = TARGET):
     """A fresh LLaVA-class target (random weights, its tower too) of `shape`, and its processor."""
-    from transformers import CLIPImageProcessor, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+    from transformers import LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
 
     text = llama_config(tokenizer, shape, tie_word_embeddings=False)
     config = LlavaConfig(
@@ -141,9 +148,8 @@ def build_target(tokenizer, seed: int = 0, shape: dict[str, int] = TARGET):
     )  # fmt: skip
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config)
-    size = {"shortest_edge": IMAGE_SIZE}
     processor = LlavaProcessor(
-        image_processor=CLIPImageProcessor(size=size, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}),
+        image_processor=image_processor(),
         tokenizer=tokenizer, patch_size=PATCH, vision_feature_select_strategy="default", num_additional_image_tokens=1,
         chat_template=CHAT_TEMPLATE,
     )  # fmt: skip
@@ -248,12 +254,11 @@ def standardise_projector(model, image_processor, seed: int, scenes: int = 512) 
 
 def train_tower(models: Path, minutes: float, steps: int, seed: int) -> Path:
     """Pretrain the target's vision tower on the world's ground truth (`demo.tower`) into models/tower."""
-    from transformers import CLIPImageProcessor, CLIPVisionModel
+    from transformers import CLIPVisionModel
 
     torch.manual_seed(seed)
     tower = CLIPVisionModel(vision_config())
-    processor = CLIPImageProcessor(size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
-    curve, _ = pretrain_tower(tower, processor, IMAGE_SIZE, PATCH, minutes, steps, seed)
+    curve, _ = pretrain_tower(tower, image_processor(), IMAGE_SIZE, PATCH, minutes, steps, seed)
     out = models / "tower"
     save_half(tower, out)
     (out / "loss_curve.json").write_text(json.dumps(curve) + "\n")
