@@ -8,8 +8,8 @@
   pipeline's answer on it equals the target alone.
 - The messages cross the gRPC wire (pipespec/transport/generate_request.py) unchanged, and a `Client`
   sending them gets the in-process answer.
-- The demo's chat template gives a system message its own "SYSTEM: " prefix and renders user and
-  assistant turns byte for byte as before, as the shipped models were trained on them.
+- The demo's chat template gives a system message its own "SYSTEM: " prefix, renders user and assistant
+  turns as the shipped models were trained on them, and puts a message's image after its text.
 """
 
 from __future__ import annotations
@@ -47,13 +47,12 @@ TEXT_CHAT = [
     {"role": "user", "content": "and where is it"},
 ]
 
-# the demo's template before system messages had their own prefix (and string content was read)
+# the demo's template without its system prefix and string content (each message's text, then its image)
 OLD_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'user' %}USER: {% else %}ASSISTANT: {% endif %}"
-    "{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}<image>\n{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}\n"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}\n<image>{% endif %}{% endfor %}\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
 )
@@ -225,7 +224,9 @@ def test_a_conversation_with_an_image_renders_through_the_demo_targets_processor
         for m in CHAT
     ]
     with_image[1]["content"] = [{"type": "image", "image": image}, with_image[1]["content"][1]]
-    text = "SYSTEM: Answer in a few words.USER: <image>\nwhat is in the pictureASSISTANT: a red circleUSER: and where is itASSISTANT:"
+    text = (
+        "SYSTEM: Answer in a few words.USER: what is in the picture<image>ASSISTANT: a red circleUSER: and where is itASSISTANT:"
+    )
     assert processor.apply_chat_template(with_image, add_generation_prompt=True, tokenize=False) == text
 
     def ids(messages: list[dict]) -> list[int]:
@@ -349,6 +350,15 @@ def test_user_and_assistant_turns_render_as_the_models_were_trained(demo_tokeniz
         )
 
     assert render(CHAT_TEMPLATE) == render(OLD_TEMPLATE)
+
+
+def test_the_image_goes_after_the_messages_text_wherever_its_part_stands(demo_tokenizer):
+    def render(parts: list[dict]) -> str:
+        messages = [{"role": "user", "content": parts}]
+        return demo_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    first, last = TURNS["with an image"][0]["content"], TURNS["with an image"][0]["content"][::-1]
+    assert render(first) == render(last) == "USER: what is it<image>ASSISTANT:"
 
 
 def test_a_system_message_has_its_own_prefix_and_a_string_reads_as_one_text_part(demo_tokenizer):

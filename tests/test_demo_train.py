@@ -6,22 +6,22 @@ import math
 import random
 import shutil
 
-import numpy as np
 import torch
+import torch.nn.functional as F
 from transformers import CLIPVisionModel, LlavaForConditionalGeneration
 
 from demo.talk import text_examples
 from demo.train import (
     IMAGE_SIZE,
     PATCH,
+    answer_loss,
     batches,
     build_target,
     load_tokenizer,
-    standardise_projector,
     train_target,
     train_tower,
 )
-from demo.world import examples, random_scene, render
+from demo.world import examples
 from tests.fixtures import DEMO_MODELS as MODELS
 
 SMALL = dict(hidden=64, layers=1, heads=1, intermediate=128)  # a target's language model small enough to train in a test
@@ -59,23 +59,15 @@ def test_the_target_trains_over_the_pretrained_tower_it_ships_with(tmp_path):
     assert shipped.keys() == tower.keys() and all(torch.equal(shipped[k], tower[k]) for k in tower)  # frozen while it learnt
 
 
-def test_the_projector_starts_from_standardised_features():
-    """The tower's raw features are far from standardised; with their mean and spread folded into the
-    projector's first layer, each dimension of fresh pictures' features reaches it with mean about 0 and
-    spread about 1."""
-    model, processor = build_target(load_tokenizer(MODELS), shape=SMALL)
-    with torch.no_grad():
-        for p in model.model.vision_tower.parameters():  # a tower whose features are far from standardised
-            p.add_(torch.randn_like(p) * 0.5)
-    linear = model.model.multi_modal_projector.linear_1
-    weight, bias = linear.weight.clone(), linear.bias.clone()
-    standardise_projector(model, processor.image_processor, seed=0, scenes=256)
-    rng = np.random.default_rng(1)
-    pixels = processor.image_processor(images=[render(random_scene(rng), IMAGE_SIZE) for _ in range(256)], return_tensors="pt")
-    with torch.no_grad():
-        x = model.model.vision_tower(pixel_values=pixels["pixel_values"]).last_hidden_state[:, 1:].reshape(-1, weight.shape[1])
-    scale = (weight / linear.weight).median(0).values  # [H]: what each input dimension's column was divided by
-    assert x.std(0).min() > 5  # raw: far from standardised
-    assert ((x.std(0) / scale - 1).abs() < 0.3).all()  # each spreads about 1 once scaled
-    shift = bias - linear.bias  # (W / std) mean: the features' mean, taken off
-    assert (shift - linear.weight @ x.mean(0)).norm() < 0.1 * shift.norm()
+def test_every_answer_counts_the_same_whatever_its_length():
+    """A 1-token answer and a 5-token one weigh the same in the loss (token-averaged, the long one would
+    weigh five times as much); prompts and padding weigh nothing."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 8, 11)  # [B, T, V]
+    labels = torch.full((2, 8), -100)
+    labels[0, 3:8] = torch.tensor([1, 2, 3, 4, 5])  # a long answer
+    labels[1, 6] = 7  # a short one, then padding
+    token = F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none")  # [B, T - 1]
+    long, short = token[0, 2:7].mean(), token[1, 5]
+    assert torch.allclose(answer_loss(logits, labels), (long + short) / 2)
+    assert not torch.allclose(answer_loss(logits, labels), (token[0, 2:7].sum() + short) / 6)
