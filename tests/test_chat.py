@@ -52,7 +52,7 @@ OLD_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'user' %}USER: {% else %}ASSISTANT: {% endif %}"
     "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}"
-    "{% for part in message['content'] %}{% if part['type'] == 'image' %}\n<image>{% endif %}{% endfor %}\n"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>{% endif %}{% endfor %}\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
 )
