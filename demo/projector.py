@@ -24,38 +24,34 @@ word at 0.97 (experiments/results/demo_shapes).
 from __future__ import annotations
 
 import logging
-import math
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from demo.tower import Heads, cell_labels, cell_of_patches
-from demo.world import CELLS, IMAGE_SIZE, random_scene, render
+from demo.tower import DenseProbe, cell_of_patches, scene_batches
+from demo.world import IMAGE_SIZE
 
 log = logging.getLogger(__name__)
 
 
 def tower_features(model, image_processor, scenes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fresh random scenes through the target's (frozen) tower -> (features [S * N, H], labels [S * N, 5]:
-    kind, colour, size, word (0 = nothing) and the patch's cell)."""
-    rng = np.random.default_rng([seed, 7])
-    drawn = [random_scene(rng) for _ in range(scenes)]
-    pixels = image_processor(images=[render(s, IMAGE_SIZE) for s in drawn], return_tensors="pt")["pixel_values"]
+    """Fresh random scenes (`demo.tower.scene_batches`) through the target's (frozen) tower -> (features
+    [S * N, H], labels [S * N, 5]: kind, colour, size, word (0 = nothing) and the patch's cell)."""
+    patch = model.config.vision_config.patch_size
+    pixels, cells, _, _ = next(scene_batches(image_processor, IMAGE_SIZE, patch, scenes, [seed, 7]))  # cells [S, N, 4]
     with torch.no_grad():
         states = model.model.vision_tower(pixel_values=pixels).last_hidden_state[:, 1:]  # [S, N, H]: the patches
-    under = cell_of_patches(math.isqrt(states.shape[1]))  # [N]
-    labels = torch.stack([torch.cat([cell_labels(s)[under], under[:, None]], 1) for s in drawn])  # [S, N, 5]
+    under = cell_of_patches(IMAGE_SIZE // patch).expand(scenes, -1)  # [S, N]
+    labels = torch.cat([cells, under[..., None]], -1)  # [S, N, 5]
     return states.reshape(-1, states.shape[-1]).float(), labels.reshape(-1, labels.shape[-1])
 
 
 def fit_readouts(x: torch.Tensor, labels: torch.Tensor, steps: int = 300) -> tuple[torch.Tensor, torch.Tensor]:
-    """Linear read-outs of each label column of `labels` [M, 5] from standardised features `x` [M, H]
-    (full-batch AdamW) -> (weight [R, H], bias [R]), R the classes of all heads together, each head's rows
-    scaled so that its logits spread 1 over `x`."""
-    heads = Heads()
-    sizes = (heads.kind, heads.colour, heads.size, heads.word, len(CELLS))
-    linears = [torch.nn.Linear(x.shape[1], n) for n in sizes]
+    """Linear read-outs of each label column of `labels` [M, 5] from standardised features `x` [M, H]: the
+    dense probe's per-patch heads (`demo.tower.DenseProbe`), fit full-batch with AdamW -> (weight [R, H],
+    bias [R]), R the classes of all heads together, each head's rows scaled so that its logits spread 1 over `x`."""
+    probe = DenseProbe(x.shape[1])
+    linears = [*probe.cell, probe.where]
     optimiser = torch.optim.AdamW([p for lin in linears for p in lin.parameters()], lr=0.05, weight_decay=0.01)
     for _ in range(steps):
         loss = sum(F.cross_entropy(lin(x), labels[:, j]) for j, lin in enumerate(linears))

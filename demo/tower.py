@@ -85,7 +85,7 @@ class DenseProbe(nn.Module):
         return loss, right.all(-1).float().mean().item()
 
 
-def scene_batches(image_processor, size: int, patch: int, batch_size: int, seed: int):
+def scene_batches(image_processor, size: int, patch: int, batch_size: int, seed: int | list[int]):
     """Endless batches of fresh train-split-like scenes: (pixel_values [B, 3, S, S], cells [B, N, 4], background [B], count [B])."""
     rng = np.random.default_rng(seed)
     under = cell_of_patches(size // patch)
