@@ -74,29 +74,37 @@ def test_cached_steps_equal_one_forward():
     inputs, memory = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
     with torch.no_grad():
         full, _ = model(inputs, positions, memory, positions)
-        caches = model.new_caches(capacity=2)  # grows past it
+        caches = model.new_caches(capacity=8)
         first, _ = model(inputs[:, :3], positions[:3], memory, positions, caches)
+        model(inputs[:, 3:], positions[3:] + 10, memory, positions, caches)  # a wrong continuation, then rolled back
+        caches.keep_before(4)  # positions 0, 1 and 3
         rest = [model(inputs[:, i : i + 1], positions[i : i + 1], memory, positions, caches)[0] for i in (3, 4)]
+        assert caches.end() == 6 and int(caches.block0.length) == 5
     torch.testing.assert_close(torch.cat([first, *rest], dim=1), full, rtol=1e-5, atol=1e-5)
 
 
-def test_the_memory_projected_once_per_entry_equals_projecting_it_every_step():
-    """FeatureMemory keeps each entry's keys and values from when it was stored, in position order."""
+@pytest.mark.parametrize("cross_attention", [True, False])
+def test_the_fixed_capacity_memory_equals_the_held_entries_alone(cross_attention):
+    """FeatureMemory keeps each entry (and its keys and values, projected when stored) at its position; a
+    step over the whole buffer, the entries not held masked, equals one over the held entries alone."""
     from pipespec.stages.dream.stage import FeatureMemory
 
-    model = drafter()
+    model = drafter(cross_attention)
     positions = torch.tensor([0, 1, 3, 4, 5])
     inputs, memory = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
-    store = FeatureMemory(32, torch.device("cpu"), torch.float32, model.block1.project, capacity=2)  # grows past it
-    store.put_own([4, 5], memory[0, 3:])  # out of order, own first (grown in inference mode)
-    store.put_target([0, 1, 3, 4], memory[0, :4])  # replaces own 4 with the target's
-    store.drop_own_from(5)  # outside inference mode, on tensors grown inside it
+    project = model.block1.project if cross_attention else None
+    store = FeatureMemory(model.config, 8, torch.device("cpu"), torch.float32, project)
+    store.put_own([4, 5, 6], torch.cat([memory[0, 3:], torch.randn(1, 32)]))  # out of order, own first
+    assert store.put_target([0, 1, 3, 4], memory[0, :4]) == 4  # replaces own 4 with the target's
+    store.drop_own_from(5)  # drops own 5 and 6
     store.put_own([5], memory[0, 4:])
+    assert store.held_positions() == [0, 1, 3, 4, 5] and store.from_target(4) and not store.from_target(5)
+    with pytest.raises(ValueError, match="position 8 is past the dream stage's 8 positions"):
+        store.put_target([8], memory[0, :1])
     with torch.no_grad():
-        kv, order = store.projected()
-        assert order.tolist() == [0, 1, 3, 4, 5]
         f, _ = model(inputs, positions, memory, positions)
-        g, _ = model(inputs, positions, None, order, memory_kv=kv)
+        kv = (store.kv[0][None], store.kv[1][None]) if cross_attention else None
+        g, _ = model(inputs, positions, store.features[None], store.positions, memory_kv=kv, memory_held=store.held)
     torch.testing.assert_close(g, f, rtol=1e-5, atol=1e-5)
 
 
@@ -217,13 +225,55 @@ def test_dream_session_keeps_memory_and_inputs_consistent(world):
     d.forward(P - 1, [spec.prompt_token_ids[-1]])
     kept_prompt = set(d.kept.nonzero().squeeze(-1).tolist())
     assert len(kept_prompt) == P - 1 - int(image.sum()) + int(np.ceil(0.75 * int(image.sum())))
-    cached = set(d.caches.block0.positions.tolist())
-    in_memory = set(d.memory.positions().tolist())
+    block0 = d.state.caches.block0
+    cached = set(block0.positions[: int(block0.length)].tolist())
+    in_memory = set(d.memory.held_positions())
     assert cached == kept_prompt | {P - 1}
     assert in_memory == cached  # the prompt's target features, plus our own f at P - 1
     assert not d.memory.from_target(P - 1)  # our own feature
     t.close()
     d.close()
+
+
+def test_compiled_dream_forwards_draft_what_eager_ones_do(world):
+    """Compiled (each width once, at the stage's start), the stage's logits are the eager stage's: over the
+    prefill, blocks of several widths, a rollback, and target features that replace own ones already
+    read (a recompute), on a state a longer request used and gave back."""
+    from pipespec.protocol.messages import TargetFeatures
+    from pipespec.stages.dream.checkpoint import load
+    from pipespec.stages.dream.stage import DreamStage
+    from pipespec.stages.kinds import ModelOptions
+
+    with LocalPipeline(vlm_chain(world, ["dream", "target"])) as p:
+        spec, _ = p.request(PROMPTS[0], image=IMAGES[0], max_new_tokens=12)
+        dream, target = p.stages
+    t = target.open(spec)
+    prefill = TargetFeatures(spec.request_id, 0, prefill=t.prefill_features)
+    P, H = len(spec.prompt_token_ids), t.prefill_features.hidden.shape[1]
+    verified = TargetFeatures(spec.request_id, P - 1, hidden=torch.randn(3, H, generator=torch.Generator().manual_seed(0)))
+    t.close()
+
+    def drafted(compiled: bool) -> list[torch.Tensor]:
+        ckpt = load(world["dream"])
+        stage = DreamStage("dream", ckpt, dream.vocab_size, dream.fit.valid, ModelOptions(compile=compiled, max_width=4))
+        assert stage.forwards.compiled == compiled and stage.shapes.widths == (1, 2, 4)
+        longer = stage.open(spec)
+        longer.add_features(prefill)
+        longer.forward(P - 1, [spec.prompt_token_ids[-1], *range(5, 16)])
+        used = longer.state
+        longer.close()
+        session = stage.open(spec)
+        assert session.state is used  # reused: the longer request's entries still in place
+        session.add_features(prefill)
+        rows = [session.forward(P - 1, [spec.prompt_token_ids[-1]]), session.forward(P, [5, 6, 7])]
+        rows.append(session.forward(P, [8]))  # [5, 6, 7] rejected
+        session.add_features(verified)  # the target's features for P - 1 .. P + 1, over own ones read since
+        rows += [session.forward(P + 1, [9, 10]), session.forward(P + 3, [11, 12, 13, 14, 15])]  # a recompute; two pieces
+        session.close()
+        return rows
+
+    for eager, compiled in zip(drafted(False), drafted(True), strict=True):
+        torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
 
 
 def test_a_dream_stage_must_sit_right_before_a_vlm_target(world):

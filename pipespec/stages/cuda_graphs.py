@@ -22,24 +22,24 @@ from dataclasses import dataclass
 
 import torch
 
-from pipespec.stages.static_kv import StaticKV
+from pipespec.stages.kv_pool import RequestCache
 
 # One forward at a fixed width: (cache, ids [1, w], cache positions [w]) -> outputs [1, w, ...] each.
-Step = Callable[[StaticKV, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
+Step = Callable[[RequestCache, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
 
 
 @dataclass(frozen=True)
 class _Captured:
     """One captured forward: it reads `ids` [1, w] and `positions` [w], writes `cache`, leaves `outputs`."""
 
-    cache: StaticKV
+    cache: RequestCache
     ids: torch.Tensor
     positions: torch.Tensor
     graph: torch.cuda.CUDAGraph
     outputs: tuple[torch.Tensor, ...]
 
     @classmethod
-    def of(cls, step: Step, cache: StaticKV, ids: torch.Tensor, positions: torch.Tensor, pool: tuple) -> _Captured:
+    def of(cls, step: Step, cache: RequestCache, ids: torch.Tensor, positions: torch.Tensor, pool: tuple) -> _Captured:
         """Capture `step` at this call's inputs. It runs twice first, on a side stream (compiling on its
         first call, as CUDA graph capture requires), writing where the captured forward will write next.
         All of it on the cache's GPU, which need not be the compute thread's current one (`cuda:N` stages)."""
@@ -84,7 +84,7 @@ class GraphedStep:
         """Graphs captured so far: one per cache and width used."""
         return len(self._graphs)
 
-    def __call__(self, cache: StaticKV, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def __call__(self, cache: RequestCache, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         key = (id(cache), ids.shape[1])  # a captured graph holds its cache: the id is never reused
         captured = self._graphs.get(key)
         if captured is None:

@@ -42,8 +42,7 @@ import torch
 
 from pipespec.errors import ConfigError
 from pipespec.stages.cuda_graphs import GraphedStep, Step
-from pipespec.stages.kv_pool import KVPool
-from pipespec.stages.static_kv import StaticKV
+from pipespec.stages.kv_pool import KVPool, RequestCache
 
 if TYPE_CHECKING:
     from pipespec.stages.kinds import ModelOptions
@@ -118,7 +117,7 @@ class Forwards:
         self.step = GraphedStep(step) if self.graphs else step
 
     @torch.inference_mode()
-    def __call__(self, cache: StaticKV, keep: int, tokens: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    def __call__(self, cache: RequestCache, keep: int, tokens: Sequence[int]) -> tuple[torch.Tensor, ...]:
         """Feed `tokens` after the first `keep` entries of `cache`; -> each output of `step` for the real rows [n, ...]."""
         if keep + len(tokens) > self.shapes.context:
             raise ValueError(

@@ -90,7 +90,7 @@ class NgramOptions:
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """How a model's forwards run (causal_lm, vlm; pipespec.stages.forwards).
+    """How a model's forwards run (causal_lm, dream, vlm; pipespec.stages.forwards).
 
     Every request's KV cache is preallocated at `max_context` tokens (None: the model's own limit, at
     most 4096). Each decode or verification forward feeds a fixed width: at most `max_width` tokens, a
@@ -176,7 +176,13 @@ KINDS: Mapping[str, StageKind] = {
     for kind in (  # in the order error messages list them
         StageKind("causal_lm", loads_model=True, options=ModelOptions),
         StageKind("ngram", options=NgramOptions, place=_first_only),
-        StageKind("dream", loads_model=True, place=_right_before_a_feature_giving_target, reads_target_features=True),
+        StageKind(
+            "dream",
+            loads_model=True,
+            options=ModelOptions,
+            place=_right_before_a_feature_giving_target,
+            reads_target_features=True,
+        ),
         StageKind("vlm", loads_model=True, options=ModelOptions, takes_images=True, gives_target_features=True),
         StageKind("mock", options=MockOptions, place=_before_mocks_only, depends_on_chain=True),
     )

@@ -12,20 +12,32 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
 
-from pipespec.stages.static_kv import StaticKV
+
+class RequestCache(Protocol):
+    """One request's cache, as a stage's forwards feed it: the first `length` context positions held
+    (a `StaticKV`, a DREAM stage's `DraftState`); `rewind` keeps the positions before a point."""
+
+    @property
+    def length(self) -> int: ...
+
+    def rewind(self, length: int) -> None: ...
 
 
-class KVPool:
+Cache = TypeVar("Cache", bound=RequestCache)
+
+
+class KVPool(Generic[Cache]):
     """`take` a cache for a request (an idle one, else a new one from `new`), `give` it back when it closes."""
 
-    def __init__(self, new: Callable[[], StaticKV]):
+    def __init__(self, new: Callable[[], Cache]):
         self._new = new
-        self._idle: list[StaticKV] = []
+        self._idle: list[Cache] = []
         self._lock = threading.Lock()
         self.made = 0  # caches this pool has allocated: its peak of requests in flight
 
-    def take(self) -> StaticKV:
+    def take(self) -> Cache:
         """An empty cache that no other request holds."""
         with self._lock:
             cache = self._idle.pop() if self._idle else None
@@ -36,7 +48,7 @@ class KVPool:
         cache.rewind(0)
         return cache
 
-    def give(self, cache: StaticKV) -> None:
+    def give(self, cache: Cache) -> None:
         """Take `cache` back: its request is done with it."""
         with self._lock:
             if any(c is cache for c in self._idle):

@@ -1,6 +1,7 @@
 """A DREAM drafter on disk: its blocks, frozen copies of the target's embedding table and LM head, its tokenizer.
 
-    model_dir/dream_config.json  {"model_type": "pipespec-dream", "dream": DreamConfig, "keep_fraction": 0.75, ...}
+    model_dir/dream_config.json  {"model_type": "pipespec-dream", "dream": DreamConfig, "keep_fraction": 0.75,
+                                  "max_position_embeddings": its target's context, ...}
     model_dir/model.safetensors  block weights + "embed.weight" [V, H] + "lm_head.weight" [V, H]
     model_dir/tokenizer*         the target's tokenizer (stages must share it)
 
@@ -32,6 +33,7 @@ class DreamCheckpoint:
     lm_head: torch.Tensor  # [V, H]
     keep_fraction: float  # visual token compression
     meta: dict[str, Any]  # training facts (supervised layer rule, target, steps, ...)
+    max_context: int | None = None  # its target's context (max_position_embeddings): the positions a request may use
 
 
 def init_from_target(target: torch.nn.Module, num_heads: int = 4, keep_fraction: float = 0.75, seed: int = 0) -> DreamCheckpoint:
@@ -41,8 +43,9 @@ def init_from_target(target: torch.nn.Module, num_heads: int = 4, keep_fraction:
     head = target.get_output_embeddings().weight.detach().float()
     hidden = embed.shape[1]
     config = DreamConfig(hidden_size=hidden, num_heads=num_heads, intermediate_size=2 * hidden, vocab_size=head.shape[0])
+    context = getattr(target.config.get_text_config(decoder=True), "max_position_embeddings", None)
     torch.manual_seed(seed)
-    return DreamCheckpoint(DreamDrafter(config), embed.clone(), head.clone(), keep_fraction, {})
+    return DreamCheckpoint(DreamDrafter(config), embed.clone(), head.clone(), keep_fraction, {}, context)
 
 
 def save(path: str | Path, ckpt: DreamCheckpoint, tokenizer: Any | None = None, dtype: torch.dtype = torch.float32) -> Path:
@@ -53,7 +56,9 @@ def save(path: str | Path, ckpt: DreamCheckpoint, tokenizer: Any | None = None, 
     tensors["embed.weight"] = ckpt.embed.detach().to(dtype).contiguous()
     tensors["lm_head.weight"] = ckpt.lm_head.detach().to(dtype).contiguous()
     save_file(tensors, str(path / "model.safetensors"))
-    config = {"model_type": MODEL_TYPE, "dream": ckpt.drafter.config.to_dict(), "keep_fraction": ckpt.keep_fraction, **ckpt.meta}
+    config = {"model_type": MODEL_TYPE, "dream": ckpt.drafter.config.to_dict(), "keep_fraction": ckpt.keep_fraction}
+    config |= {"max_position_embeddings": ckpt.max_context} if ckpt.max_context is not None else {}
+    config |= ckpt.meta
     (path / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
@@ -74,5 +79,6 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str | tor
     drafter.load_state_dict(tensors)
     drafter.to(device=device, dtype=dtype).eval()
     keep = float(raw.pop("keep_fraction", 0.75))
+    context = raw.pop("max_position_embeddings", None)
     raw.pop("model_type")
-    return DreamCheckpoint(drafter, embed.to(dtype), head.to(dtype), keep, raw)
+    return DreamCheckpoint(drafter, embed.to(dtype), head.to(dtype), keep, raw, context)

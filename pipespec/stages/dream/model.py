@@ -46,54 +46,42 @@ class DreamConfig:
 
 
 class BlockCache:
-    """One self-attention block's keys and values, with the positions they belong to.
+    """One self-attention block's keys and values, with the positions they belong to, at a fixed capacity.
 
-    Preallocated and filled in place: `extend` writes after the entries in use (doubling the buffers
-    when full), `keep_before` rolls back by setting how many are in use; nothing is copied per step."""
+    Entries lie densely in the order they were fed (positions ascend; dropped image positions leave no
+    gap), the first `length` of them in use. `length` is a tensor, so a compiled step never specialises
+    on it: attention reads the whole buffer, the entries in use marked (`in_use`), and every step sees
+    the same shapes whatever the request's length. `extend` writes after the entries in use and counts
+    them in; `keep_before` rolls back by counting again. Nothing is copied or reallocated per step."""
 
-    def __init__(self, config: DreamConfig, dtype: torch.dtype, device: torch.device, capacity: int = 256):
-        self.length = 0
-        self._positions = torch.empty(capacity, dtype=torch.long, device=device)  # [C]
-        self._keys = torch.empty(config.num_heads, capacity, config.head_dim, dtype=dtype, device=device)  # [heads, C, d]
-        self._values = torch.empty_like(self._keys)
+    def __init__(self, config: DreamConfig, dtype: torch.dtype, device: torch.device, capacity: int):
+        self.capacity = capacity
+        self.length = torch.zeros((), dtype=torch.long, device=device)  # entries in use
+        self.index = torch.arange(capacity, device=device)  # [C]
+        self.positions = torch.zeros(capacity, dtype=torch.long, device=device)  # [C]: ascending over those in use
+        self.keys = torch.zeros(config.num_heads, capacity, config.head_dim, dtype=dtype, device=device)  # [heads, C, d]
+        self.values = torch.zeros_like(self.keys)
 
-    @property
-    def positions(self) -> torch.Tensor:  # [L] long, ascending
-        return self._positions[: self.length]
+    def in_use(self) -> torch.Tensor:
+        """[C] bool: the entries in use."""
+        return self.index < self.length
 
-    @property
-    def keys(self) -> torch.Tensor:  # [heads, L, d]
-        return self._keys[:, : self.length]
-
-    @property
-    def values(self) -> torch.Tensor:  # [heads, L, d]
-        return self._values[:, : self.length]
+    def end(self) -> int:
+        """One past the last position in use (0 when none)."""
+        n = int(self.length)
+        return int(self.positions[n - 1]) + 1 if n else 0
 
     def keep_before(self, position: int) -> None:
-        """Keep the entries of positions before `position` (positions ascend)."""
-        self.length = int((self.positions < position).sum())
+        """Keep the entries of positions before `position`."""
+        self.length.copy_(((self.positions < position) & self.in_use()).sum())
 
     def extend(self, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """positions [n], keys and values [heads, n, d], after the entries in use."""
-        end = self.length + len(positions)
-        if end > len(self._positions):
-            size = max(end, 2 * len(self._positions))
-            self._positions, self._keys, self._values = (
-                _grown(self._positions, 0, size),
-                _grown(self._keys, 1, size),
-                _grown(self._values, 1, size),
-            )
-        self._positions[self.length : end] = positions
-        self._keys[:, self.length : end] = keys
-        self._values[:, self.length : end] = values
-        self.length = end
-
-
-def _grown(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
-    """`t` in a buffer `size` long along `dim`, its entries first."""
-    out = t.new_empty(*t.shape[:dim], size, *t.shape[dim + 1 :])
-    out.narrow(dim, 0, t.shape[dim]).copy_(t)
-    return out
+        """positions [n], keys and values [heads, n, d], after the entries in use (the caller keeps within capacity)."""
+        at = self.length + torch.arange(len(positions), device=positions.device)  # [n]
+        self.positions.index_copy_(0, at, positions)
+        self.keys.index_copy_(1, at, keys)
+        self.values.index_copy_(1, at, values)
+        self.length.add_(len(positions))
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
@@ -136,11 +124,11 @@ class SelfBlock(nn.Module):
         B, n, _ = x.shape
         q, k, v = self.qkv(self.input_norm(x)).view(B, n, 3, c.num_heads, c.head_dim).permute(2, 0, 3, 1, 4)
         q, k = rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta)  # [B, heads, n, d]
-        key_positions = positions
-        if cache is not None:
+        mask = positions[None, :] <= positions[:, None]  # [n, n]: a query sees itself and earlier positions
+        if cache is not None:  # and the cached ones before it
             cache.extend(positions, k[0], v[0])
-            k, v, key_positions = cache.keys[None], cache.values[None], cache.positions
-        mask = key_positions[None, :] <= positions[:, None]  # [n, L]: a query sees itself and earlier positions
+            k, v = cache.keys[None], cache.values[None]
+            mask = cache.in_use()[None, :] & (cache.positions[None, :] <= positions[:, None])  # [n, C]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         x = x + self.o(out.transpose(1, 2).reshape(B, n, -1))
         return x + self.mlp(self.post_norm(x))
@@ -185,8 +173,10 @@ class CrossBlock(nn.Module):
         memory: torch.Tensor | None,
         memory_positions: torch.Tensor,
         memory_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+        memory_held: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x [B, n, H] at positions [n]; memory [B, m, H] at memory_positions [m], or its `project`ion."""
+        """x [B, n, H] at positions [n]; memory [B, m, H] at memory_positions [m], or its `project`ion;
+        memory_held [m] bool: the entries that hold a feature (None: all)."""
         c = self.config
         B, n, _ = x.shape
         m = len(memory_positions)
@@ -196,6 +186,8 @@ class CrossBlock(nn.Module):
         k, v = memory_kv if memory_kv is not None else self.project(memory)
         distance = (positions[:, None] - 1 - memory_positions[None, :]).to(q.dtype)  # [n, m]
         mask = distance >= 0  # entries strictly before the query
+        if memory_held is not None:
+            mask = mask & memory_held[None, :]
         seen = mask.any(-1)  # [n]: a query with no visible entry gets no attention output
         bias = -F.softplus(self.recency).to(q.dtype)[:, None, None] * distance.clamp(min=0)  # [heads, n, m]
         bias = bias.masked_fill(~(mask | ~seen[:, None]), float("-inf"))
@@ -214,10 +206,17 @@ class PreviousFeatureFuse(nn.Module):
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, memory: torch.Tensor, memory_positions: torch.Tensor
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        memory: torch.Tensor,
+        memory_positions: torch.Tensor,
+        memory_held: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # the latest entry strictly before each query (zeros when none)
         visible = memory_positions[None, :] <= positions[:, None] - 1  # [n, m]
+        if memory_held is not None:
+            visible = visible & memory_held[None, :]
         index = torch.where(visible, memory_positions[None, :], -1).argmax(-1)  # [n]
         previous = memory[:, index] * visible.any(-1)[None, :, None]  # [B, n, H]
         return self.fc(torch.cat([x, self.norm(previous)], dim=-1))
@@ -231,6 +230,10 @@ class DraftCaches:
     def keep_before(self, position: int) -> None:
         self.block0.keep_before(position)
         self.block2.keep_before(position)
+
+    def end(self) -> int:
+        """One past the last position cached (0 when none)."""
+        return self.block0.end()
 
 
 class DreamDrafter(nn.Module):
@@ -248,8 +251,8 @@ class DreamDrafter(nn.Module):
             self.block0 = SelfBlock(config)
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def new_caches(self, capacity: int = 256) -> DraftCaches:
-        """Caches for `capacity` context positions (they grow past it if needed)."""
+    def new_caches(self, capacity: int) -> DraftCaches:
+        """Caches for `capacity` context positions."""
         p = next(self.parameters())
         return DraftCaches(*(BlockCache(self.config, p.dtype, p.device, capacity) for _ in range(2)))
 
@@ -261,13 +264,14 @@ class DreamDrafter(nn.Module):
         memory_positions: torch.Tensor,  # [m]
         caches: DraftCaches | None = None,  # inference (B = 1): earlier positions' keys and values
         memory_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # the memory's projection, if already known
+        memory_held: torch.Tensor | None = None,  # [m] bool: the memory entries that hold a feature (None: all)
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """-> (f [B, n, H] predicted features, block 0's output [B, n, H] for the intermediate
         supervision, or None for the EAGLE-style ablation, which has no intermediate block)."""
         if not self.config.cross_attention:
-            x = self.fuse(inputs, positions, memory, memory_positions)
+            x = self.fuse(inputs, positions, memory, memory_positions, memory_held)
             return self.norm(self.block0(x, positions, caches.block0 if caches else None)), None
         a = self.block0(inputs, positions, caches.block0 if caches else None)
-        c = self.block1(a, positions, memory, memory_positions, memory_kv)
+        c = self.block1(a, positions, memory, memory_positions, memory_kv, memory_held)
         f = self.norm(self.block2(c, positions, caches.block2 if caches else None))
         return f, a

@@ -9,6 +9,12 @@ Memory (`FeatureMemory`): one feature per context position, the target's where i
 the drafter's own predicted f beyond (feature-level autoregression). When a target feature replaces
 an own one that later queries already used, those queries are stale: the next `forward` recomputes
 from there (its token ids are known), so the caches always reflect the best memory.
+
+Forwards (pipespec.stages.forwards): each request's caches and memory are preallocated at the stage's
+capacity (`DraftState`) and every step reads all of it, entries not in use masked, so a step's shapes
+depend only on its width: decode and verification steps run compiled at the widths 1 to `max_width`
+(a stage kind's `options`), while the prompt's prefill runs eager at its own length. The checkpoint's
+context (its target's) bounds a request's positions.
 """
 
 from __future__ import annotations
@@ -25,6 +31,10 @@ from pipespec.stages.causal_lm import DTYPES
 from pipespec.stages.device import stage_device
 from pipespec.stages.dream.checkpoint import DreamCheckpoint, load
 from pipespec.stages.dream.compression import kept_positions
+from pipespec.stages.dream.model import DraftCaches, DreamConfig
+from pipespec.stages.forwards import Forwards, Shapes, compiles
+from pipespec.stages.kinds import ModelOptions
+from pipespec.stages.kv_pool import KVPool
 from pipespec.stages.vocabulary import LogitsFit
 
 if TYPE_CHECKING:
@@ -32,118 +42,106 @@ if TYPE_CHECKING:
 
 
 class FeatureMemory:
-    """Features by context position; target entries are authoritative, own ones provisional.
+    """Features by context position, at a fixed capacity; target entries are authoritative, own ones provisional.
 
-    Held in preallocated tensors indexed by position (doubled when a position falls past them): a
-    feature per position, whether one is held there and whether it came from the target. With
-    `project` (the cross-attention block's `project`), each entry's keys and values are computed once,
-    when it is stored, so a drafting step attends over the memory without re-projecting it. A step
-    gathers the held entries in position order with one indexing (before, a Python stack of every
-    entry). Its tensors are only changed in inference mode (they may be inference tensors once grown).
+    Preallocated tensors indexed by position: a feature per position, whether one is held there and
+    whether it came from the target. With `project` (the cross-attention block's `project`), each
+    entry's keys and values are computed once, when it is stored, so a drafting step attends over the
+    memory without re-projecting it. A step reads every position, the held ones marked (`held`), so its
+    shapes never change with the request (what lets the stage's forwards be compiled).
     """
 
-    def __init__(
-        self, hidden_size: int, device: torch.device, dtype: torch.dtype, project: Projection | None = None, capacity: int = 256
-    ):
+    def __init__(self, config: DreamConfig, capacity: int, device: torch.device, dtype: torch.dtype, project: Projection | None):
+        self.capacity = capacity
         self.project = project
-        self.features = torch.zeros(capacity, hidden_size, device=device, dtype=dtype)  # [C, H] by position
-        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # [heads, C, d] each, from the first store
+        self.features = torch.zeros(capacity, config.hidden_size, device=device, dtype=dtype)  # [C, H] by position
+        self.positions = torch.arange(capacity, device=device)  # [C]
+        shape = (config.num_heads, capacity, config.head_dim)
+        self.kv = tuple(torch.zeros(shape, device=device, dtype=dtype) for _ in range(2)) if project else None  # [heads, C, d]
         self.held = torch.zeros(capacity, dtype=torch.bool, device=device)  # [C]
         self.targets = torch.zeros(capacity, dtype=torch.bool, device=device)  # [C]: held and the target's
-        self._order: torch.Tensor | None = None  # [m] the held positions, ascending; None: changed since
 
-    def _fit(self, end: int) -> None:
-        """Room for positions below `end`."""
-        size = len(self.held)
-        if end <= size:
-            return
-        size = max(end, 2 * size)
-        self.features, self.held, self.targets = (
-            _grown(self.features, size),
-            _grown(self.held, size),
-            _grown(self.targets, size),
-        )
-        if self.kv is not None:
-            self.kv = tuple(_grown(t.transpose(0, 1), size).transpose(0, 1) for t in self.kv)
+    def clear(self) -> None:
+        self.held.zero_()
+        self.targets.zero_()
+
+    def _at(self, positions: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """positions as a long tensor [n] on the memory's device; a ValueError past the capacity."""
+        at = torch.as_tensor(positions, dtype=torch.long, device=self.held.device).reshape(-1)
+        if len(at) and int(at.max()) >= self.capacity:
+            raise ValueError(f"a feature at position {int(at.max())} is past the dream stage's {self.capacity} positions")
+        return at
 
     @torch.inference_mode()
-    def _store(self, positions: Sequence[int], features: torch.Tensor, from_target: bool) -> None:
-        """features [n, H] for `positions`, projected in one batch."""
-        if not len(positions):
+    def _store(self, at: torch.Tensor, features: torch.Tensor, from_target: bool) -> None:
+        """features [n, H] for positions at [n], projected in one batch."""
+        if not len(at):
             return
-        self._fit(max(positions) + 1)
-        at = torch.tensor(list(positions), dtype=torch.long, device=self.held.device)  # [n]
         self.features[at] = features
-        if self.project is not None:
+        if self.project is not None and self.kv is not None:
             keys, values = self.project(features[None])  # [1, heads, n, d] each
-            if self.kv is None:
-                shape = (keys.shape[1], len(self.held), keys.shape[3])
-                self.kv = tuple(torch.zeros(shape, dtype=keys.dtype, device=keys.device) for _ in range(2))
             self.kv[0][:, at], self.kv[1][:, at] = keys[0], values[0]
         self.held[at] = True
         self.targets[at] = from_target
-        self._order = None
-
-    def _own(self, positions: Sequence[int]) -> list[bool]:
-        """Whether each of `positions` holds an own (not the target's) entry."""
-        size = len(self.held)
-        own = (self.held & ~self.targets).tolist()
-        return [p < size and own[p] for p in positions]
 
     def put_target(self, positions: Sequence[int], features: torch.Tensor) -> int | None:
         """Store target features; -> the smallest position where an own entry was replaced, if any."""
-        positions = list(positions)
-        replaced = [p for p, own in zip(positions, self._own(positions)) if own]
-        self._store(positions, features, True)
-        return min(replaced) if replaced else None
+        at = self._at(positions)
+        replaced = at[self.held[at] & ~self.targets[at]]
+        self._store(at, features, True)
+        return int(replaced.min()) if len(replaced) else None
 
-    def put_own(self, positions: Sequence[int], features: torch.Tensor) -> None:
-        targets = self.targets.tolist()
-        fresh = [i for i, p in enumerate(positions) if p >= len(targets) or not targets[p]]
-        self._store([positions[i] for i in fresh], features[fresh], False)
+    def put_own(self, positions: Sequence[int] | torch.Tensor, features: torch.Tensor) -> None:
+        """Store own features where the target has not sent its own."""
+        at = self._at(positions)
+        fresh = ~self.targets[at]
+        self._store(at[fresh], features[fresh], False)
 
     @torch.inference_mode()
     def drop_own_from(self, position: int) -> None:
-        stale = self.held[position:] & ~self.targets[position:]
-        if bool(stale.any()):
-            self.held[position:] &= ~stale
-            self._order = None
+        self.held[position:] &= self.targets[position:]
 
     def from_target(self, position: int) -> bool:
-        return position < len(self.targets) and bool(self.targets[position])
+        return position < self.capacity and bool(self.targets[position])
 
-    def positions(self) -> torch.Tensor:
-        """[m] the positions held, ascending."""
-        if self._order is None:
-            self._order = self.held.nonzero().squeeze(-1)
-        return self._order
-
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (features [1, m, H], positions [m]) in position order."""
-        order = self.positions()
-        return self.features[order][None], order
-
-    def projected(self) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor] | None:
-        """-> ((keys, values [1, heads, m, d]), positions [m]) in position order; None without a projection or entries."""
-        order = self.positions()
-        if self.kv is None or not len(order):
-            return None
-        return (self.kv[0][:, order][None], self.kv[1][:, order][None]), order
-
-
-def _grown(t: torch.Tensor, size: int) -> torch.Tensor:
-    """`t` in a buffer `size` long along its first dimension, its entries first, the rest zero."""
-    out = t.new_zeros(size, *t.shape[1:])
-    out[: len(t)] = t
-    return out
+    def held_positions(self) -> list[int]:
+        """The positions held, ascending."""
+        return self.held.nonzero().squeeze(-1).tolist()
 
 
 Projection = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
+class DraftState:
+    """One request's drafting state at the stage's capacity: its blocks' caches and its feature memory.
+
+    What the stage's forwards feed (pipespec.stages.forwards): `length` is one past the last position
+    cached, `rewind` keeps the cached positions before a point. The memory is the session's to change.
+    A closed request's state serves the next one (pipespec.stages.kv_pool)."""
+
+    def __init__(self, caches: DraftCaches, memory: FeatureMemory):
+        self.caches = caches
+        self.memory = memory
+
+    @property
+    def length(self) -> int:
+        return self.caches.end()
+
+    def rewind(self, length: int) -> None:
+        self.caches.keep_before(length)
+
+
 class DreamStage:
-    def __init__(self, name: str, ckpt: DreamCheckpoint, width: int | None = None, valid: int | None = None):
-        """`width`, `valid`: the pipeline's vocabulary (see pipespec.stages.vocabulary)."""
+    def __init__(
+        self,
+        name: str,
+        ckpt: DreamCheckpoint,
+        width: int | None = None,
+        valid: int | None = None,
+        options: ModelOptions | None = None,
+    ):
+        """`width`, `valid`: the pipeline's vocabulary (see pipespec.stages.vocabulary). `options`: its forwards'
+        context and widths, and whether they are compiled (None: eager, at the checkpoint's context)."""
         self.name = name
         self.drafter = ckpt.drafter
         self.embed = ckpt.embed  # [V, H]
@@ -152,29 +150,54 @@ class DreamStage:
         self.keep_fraction = ckpt.keep_fraction
         self.fit = LogitsFit.of(name, self.lm_head.shape[0], width, valid)
         self.vocab_size = self.fit.width
+        options = options if options is not None else ModelOptions(compile=False)
+        self.shapes = Shapes.of(options, ckpt.max_context, self.device, target=False)
+        self.forwards = Forwards(name, self._step, self.shapes, compiles(options), self.device)
+        self.states = KVPool(self.new_state)
+        if self.forwards.compiled:
+            self.forwards.warm_up(self.states, 0)
 
     @classmethod
     def from_spec(cls, spec: StageSpec, at: BuildContext = ALONE) -> DreamStage:
-        """The checkpoint in `spec.model`, in `spec.dtype` on `spec.device`; its logits fit `at.width` and `at.valid`."""
-        return cls(spec.name, load(spec.model, DTYPES[spec.dtype], stage_device(spec.name, spec.device)), at.width, at.valid)
+        """The checkpoint in `spec.model`, in `spec.dtype` on `spec.device`; its logits fit `at.width` and `at.valid`.
+        Its forwards are warmed up (compiled, unless its options say otherwise) before this returns."""
+        ckpt = load(spec.model, DTYPES[spec.dtype], stage_device(spec.name, spec.device))
+        return cls(spec.name, ckpt, at.width, at.valid, spec.options if spec.options is not None else ModelOptions())
 
     def open(self, request: RequestSpec) -> DreamSession:
-        return DreamSession(self, request.prompt_token_ids, request.max_new_tokens)
+        return DreamSession(self, request.prompt_token_ids)
 
-    def new_memory(self, capacity: int = 1) -> FeatureMemory:
-        """A memory for `capacity` context positions (it grows past them if needed)."""
+    def new_state(self) -> DraftState:
+        """An empty state at the stage's capacity (ordinary tensors, even when asked for in inference mode:
+        a later step outside it may change them)."""
+        capacity = self.shapes.capacity
         project = torch.inference_mode()(self.drafter.block1.project) if self.drafter.config.cross_attention else None
-        return FeatureMemory(self.drafter.config.hidden_size, self.device, self.embed.dtype, project, capacity)
+        with torch.inference_mode(False):
+            memory = FeatureMemory(self.drafter.config, capacity, self.device, self.embed.dtype, project)
+            return DraftState(self.drafter.new_caches(capacity), memory)
+
+    def draft(self, state: DraftState, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Feed inputs [1, n, H] at positions [n] after `state`'s caches -> f [1, n, H]; the memory is read, not written."""
+        memory = state.memory
+        kv = (memory.kv[0][None], memory.kv[1][None]) if memory.kv is not None else None
+        f, _ = self.drafter(inputs, positions, memory.features[None], memory.positions, state.caches, kv, memory.held)
+        return f
+
+    def _step(self, state: DraftState, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids [1, w] at positions [w] -> (f [1, w, H], logits [1, w, V])."""
+        f = self.draft(state, self.embed[ids], positions)
+        return f, f @ self.lm_head.T
 
 
 class DreamSession:
-    def __init__(self, stage: DreamStage, prompt: Sequence[int], max_new_tokens: int):
+    def __init__(self, stage: DreamStage, prompt: Sequence[int]):
         self.stage = stage
         self.tokens = list(prompt)  # context ids: the target's prompt, then generated tokens
         self.prompt_len = len(prompt)
         self.last_prompt_token = prompt[-1]
-        self.memory = stage.new_memory(len(prompt) + max_new_tokens)  # preallocated for the whole request
-        self.caches = stage.drafter.new_caches(len(prompt) + max_new_tokens)
+        self.state: DraftState | None = stage.states.take()
+        self.memory = self.state.memory
+        self.memory.clear()
         self.fed = 0  # context positions the caches cover (kept ones; dropped image positions count too)
         self.stale_from: int | None = None  # an own memory entry here was replaced after later queries used it
         self.prefill_embeddings: torch.Tensor | None = None
@@ -197,45 +220,35 @@ class DreamSession:
             self.stale_from = replaced if self.stale_from is None else min(self.stale_from, replaced)
 
     @torch.inference_mode()
-    def _run(self, positions: list[int], inputs: torch.Tensor) -> torch.Tensor:
-        """Feed inputs [n, H] at positions; store our features; -> f [n, H]."""
-        projected = self.memory.projected()
-        kv = None
-        if projected is not None:
-            (kv, memory_positions), memory = projected, None
-        else:
-            memory, memory_positions = self.memory.tensors()
-        pos = torch.tensor(positions, dtype=torch.long, device=inputs.device)
-        f, _ = self.stage.drafter(inputs[None], pos, memory, memory_positions, self.caches, kv)
-        self.memory.put_own(positions, f[0])
-        return f[0]
-
     def _prefill(self) -> None:
-        assert self.prefill_embeddings is not None and self.kept is not None, "prefill features must come first"
-        positions = self.kept.nonzero().squeeze(-1).tolist()
-        self._run(positions, self.prefill_embeddings[self.kept].to(self.stage.embed.dtype))
+        """The kept prompt positions, eager at the prompt's own length, fed the target's merged input embeddings."""
+        assert self.state is not None and self.prefill_embeddings is not None and self.kept is not None, "prefill features first"
+        positions = self.kept.nonzero().squeeze(-1)  # [k]
+        self.state.rewind(0)
+        f = self.stage.draft(self.state, self.prefill_embeddings[self.kept][None], positions)
+        self.memory.put_own(positions, f[0])
         self.fed = self.prompt_len - 1
 
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
         name = self.stage.name
+        if self.state is None:
+            raise RuntimeError(f"stage {name!r}: the session is closed")
         if self.fed == 0 and self.prompt_len > 1 and len(self.kept):
             self._prefill()
         check_keep(name, keep, self.fed)
         start = keep if self.stale_from is None else max(self.prompt_len - 1, min(keep, self.stale_from + 1))
         assert start >= self.prompt_len - 1, (start, self.prompt_len)
         self.stale_from = None
-        self.caches.keep_before(start)
         self.memory.drop_own_from(keep)  # tokens before `keep` are unchanged: their own features still hold
         self.tokens[keep:] = list(tokens)
-        positions = list(range(start, keep + len(tokens)))
-        ids = torch.tensor(self.tokens[start : keep + len(tokens)], dtype=torch.long, device=self.stage.device)
-        f = self._run(positions, self.stage.embed[ids])
-        self.fed = keep + len(tokens)
-        check_length(name, int(self.caches.block0.positions[-1]) + 1, self.fed)
-        with torch.inference_mode():
-            logits = f[-len(tokens) :] @ self.stage.lm_head.T  # [n, V]
-        return self.stage.fit(logits.float())
+        end = keep + len(tokens)
+        f, logits = self.stage.forwards(self.state, start, self.tokens[start:end])  # [end - start, H], [end - start, V]
+        self.memory.put_own(range(start, end), f)
+        self.fed = end
+        check_length(name, self.state.length, self.fed)
+        return self.stage.fit(logits[-len(tokens) :].float())
 
     def close(self) -> None:
-        self.memory = self.stage.new_memory()
-        self.caches = self.stage.drafter.new_caches(1)
+        if self.state is not None:
+            self.stage.states.give(self.state)
+        self.state = None
