@@ -94,10 +94,11 @@ def test_the_fixed_capacity_memory_equals_the_held_entries_alone(cross_attention
     inputs, memory = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
     project = model.block1.project if cross_attention else None
     store = FeatureMemory(model.config, 8, torch.device("cpu"), torch.float32, project)
-    store.put_own([4, 5, 6], torch.cat([memory[0, 3:], torch.randn(1, 32)]))  # out of order, own first
-    assert store.put_target([0, 1, 3, 4], memory[0, :4]) == 4  # replaces own 4 with the target's
-    store.drop_own_from(5)  # drops own 5 and 6
-    store.put_own([5], memory[0, 4:])
+    with torch.no_grad():
+        store.put_own(torch.tensor([4, 5, 6]), torch.cat([memory[0, 3:], torch.randn(1, 32)]))  # out of order, own first
+        assert store.put_target([0, 1, 3, 4], memory[0, :4]) == 4  # replaces own 4 with the target's
+        store.drop_own_from(5)  # drops own 5 and 6
+        store.put_own(torch.tensor([4, 5]), torch.cat([torch.randn(1, 32), memory[0, 4:]]))  # 4 stays the target's
     assert store.held_positions() == [0, 1, 3, 4, 5] and store.from_target(4) and not store.from_target(5)
     with pytest.raises(ValueError, match="position 8 is past the dream stage's 8 positions"):
         store.put_target([8], memory[0, :1])

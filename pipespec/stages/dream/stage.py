@@ -73,29 +73,30 @@ class FeatureMemory:
         return at
 
     @torch.inference_mode()
-    def _store(self, at: torch.Tensor, features: torch.Tensor, from_target: bool) -> None:
-        """features [n, H] for positions at [n], projected in one batch."""
+    def put_target(self, positions: Sequence[int], features: torch.Tensor) -> int | None:
+        """Store target features [n, H] (projected in one batch); -> the smallest position where an own entry was replaced, if any."""
+        at = self._at(positions)
         if not len(at):
-            return
+            return None
+        replaced = at[self.held[at] & ~self.targets[at]]
         self.features[at] = features
         if self.project is not None and self.kv is not None:
             keys, values = self.project(features[None])  # [1, heads, n, d] each
             self.kv[0][:, at], self.kv[1][:, at] = keys[0], values[0]
         self.held[at] = True
-        self.targets[at] = from_target
-
-    def put_target(self, positions: Sequence[int], features: torch.Tensor) -> int | None:
-        """Store target features; -> the smallest position where an own entry was replaced, if any."""
-        at = self._at(positions)
-        replaced = at[self.held[at] & ~self.targets[at]]
-        self._store(at, features, True)
+        self.targets[at] = True
         return int(replaced.min()) if len(replaced) else None
 
-    def put_own(self, positions: Sequence[int] | torch.Tensor, features: torch.Tensor) -> None:
-        """Store own features where the target has not sent its own."""
-        at = self._at(positions)
-        fresh = ~self.targets[at]
-        self._store(at[fresh], features[fresh], False)
+    def put_own(self, at: torch.Tensor, features: torch.Tensor) -> None:
+        """Store own features [n, H] at positions at [n] (within the capacity) where the target has not sent
+        its own. Tensor operations only, no check that reads a value back: a compiled step runs it."""
+        own = ~self.targets[at]  # [n]
+        self.features[at] = torch.where(own[:, None], features, self.features[at])
+        if self.project is not None and self.kv is not None:
+            keys, values = self.project(features[None])  # [1, heads, n, d] each
+            for stored, new in zip(self.kv, (keys[0], values[0])):
+                stored[:, at] = torch.where(own[None, :, None], new, stored[:, at])
+        self.held[at] = True  # the target's entry or now an own one
 
     @torch.inference_mode()
     def drop_own_from(self, position: int) -> None:
@@ -153,9 +154,9 @@ class DreamStage:
         options = options if options is not None else ModelOptions(compile=False)
         self.shapes = Shapes.of(options, ckpt.max_context, self.device, target=False)
         self.forwards = Forwards(name, self._step, self.shapes, compiles(options), self.device)
-        self.states = KVPool(self.new_state)
+        self.caches = KVPool(self.new_state)  # one DraftState per request in flight
         if self.forwards.compiled:
-            self.forwards.warm_up(self.states, 0)
+            self.forwards.warm_up(self.caches, 0)
 
     @classmethod
     def from_spec(cls, spec: StageSpec, at: BuildContext = ALONE) -> DreamStage:
@@ -171,22 +172,24 @@ class DreamStage:
         """An empty state at the stage's capacity (ordinary tensors, even when asked for in inference mode:
         a later step outside it may change them)."""
         capacity = self.shapes.capacity
-        project = torch.inference_mode()(self.drafter.block1.project) if self.drafter.config.cross_attention else None
+        project = self.drafter.block1.project if self.drafter.config.cross_attention else None
         with torch.inference_mode(False):
             memory = FeatureMemory(self.drafter.config, capacity, self.device, self.embed.dtype, project)
             return DraftState(self.drafter.new_caches(capacity), memory)
 
     def draft(self, state: DraftState, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Feed inputs [1, n, H] at positions [n] after `state`'s caches -> f [1, n, H]; the memory is read, not written."""
+        """Feed inputs [1, n, H] at positions [n] after `state`'s caches -> f [1, n, H], then kept in the
+        memory as own features (after the step has read it). A forward's padding rows store theirs past
+        the request's end too: the session's next forward drops own entries from its `keep` first."""
         memory = state.memory
         kv = (memory.kv[0][None], memory.kv[1][None]) if memory.kv is not None else None
         f, _ = self.drafter(inputs, positions, memory.features[None], memory.positions, state.caches, kv, memory.held)
+        memory.put_own(positions, f[0])
         return f
 
-    def _step(self, state: DraftState, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids [1, w] at positions [w] -> (f [1, w, H], logits [1, w, V])."""
-        f = self.draft(state, self.embed[ids], positions)
-        return f, f @ self.lm_head.T
+    def _step(self, state: DraftState, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor]:
+        """ids [1, w] at positions [w] -> (logits [1, w, V])."""
+        return (self.draft(state, self.embed[ids], positions) @ self.lm_head.T,)
 
 
 class DreamSession:
@@ -195,7 +198,7 @@ class DreamSession:
         self.tokens = list(prompt)  # context ids: the target's prompt, then generated tokens
         self.prompt_len = len(prompt)
         self.last_prompt_token = prompt[-1]
-        self.state: DraftState | None = stage.states.take()
+        self.state: DraftState | None = stage.caches.take()
         self.memory = self.state.memory
         self.memory.clear()
         self.fed = 0  # context positions the caches cover (kept ones; dropped image positions count too)
@@ -225,8 +228,7 @@ class DreamSession:
         assert self.state is not None and self.prefill_embeddings is not None and self.kept is not None, "prefill features first"
         positions = self.kept.nonzero().squeeze(-1)  # [k]
         self.state.rewind(0)
-        f = self.stage.draft(self.state, self.prefill_embeddings[self.kept][None], positions)
-        self.memory.put_own(positions, f[0])
+        self.stage.draft(self.state, self.prefill_embeddings[self.kept][None], positions)
         self.fed = self.prompt_len - 1
 
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
@@ -242,13 +244,12 @@ class DreamSession:
         self.memory.drop_own_from(keep)  # tokens before `keep` are unchanged: their own features still hold
         self.tokens[keep:] = list(tokens)
         end = keep + len(tokens)
-        f, logits = self.stage.forwards(self.state, start, self.tokens[start:end])  # [end - start, H], [end - start, V]
-        self.memory.put_own(range(start, end), f)
+        (logits,) = self.stage.forwards(self.state, start, self.tokens[start:end])  # [end - start, V]
         self.fed = end
         check_length(name, self.state.length, self.fed)
         return self.stage.fit(logits[-len(tokens) :].float())
 
     def close(self) -> None:
         if self.state is not None:
-            self.stage.states.give(self.state)
+            self.stage.caches.give(self.state)
         self.state = None
