@@ -36,6 +36,7 @@ from pipespec.stages.forwards import Forwards, Shapes, compiles
 from pipespec.stages.kinds import ModelOptions
 from pipespec.stages.kv_pool import KVPool
 from pipespec.stages.vocabulary import LogitsFit
+from pipespec.stages.weight_layout import column_major
 
 if TYPE_CHECKING:
     from pipespec.config import StageSpec
@@ -163,6 +164,9 @@ class DreamStage:
         """The checkpoint in `spec.model`, in `spec.dtype` on `spec.device`; its logits fit `at.width` and `at.valid`.
         Its forwards are warmed up (compiled, unless its options say otherwise) before this returns."""
         ckpt = load(spec.model, DTYPES[spec.dtype], stage_device(spec.name, spec.device))
+        column_major(ckpt.drafter)  # for inference only: a training loop keeps its own parameters
+        if ckpt.lm_head.dtype == torch.float32 and ckpt.lm_head.device.type == "cpu":
+            ckpt.lm_head = ckpt.lm_head.t().contiguous().t()  # [V, H], column-major as the drafter's weights
         return cls(spec.name, ckpt, at.width, at.valid, spec.options if spec.options is not None else ModelOptions())
 
     def open(self, request: RequestSpec) -> DreamSession:
