@@ -372,8 +372,7 @@ def section_forwards() -> str:
         "",
         f"Command: `{command}` (one torch thread). Median ms of a forward of k tokens after the prefill; in "
         "brackets, over the floor: one matrix-vector product over the weights a forward reads, in the stage's "
-        "dtype, on the same thread. The target pads its forwards to at least 4 tokens on a CPU (pipespec.stages.forwards); "
-        "the DREAM stage runs its own small eager forward either way.",
+        "dtype, on the same thread. The target pads its forwards to at least 4 tokens on a CPU (pipespec.stages.forwards).",
         "",
         "| stage | how | floor ms | " + " | ".join(f"k={k}" for k in blocks) + " |",
         "|---|---|---|" + "---|" * len(blocks),

@@ -4,7 +4,7 @@
                                       [--threads 1] [--repeats 15] [--json FILE]
 
 For each model stage of the config (the target last) and each way of running its forwards (eager,
-then compiled: pipespec.stages.forwards; a DREAM stage runs its own small eager forward either way),
+then compiled: pipespec.stages.forwards),
 the median milliseconds of a forward of k tokens after the prefill, on the config's first held-out
 prompt (`pipespec.planning.profiling.time_forwards`: the block fed again and again at the same place).
 Beside them, the floor: one matrix-vector product over as many weights as one forward of the stage

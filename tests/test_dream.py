@@ -228,10 +228,10 @@ def test_dream_session_keeps_memory_and_inputs_consistent(world):
     assert len(kept_prompt) == P - 1 - int(image.sum()) + int(np.ceil(0.75 * int(image.sum())))
     block0 = d.state.caches.block0
     cached = set(block0.positions[: int(block0.length)].tolist())
-    in_memory = set(d.memory.held_positions())
+    in_memory = set(d.state.memory.held_positions())
     assert cached == kept_prompt | {P - 1}
     assert in_memory == cached  # the prompt's target features, plus our own f at P - 1
-    assert not d.memory.from_target(P - 1)  # our own feature
+    assert not d.state.memory.from_target(P - 1)  # our own feature
     t.close()
     d.close()
 

@@ -202,9 +202,8 @@ class DreamSession:
         self.tokens = list(prompt)  # context ids: the target's prompt, then generated tokens
         self.prompt_len = len(prompt)
         self.last_prompt_token = prompt[-1]
-        self.state: DraftState | None = stage.caches.take()
-        self.memory = self.state.memory
-        self.memory.clear()
+        self.state: DraftState | None = stage.caches.take()  # None once closed: the pool's again
+        self.state.memory.clear()
         self.fed = 0  # context positions the caches cover (kept ones; dropped image positions count too)
         self.stale_from: int | None = None  # an own memory entry here was replaced after later queries used it
         self.prefill_embeddings: torch.Tensor | None = None
@@ -212,6 +211,9 @@ class DreamSession:
 
     def add_features(self, features: TargetFeatures) -> None:
         """Compute thread: take the target's features (prefill first, then per verification)."""
+        if self.state is None:  # closed: the state may serve another request now
+            return
+        memory = self.state.memory
         device, dtype = self.stage.device, self.stage.embed.dtype  # features may come from another device
         if features.prefill is not None:
             pre = features.prefill
@@ -219,10 +221,10 @@ class DreamSession:
             self.kept = kept_positions(image_mask, pre.attention_received, self.stage.keep_fraction)
             self.prefill_embeddings = pre.embeddings.to(device, dtype)
             positions = self.kept.nonzero().squeeze(-1).tolist()
-            self.memory.put_target(positions, pre.hidden.to(device, dtype)[self.kept])
+            memory.put_target(positions, pre.hidden.to(device, dtype)[self.kept])
             return
         positions = range(features.start, features.start + len(features.hidden))
-        replaced = self.memory.put_target(positions, features.hidden.to(device, dtype))
+        replaced = memory.put_target(positions, features.hidden.to(device, dtype))
         if replaced is not None and replaced + 1 < self.fed:
             self.stale_from = replaced if self.stale_from is None else min(self.stale_from, replaced)
 
@@ -245,7 +247,7 @@ class DreamSession:
         start = keep if self.stale_from is None else max(self.prompt_len - 1, min(keep, self.stale_from + 1))
         assert start >= self.prompt_len - 1, (start, self.prompt_len)
         self.stale_from = None
-        self.memory.drop_own_from(keep)  # tokens before `keep` are unchanged: their own features still hold
+        self.state.memory.drop_own_from(keep)  # tokens before `keep` are unchanged: their own features still hold
         self.tokens[keep:] = list(tokens)
         end = keep + len(tokens)
         (logits,) = self.stage.forwards(self.state, start, self.tokens[start:end])  # [end - start, V]
