@@ -35,9 +35,11 @@ PROMPTS = "experiments/prompts/world_held_out.jsonl"
 
 
 def with_compile(config: PipelineConfig, compiled: bool) -> PipelineConfig:
-    """`config` with every stage that takes ModelOptions compiled or not."""
+    """`config` with every stage that takes ModelOptions (or a kind's subclass of them) compiled or not."""
     stages = tuple(
-        replace(s, options=replace(s.options or ModelOptions(), compile=compiled)) if kind_of(s).options is ModelOptions else s
+        replace(s, options=replace(s.options or options(), compile=compiled))
+        if (options := kind_of(s).options) is not None and issubclass(options, ModelOptions)
+        else s
         for s in config.stages
     )
     return replace(config, stages=stages)

@@ -277,9 +277,13 @@ def _stage(raw: Any, i: int) -> StageSpec:
         values = {}
         for f in fields(option_cls):
             if f.name in raw:
-                ftype = {"float": float, "int": int, "int | None": (int, type(None)), "bool | None": (bool, type(None))}[
-                    str(f.type)
-                ]
+                ftype = {
+                    "float": float,
+                    "int": int,
+                    "int | None": (int, type(None)),
+                    "bool": bool,
+                    "bool | None": (bool, type(None)),
+                }[str(f.type)]
                 values[f.name] = _typed(raw[f.name], ftype, f"{where}.{f.name}")
         options = option_cls(**values)
         options.check(where)

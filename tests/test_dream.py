@@ -243,7 +243,7 @@ def test_compiled_dream_forwards_draft_what_eager_ones_do(world):
     from pipespec.protocol.messages import TargetFeatures
     from pipespec.stages.dream.checkpoint import load
     from pipespec.stages.dream.stage import DreamStage
-    from pipespec.stages.kinds import ModelOptions
+    from pipespec.stages.kinds import DreamOptions
 
     with LocalPipeline(vlm_chain(world, ["dream", "target"])) as p:
         spec, _ = p.request(PROMPTS[0], image=IMAGES[0], max_new_tokens=12)
@@ -256,7 +256,8 @@ def test_compiled_dream_forwards_draft_what_eager_ones_do(world):
 
     def drafted(compiled: bool) -> list[torch.Tensor]:
         ckpt = load(world["dream"])
-        stage = DreamStage("dream", ckpt, dream.vocab_size, dream.fit.valid, ModelOptions(compile=compiled, max_width=4))
+        options = DreamOptions(compile=compiled, max_width=4, refresh=True)
+        stage = DreamStage("dream", ckpt, dream.vocab_size, dream.fit.valid, options)
         assert stage.forwards.compiled == compiled and stage.shapes.widths == (1, 2, 4)
         longer = stage.open(spec)
         longer.add_features(prefill)
@@ -275,6 +276,33 @@ def test_compiled_dream_forwards_draft_what_eager_ones_do(world):
 
     for eager, compiled in zip(drafted(False), drafted(True), strict=True):
         torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("refresh", [True, False])
+def test_a_target_feature_over_an_own_one_already_read_is_fed_again_only_with_refresh(world, refresh):
+    from pipespec.protocol.messages import TargetFeatures
+    from pipespec.stages.dream.checkpoint import load
+    from pipespec.stages.dream.stage import DreamStage
+    from pipespec.stages.kinds import DreamOptions
+
+    with LocalPipeline(vlm_chain(world, ["dream", "target"])) as p:
+        spec, _ = p.request(PROMPTS[0], image=IMAGES[0], max_new_tokens=12)
+        dream, target = p.stages
+    t = target.open(spec)
+    P, H = len(spec.prompt_token_ids), t.prefill_features.hidden.shape[1]
+    stage = DreamStage("dream", load(world["dream"]), dream.vocab_size, dream.fit.valid, DreamOptions(refresh=refresh))
+    feeds = []
+    forwards = stage.forwards
+    stage.forwards = lambda cache, keep, tokens: feeds.append((keep, len(tokens))) or forwards(cache, keep, tokens)
+    session = stage.open(spec)
+    session.add_features(TargetFeatures(spec.request_id, 0, prefill=t.prefill_features))
+    t.close()
+    session.forward(P - 1, [spec.prompt_token_ids[-1]])
+    session.forward(P, [5, 6])  # own features at P - 1 .. P + 1, read by P and P + 1
+    session.add_features(TargetFeatures(spec.request_id, P - 1, hidden=torch.randn(2, H)))  # the target's at P - 1, P
+    session.forward(P + 2, [7])
+    assert feeds[-1] == ((P, 3) if refresh else (P + 2, 1))  # again from P (the first to read P - 1), or only the new token
+    session.close()
 
 
 def test_a_dream_stage_must_sit_right_before_a_vlm_target(world):

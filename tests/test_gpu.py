@@ -176,10 +176,10 @@ def test_block_invariant_logits_on_the_gpu(tmp_path_factory, dtype, compiled):
 
 
 def compiled_bf16(config: PipelineConfig) -> PipelineConfig:
-    """`config` in bf16, every stage that takes ModelOptions compiled."""
+    """`config` in bf16, every stage that takes ModelOptions (or a kind's subclass of them) compiled."""
     stages = tuple(
-        replace(s, dtype="bfloat16", options=replace(s.options or ModelOptions(), compile=True))
-        if kind_of(s).options is ModelOptions
+        replace(s, dtype="bfloat16", options=replace(s.options or options(), compile=True))
+        if (options := kind_of(s).options) is not None and issubclass(options, ModelOptions)
         else replace(s, dtype="bfloat16")
         for s in config.stages
     )

@@ -7,8 +7,9 @@ the target holds as true. Until the prefill features arrive the runner does not 
 
 Memory (`FeatureMemory`): one feature per context position, the target's where it has sent one and
 the drafter's own predicted f beyond (feature-level autoregression). When a target feature replaces
-an own one that later queries already used, those queries are stale: the next `forward` recomputes
-from there (its token ids are known), so the caches always reflect the best memory.
+an own one that later positions already read, their cached keys are stale: with `refresh`
+(pipespec.stages.kinds.DreamOptions) the next `forward` feeds them again (their token ids are known);
+by default they stay, and only positions fed later read the target's feature.
 
 Forwards (pipespec.stages.forwards): each request's caches and memory are preallocated at the stage's
 capacity (`DraftState`) and every step reads all of it, entries not in use masked, so a step's shapes
@@ -33,7 +34,7 @@ from pipespec.stages.dream.checkpoint import DreamCheckpoint, load
 from pipespec.stages.dream.compression import kept_positions
 from pipespec.stages.dream.model import DraftCaches, DreamConfig
 from pipespec.stages.forwards import Forwards, Shapes, compiles
-from pipespec.stages.kinds import ModelOptions
+from pipespec.stages.kinds import DreamOptions
 from pipespec.stages.kv_pool import KVPool
 from pipespec.stages.vocabulary import LogitsFit
 from pipespec.stages.weight_layout import column_major
@@ -140,7 +141,7 @@ class DreamStage:
         ckpt: DreamCheckpoint,
         width: int | None = None,
         valid: int | None = None,
-        options: ModelOptions | None = None,
+        options: DreamOptions | None = None,
     ):
         """`width`, `valid`: the pipeline's vocabulary (see pipespec.stages.vocabulary). `options`: its forwards'
         context and widths, and whether they are compiled (None: eager, at the checkpoint's context)."""
@@ -152,7 +153,8 @@ class DreamStage:
         self.keep_fraction = ckpt.keep_fraction
         self.fit = LogitsFit.of(name, self.lm_head.shape[0], width, valid)
         self.vocab_size = self.fit.width
-        options = options if options is not None else ModelOptions(compile=False)
+        options = options if options is not None else DreamOptions(compile=False)
+        self.refresh = options.refresh
         self.shapes = Shapes.of(options, ckpt.max_context, self.device, target=False)
         self.forwards = Forwards(name, self._step, self.shapes, compiles(options), self.device)
         self.caches = KVPool(self.new_state)  # one DraftState per request in flight
@@ -167,7 +169,7 @@ class DreamStage:
         column_major(ckpt.drafter)  # for inference only: a training loop keeps its own parameters
         if ckpt.lm_head.dtype == torch.float32 and ckpt.lm_head.device.type == "cpu":
             ckpt.lm_head = ckpt.lm_head.t().contiguous().t()  # [V, H], column-major as the drafter's weights
-        return cls(spec.name, ckpt, at.width, at.valid, spec.options if spec.options is not None else ModelOptions())
+        return cls(spec.name, ckpt, at.width, at.valid, spec.options if spec.options is not None else DreamOptions())
 
     def open(self, request: RequestSpec) -> DreamSession:
         return DreamSession(self, request.prompt_token_ids)
@@ -205,7 +207,7 @@ class DreamSession:
         self.state: DraftState | None = stage.caches.take()  # None once closed: the pool's again
         self.state.memory.clear()
         self.fed = 0  # context positions the caches cover (kept ones; dropped image positions count too)
-        self.stale_from: int | None = None  # an own memory entry here was replaced after later queries used it
+        self.stale_from: int | None = None  # with `refresh`: an own memory entry here was replaced after later positions read it
         self.prefill_embeddings: torch.Tensor | None = None
         self.kept: torch.Tensor | None = None  # [P - 1] bool: prompt positions kept (compression)
 
@@ -225,7 +227,7 @@ class DreamSession:
             return
         positions = range(features.start, features.start + len(features.hidden))
         replaced = memory.put_target(positions, features.hidden.to(device, dtype))
-        if replaced is not None and replaced + 1 < self.fed:
+        if self.stage.refresh and replaced is not None and replaced + 1 < self.fed:
             self.stale_from = replaced if self.stale_from is None else min(self.stale_from, replaced)
 
     @torch.inference_mode()
