@@ -19,6 +19,7 @@ from pipespec.config import (
     load_config,
 )
 from pipespec.protocol.params import VerifyMode
+from pipespec.stages.kinds import DreamOptions
 
 
 def mock_config(**overrides):
@@ -122,6 +123,15 @@ def test_model_options(tmp_path):
         with pytest.raises(ConfigError) as e:
             load_config({"stages": [{**stage, key: value}]})
         assert str(e.value) == message
+
+
+def test_dream_options(tmp_path):
+    dream = {"name": "dream", "kind": "dream", "model": str(tmp_path), "refresh": True, "max_width": 4}
+    target = {"name": "target", "kind": "vlm", "model": str(tmp_path)}
+    assert load_config({"stages": [dream, target]}).stages[0].options == DreamOptions(refresh=True, max_width=4)
+    with pytest.raises(ConfigError) as e:
+        load_config({"stages": [{**dream, "refresh": 1}, target]})
+    assert str(e.value) == "stages[0].refresh: expected bool, got 1"
 
 
 def test_yaml_file_parses(tmp_path):
