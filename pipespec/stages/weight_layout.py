@@ -26,6 +26,13 @@ def column_major(model: torch.nn.Module) -> torch.nn.Module:
     copy of its own; the embedding table keeps its rows); -> `model`."""
     for module in model.modules():
         weight = module.weight.detach() if isinstance(module, torch.nn.Linear) else None
-        if weight is not None and weight.dtype == torch.float32 and weight.device.type == "cpu":
-            module.weight = torch.nn.Parameter(weight.t().contiguous().t(), requires_grad=False)  # [out, in], strides (1, out)
+        if weight is not None and weight is not (laid := column_major_weight(weight)):
+            module.weight = torch.nn.Parameter(laid, requires_grad=False)
     return model
+
+
+def column_major_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` [out, in] stored transposed (strides (1, out)) if it is fp32 on a CPU, else `weight` itself."""
+    if weight.dtype == torch.float32 and weight.device.type == "cpu":
+        return weight.t().contiguous().t()
+    return weight

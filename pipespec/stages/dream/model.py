@@ -55,7 +55,6 @@ class BlockCache:
     them in; `keep_before` rolls back by counting again. Nothing is copied or reallocated per step."""
 
     def __init__(self, config: DreamConfig, dtype: torch.dtype, device: torch.device, capacity: int):
-        self.capacity = capacity
         self.length = torch.zeros((), dtype=torch.long, device=device)  # entries in use
         self.index = torch.arange(capacity, device=device)  # [C]
         self.positions = torch.zeros(capacity, dtype=torch.long, device=device)  # [C]: ascending over those in use

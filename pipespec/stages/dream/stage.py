@@ -37,7 +37,7 @@ from pipespec.stages.forwards import Forwards, Shapes, compiles
 from pipespec.stages.kinds import DreamOptions
 from pipespec.stages.kv_pool import KVPool
 from pipespec.stages.vocabulary import LogitsFit
-from pipespec.stages.weight_layout import column_major
+from pipespec.stages.weight_layout import column_major, column_major_weight
 
 if TYPE_CHECKING:
     from pipespec.config import StageSpec
@@ -167,8 +167,7 @@ class DreamStage:
         Its forwards are warmed up (compiled, unless its options say otherwise) before this returns."""
         ckpt = load(spec.model, DTYPES[spec.dtype], stage_device(spec.name, spec.device))
         column_major(ckpt.drafter)  # for inference only: a training loop keeps its own parameters
-        if ckpt.lm_head.dtype == torch.float32 and ckpt.lm_head.device.type == "cpu":
-            ckpt.lm_head = ckpt.lm_head.t().contiguous().t()  # [V, H], column-major as the drafter's weights
+        ckpt.lm_head = column_major_weight(ckpt.lm_head)  # [V, H], laid out as the drafter's weights
         return cls(spec.name, ckpt, at.width, at.valid, spec.options if spec.options is not None else DreamOptions())
 
     def open(self, request: RequestSpec) -> DreamSession:
