@@ -309,8 +309,9 @@ def real_sweep(
     models: Path, prompts: int = 4, tokens: int = 48, dtype: str = "float32", tick: Tick | None = None
 ) -> list[ScalingRow]:
     """On a local Ray (started and stopped here): one stage per device, as far as the devices go."""
-    from pipespec.cli.demo import demo_config, time_requests
+    from pipespec.cli.demo import demo_config
     from pipespec.cluster.pipeline import local_ray
+    from pipespec.cluster.timed_requests import time_requests
 
     requests = real_requests(prompts, tokens)
     rows: list[ScalingRow] = []

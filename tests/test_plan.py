@@ -328,7 +328,7 @@ def test_cli_prints_the_table_and_writes_json_and_a_config_that_loads(tmp_path, 
     path = tmp_path / "mock.yaml"
     path.write_text(yaml.safe_dump(raw))
     out_json, out_yaml = tmp_path / "plan.json", tmp_path / "rec.yaml"
-    argv = ["plan", str(path), "--prompt", "one prompt", "--prompt", "two", "--max-new-tokens", "24"]
+    argv = ["plan", str(path), "--prompt", "one prompt", "--prompt", "two", "--max-new-tokens", "24", "--trials", "0"]
     assert main([*argv, "--json", str(out_json), "--write-config", str(out_yaml)]) == 0
     out = capsys.readouterr().out
     for text in ("1-token fwd", "tiny -> mid", "mid -> target", "recommended:", "sync", "2 prompts x 24 new tokens"):
@@ -347,8 +347,9 @@ def test_cli_prints_the_table_and_writes_json_and_a_config_that_loads(tmp_path, 
         (lambda raw: raw["stages"][0].update(agreemnt=0.5), [], "agreemnt"),
         (lambda raw: None, ["--image", "no-such-picture.png"], "does not take images"),
         (lambda raw: None, ["--max-new-tokens", "4"], "max_new_tokens"),
+        (lambda raw: None, ["--trials", "-1"], "--trials must be 0 or more, got -1"),
     ],
-    ids=["unknown-key", "image-for-a-text-target", "too-few-tokens"],
+    ids=["unknown-key", "image-for-a-text-target", "too-few-tokens", "negative-trials"],
 )
 def test_cli_bad_inputs_are_named(tmp_path, capsys, edit, args, message):
     raw = mock_raw(tiny={}, target={})
@@ -373,7 +374,8 @@ def test_cli_plans_for_the_devices_it_is_given(tmp_path, capsys):
     raw = mock_raw(tiny={"agreement": 0.9, "latency_ms": 1}, target={"latency_ms": 10})
     path, out_yaml = tmp_path / "mock.yaml", tmp_path / "rec.yaml"
     path.write_text(yaml.safe_dump(raw))
-    assert main(["plan", str(path), "--devices", "1", "--max-new-tokens", "16", "--write-config", str(out_yaml)]) == 0
+    argv = ["plan", str(path), "--devices", "1", "--max-new-tokens", "16", "--trials", "0", "--write-config", str(out_yaml)]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "1 device of" in out and "tiny+target" in out and "why:" in out
     written = load_config(out_yaml)

@@ -10,7 +10,7 @@
                       [--temperature T] [--top-p P] [--top-k K] [--seed S] [--stop TEXT ...] [--logprobs K]
                       [--tokenizer DIR]
     pipespec plan CONFIG [--devices N] [--prompt TEXT ...] [--image FILE] [--max-new-tokens N] [--json FILE]
-                  [--write-config FILE] [--threads N]
+                  [--write-config FILE] [--threads N] [--trials N]
 
 Every command takes `--log-level LEVEL` (DEBUG, INFO, WARNING, ERROR, CRITICAL; default WARNING, INFO
 for `plan`), or a logging config file named by $PIPESPEC_LOGGING_CONFIG (pipespec.commands.logs).
@@ -37,8 +37,10 @@ as its id (the wire carries ids).
 `plan` profiles each stage's forward latency and each pair's acceptance on a few prompts, in this
 process, and recommends which stages to use, their placement on the devices and each drafter's
 lookahead (see pipespec.planning.plan). Devices default to this machine's cores, one core each (`--devices N`
-splits the cores into N devices). `--plan auto` on `serve` (and `demo`, by default) profiles quickly,
-prints the recommendation and why, and runs it.
+splits the cores into N devices). Then it tries the `--trials` chains the model ranks highest, and the
+target alone, in place on a local Ray, and recommends the fastest measured (pipespec.planning.trial).
+`--plan auto` on `serve` (and `demo`, by default) profiles quickly, prints the recommendation and why,
+and runs it; `demo` tries first, `serve` takes the model's pick (it may be launched onto a cluster).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipespec.planning.trial import TRIALS
 from pipespec.protocol.logprobs import TokenLogprobs
 from pipespec.requests.generate_args import DEFAULT_MAX_NEW_TOKENS
 
@@ -199,6 +202,8 @@ def plan(args: argparse.Namespace) -> int:
     from pipespec.planning.plan import format_plan, recommend, write_config
     from pipespec.planning.profiling import profile, read_config
 
+    if args.trials < 0:
+        return _fail("plan", f"--trials must be 0 or more, got {args.trials}")
     try:
         devices = Devices.of_this_machine(args.devices)
         threads = devices.threads if args.threads is None else args.threads
@@ -207,6 +212,10 @@ def plan(args: argparse.Namespace) -> int:
     except ValueError as e:  # ConfigError included: the message names the key, file or value
         return _fail("plan", e)
     result = recommend(measured, raw, devices)
+    if args.trials:
+        from pipespec.planning.trial import run_trials, tried
+
+        result = tried(result, run_trials(raw, result, args.image, args.trials))
     print(format_plan(result))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -317,6 +326,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", help="a picture for a VLM target (required there)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt to measure acceptance")
     p.add_argument("--threads", type=int, help="torch threads to profile at (default: the cores of one device)")
+    p.add_argument(
+        "--trials",
+        type=int,
+        default=TRIALS,
+        help=f"run the N chains the model ranks highest, and the target alone, in place on a local Ray and recommend the "
+        f"fastest measured (0: the model's pick, nothing started; default {TRIALS})",
+    )
     p.add_argument("--json", help="also write the profile and the plan as JSON to this file")
     p.add_argument("--write-config", help="write the recommended config (YAML) to this file")
     add_log_level(p)  # INFO: profiling's progress (real models take a while)

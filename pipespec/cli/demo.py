@@ -3,8 +3,8 @@
 The shipped models (`models/demo`: a LLaVA-class target trained on the generated visual world, a tiny
 text drafter and a DREAM drafter, all trained by `python -m demo.train`) run as a pipeline of Ray
 actors linked by gRPC streams: by default (`--plan auto`) the chain, placement and lookaheads that
-`pipespec plan` recommends for this machine's cores, profiled here first on the demo's own request (a
-few seconds); with `--plan none`, all three, tiny -> dream -> target, each stage on a device of its own
+`pipespec plan` recommends for this machine's cores, profiled here first on the demo's own request,
+then the best chains tried in place on it (pipespec.planning.trial; about a minute); with `--plan none`, all three, tiny -> dream -> target, each stage on a device of its own
 with a third of this machine's cores. A picture from the world's held-out split (or `--image`) and a question (or `--prompt`)
 go through the `Client`; the first answer streams token by token.
 
@@ -19,7 +19,8 @@ Three steps, each returning data that the command prints (pipespec.cli): `demo_r
 was asked (the models directory is an argument: the command's `--models`), `demo_setup` chooses the
 pipeline, `run_demo` runs it and returns a `DemoReport`; the first answer's text goes to an `on_text`
 callback as it streams. What the demo cannot run raises `DemoError`; a failed generation,
-`GenerationError`. `timed`, `time_requests` and `demo_config` serve the experiments too.
+`GenerationError`. `demo_config` serves the experiments too; the requests are timed as
+pipespec.cluster.timed_requests times them, as the planner's trials are.
 """
 
 from __future__ import annotations
@@ -27,29 +28,25 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipespec.cluster.pipeline import local_ray, start_pipeline
+from pipespec.cluster.pipeline import local_ray
+from pipespec.cluster.timed_requests import OnText, Run, serving, timed, tokens_per_s
 from pipespec.config import PipelineConfig, load_config
 from pipespec.errors import ConfigError
 from pipespec.planning.placement import Devices
 from pipespec.protocol.stats import PairStats, merged_pairs
-from pipespec.requests.outputs import Delta, Generation
 
 if TYPE_CHECKING:
-    from pipespec.client import Client
     from pipespec.local import LocalPipeline
     from pipespec.planning.plan import Plan
 
 DEFAULT_PROMPT = "Describe the image."
 CHAIN = ("tiny", "dream", "target")  # the shipped models, upstream to downstream
-Run = tuple[Generation, float]  # an answer and the seconds it took
-OnText = Callable[[str], None]  # shows text as it comes
 
 
 class DemoError(Exception):
@@ -93,40 +90,6 @@ def picture_truth(models: Path, image: Any) -> str | None:
         return None
     truth = json.loads(recorded.read_text())
     return truth["truth"] if hashlib.sha256(Path(picture).read_bytes()).hexdigest() == truth["png_sha256"] else None
-
-
-@contextmanager
-def serving(config: PipelineConfig, warm_up: dict) -> Iterator[Client]:
-    """Serve `config` on the running Ray; yield a `Client` to it once `warm_up` (a request's keywords) has
-    gone through every stage; stop the pipeline on exit."""
-    from pipespec.client import Client
-
-    running = start_pipeline(config)
-    try:
-        client = Client(running.address)
-        client.generate(**{**warm_up, "max_new_tokens": 4})
-        yield client
-    finally:
-        running.stop()
-
-
-def timed(stream: Callable[..., Iterator[Delta]], request: dict, on_text: OnText | None = None) -> Run:
-    """Stream one request (`Client.stream` or `LocalPipeline.stream`) -> (its Generation, seconds);
-    `on_text` is given each delta's text as it comes."""
-    start = time.perf_counter()
-    deltas = []
-    for delta in stream(**request):
-        deltas.append(delta)
-        if on_text is not None:
-            on_text(delta.text)
-    return Generation.from_deltas(deltas), time.perf_counter() - start
-
-
-def time_requests(config: PipelineConfig, requests: list[dict]) -> list[Run]:
-    """Serve `config` on the running Ray, warm it up, then stream `requests` one after another
-    (keyword dicts for `Client.stream`); -> [(Generation, seconds)]."""
-    with serving(config, requests[0]) as client:
-        return [timed(client.stream, request) for request in requests]
 
 
 def placement_lines(config: PipelineConfig) -> list[str]:
@@ -182,7 +145,10 @@ def demo_request(models: Path, prompt: str = DEFAULT_PROMPT, image: Any = None, 
 
 def planning_line(plan: Devices) -> str:
     """What `demo_setup` is about to do with `plan`, said before it profiles (a few seconds)."""
-    return f"planning for {_count(plan.count, 'device')} of {_count(plan.cpus, 'core')} (profiling here) ..."
+    return (
+        f"planning for {_count(plan.count, 'device')} of {_count(plan.cpus, 'core')} "
+        "(profiling here, then trying the best chains in place) ..."
+    )
 
 
 @dataclass(frozen=True)
@@ -224,9 +190,17 @@ def demo_setup(request: DemoRequest, dtype: str = "float32", plan: Devices | Non
     if plan is None:
         return DemoSetup(request, demo_config(request.models, CHAIN, dtype, Devices.of_this_machine(len(CHAIN)).cpus), dtype)
     from pipespec.planning.plan import auto
+    from pipespec.planning.trial import TRIALS
 
     try:
-        raw, chosen = auto(demo_raw(request.models, CHAIN, dtype, plan.cpus), plan, prompts=[request.prompt], image=request.image)
+        raw, chosen = auto(
+            demo_raw(request.models, CHAIN, dtype, plan.cpus),
+            plan,
+            prompts=[request.prompt],
+            image=request.image,
+            max_new_tokens=request.max_new_tokens,
+            trials=TRIALS,
+        )
         return DemoSetup(request, load_config(raw), dtype, chosen)
     except ConfigError as e:
         raise DemoError(str(e)) from None
@@ -268,7 +242,7 @@ def fastest_alone(setup: DemoSetup, request: dict) -> Iterator[tuple[LocalPipeli
 
     def rate(threads: int) -> float:
         with warm(threads) as alone:
-            return _rate(timed(alone.stream, request))
+            return tokens_per_s([timed(alone.stream, request)])
 
     counts = sorted({1, setup.threads})
     threads = counts[0] if len(counts) == 1 else max(counts, key=rate)
@@ -288,19 +262,19 @@ class DemoReport:
     pairs: tuple[PairStats, ...]
     threads: int  # the target alone's torch threads
     config: PipelineConfig = field(repr=False)  # the pipeline's
-    predicted: float | None = None  # the tokens per second `pipespec plan` predicted (None: not planned)
+    predicted: float | None = None  # the tokens per second the plan expects (`Plan.predicted`; None: not planned)
 
     @classmethod
     def of(cls, rounds: Sequence[tuple[Run, Run]], setup: DemoSetup, threads: int) -> DemoReport:
         """The figures of `rounds` (pipeline, target alone at `threads` torch threads) of `setup`."""
         return cls(
-            pipeline=tuple(_rate(p) for p, _ in rounds),
-            alone=tuple(_rate(a) for _, a in rounds),
+            pipeline=tuple(tokens_per_s([p]) for p, _ in rounds),
+            alone=tuple(tokens_per_s([a]) for _, a in rounds),
             exact=all(p[0].token_ids == a[0].token_ids for p, a in rounds),
             pairs=tuple(merged_pairs(p[0].stats.pairs for p, _ in rounds)),
             threads=threads,
             config=setup.config,
-            predicted=setup.chosen.recommended.tokens_per_s if setup.chosen else None,
+            predicted=setup.chosen.predicted if setup.chosen else None,
         )
 
     @property
@@ -351,7 +325,3 @@ class DemoReport:
             f"identical to the target alone: {'yes' if self.exact else 'NO'}",
         ]
         return lines
-
-
-def _rate(run: Run) -> float:
-    return len(run[0].token_ids) / run[1]

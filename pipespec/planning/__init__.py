@@ -4,4 +4,5 @@
 - `profiling`: what each stage's forwards cost and how often each pair agrees, measured here
 - `analytical`: PipeSpec's analytical throughput models
 - `plan`: the recommendation built from the three, and the config it writes
+- `trial`: the best candidates run in place and timed; the fastest measured is recommended
 """

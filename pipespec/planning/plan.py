@@ -12,7 +12,13 @@ it, the one on fewer devices (then with fewer stages). Synchronous speculative d
 drafter is shown beside it for reference (`sync_rate`; the model's drafter-and-target-on-one-device
 candidate with window gamma predicts exactly that).
 
-`auto` is what `pipespec serve/demo --plan auto` run: a quick profile, then the recommended config.
+The model ranks; it does not know what a step costs inside the runtime. With trials
+(pipespec.planning.trial: `pipespec plan` and `pipespec demo` by default), the best-ranked chains and the
+target alone are run in place and timed, and the fastest measured is recommended: its measured rate is
+the plan's prediction (`Plan.predicted`), the model's beside it.
+
+`auto` is what `pipespec serve/demo --plan auto` run: a quick profile, the recommendation, and (when
+asked) its trials -> the recommended config.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -31,6 +37,9 @@ from pipespec.errors import ConfigError
 from pipespec.planning.analytical import forward_latency, placed_rate, sync_rate
 from pipespec.planning.placement import Devices, label, on_devices, placements
 from pipespec.planning.profiling import IMAGE_PROMPTS, TEXT_PROMPTS, Profile, profile, read_config
+
+if TYPE_CHECKING:
+    from pipespec.planning.trial import Trial
 
 LOOKAHEADS = (2, 4, 6, 8, 12, 16, 24, 32)  # 1 is left out: a window of 1 leaves the drafter nothing to run ahead with
 TIE = 0.01  # lookaheads whose predicted rate is within 1% of a candidate's best count as tied: the smallest wins
@@ -59,11 +68,18 @@ class Plan:
     recommended: Candidate
     chains: tuple[Candidate, ...]  # every valid chain on every placement, at its best lookaheads, fastest first
     synchronous: tuple[Candidate, ...]  # synchronous speculative decoding per drafter, for reference
-    target_tokens_per_s: float
+    target_tokens_per_s: float  # predicted
     devices: Devices | None = None  # what the placements fit; None: a device per stage, none shared
+    trials: tuple[Trial, ...] = ()  # candidates run in place (pipespec.planning.trial), fastest first; () untried
+
+    @property
+    def predicted(self) -> float:
+        """Tokens per second the recommended config is expected to deliver: measured in place when it was
+        tried, else the model's."""
+        return next((t.tokens_per_s for t in self.trials if t.candidate == self.recommended), self.recommended.tokens_per_s)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "predicted_tokens_per_s": self.predicted}
 
 
 # ---- recommendation --------------------------------------------------------------------------------
@@ -172,23 +188,27 @@ def placed_stages(
     return out
 
 
-def recommended_config(raw: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
-    """The original config with the stages the plan leaves out dropped, each drafter's max_lookahead set,
-    the stages placed as the plan says (`placed_stages`); validated by load_config."""
-    chosen = plan.recommended
-    stages = placed_stages(raw, chosen.stages, chosen.placement, plan.devices)
-    for stage, lookahead in zip(stages, chosen.lookaheads):
+def candidate_config(raw: Mapping[str, Any], candidate: Candidate, devices: Devices | None) -> dict[str, Any]:
+    """The original config with the stages `candidate` leaves out dropped, each drafter's max_lookahead
+    set, the stages placed as it says on `devices` (`placed_stages`); validated by load_config."""
+    stages = placed_stages(raw, candidate.stages, candidate.placement, devices)
+    for stage, lookahead in zip(stages, candidate.lookaheads):
         stage["max_lookahead"] = lookahead
     out = {**raw, "stages": stages}
     load_config(out)
     return out
 
 
+def recommended_config(raw: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+    return candidate_config(raw, plan.recommended, plan.devices)
+
+
 def write_config(raw: Mapping[str, Any], plan: Plan, path: str | os.PathLike) -> None:
     chosen = plan.recommended
+    how = "measured in place" if plan.trials else "predicted"
     header = (
-        f"# recommended by `pipespec plan`: {' -> '.join(chosen.stages)} on {label(chosen.placement)}, predicted "
-        f"{chosen.tokens_per_s:.1f} tok/s ({chosen.speedup:.2f}x the target alone)\n"
+        f"# recommended by `pipespec plan`: {' -> '.join(chosen.stages)} on {label(chosen.placement)}, "
+        f"{plan.predicted:.1f} tok/s {how}\n"
     )
     Path(path).write_text(header + yaml.safe_dump(recommended_config(raw, plan), sort_keys=False))
 
@@ -199,12 +219,19 @@ def auto(
     prompts: Sequence[str] | None = None,
     image: Any = None,
     max_new_tokens: int = AUTO_TOKENS,
+    trials: int = 0,
 ) -> tuple[dict[str, Any], Plan]:
     """What `--plan auto` runs: a quick profile (`prompts`, default one built-in; forwards at one device's
-    threads), the recommendation for `devices` -> (the recommended config's mapping, the plan)."""
+    threads), the recommendation for `devices`, and with `trials` > 0 that many chains tried in place
+    (pipespec.planning.trial: a local Ray, started and stopped here) -> (the recommended config's
+    mapping, the plan)."""
     _, raw = read_config(source)
     quick = prompts or (IMAGE_PROMPTS if image is not None else TEXT_PROMPTS)[:1]
     plan = recommend(profile(raw, quick, image, max_new_tokens, torch_threads=devices.threads), raw, devices)
+    if trials:
+        from pipespec.planning.trial import run_trials, tried
+
+        plan = tried(plan, run_trials(raw, plan, image, trials))
     return recommended_config(raw, plan), plan
 
 
@@ -212,13 +239,14 @@ def auto(
 
 
 def explain(plan: Plan) -> str:
-    """Two lines: what the plan chose (chain, placement, lookaheads, predicted tokens per second) and why."""
+    """Two lines: what the plan chose (chain, placement, lookaheads, tokens per second: measured in place
+    when tried, else predicted) and why."""
     r = plan.recommended
     ahead = ", ".join(f"{name}={la}" for name, la in zip(r.stages, r.lookaheads)) or "none (no drafters)"
-    chose = (
-        f"recommended: {' -> '.join(r.stages)} on {_devices(r.devices)} ({label(r.placement)}), max_lookahead {ahead}: "
-        f"{r.tokens_per_s:.1f} tok/s predicted, {r.speedup:.2f}x the target alone ({plan.target_tokens_per_s:.1f} tok/s)"
-    )
+    chose = f"recommended: {' -> '.join(r.stages)} on {_devices(r.devices)} ({label(r.placement)}), max_lookahead {ahead}: "
+    if plan.trials:
+        return chose + _explain_trials(plan)
+    chose += f"{r.tokens_per_s:.1f} tok/s predicted, {r.speedup:.2f}x the target alone ({plan.target_tokens_per_s:.1f} tok/s)"
     limit = f"on at most {_devices(plan.devices.count)}" if plan.devices else "a device per stage"
     fastest, others = plan.chains[0], [c for c in plan.chains if c != r]
     if fastest != r:
@@ -228,6 +256,28 @@ def explain(plan: Plan) -> str:
         near = others[0].tokens_per_s >= (1 - FEWER_STAGES) * r.tokens_per_s and _fewer(r, others[0])
         why += f"; next: {_row(others[0])}" + (f", within {FEWER_STAGES:.0%} but on more {near}" if near else "")
     return f"{chose}\nwhy: {why}"
+
+
+def _explain_trials(plan: Plan) -> str:
+    from pipespec.planning.trial import TRIAL_TIE
+
+    r = plan.recommended
+    trial = next(t for t in plan.trials if t.candidate == r)
+    alone = next(t for t in plan.trials if len(t.candidate.stages) == 1)
+    chose = (
+        f"{trial.tokens_per_s:.1f} tok/s measured in place, {trial.tokens_per_s / alone.tokens_per_s:.2f}x the target alone "
+        f"there ({alone.tokens_per_s:.1f} tok/s); the model predicted {r.tokens_per_s:.1f}"
+    )
+    fastest, others = plan.trials[0], [t for t in plan.trials if t is not trial]
+    if fastest is not trial:
+        why = f"within {TRIAL_TIE:.0%} of the fastest tried ({_tried(fastest)}) on fewer {_fewer(r, fastest.candidate)}"
+    else:
+        why = f"the fastest of {len(plan.trials)} tried in place" + "".join(f"; next: {_tried(t)}" for t in others[:1])
+    return f"{chose}\nwhy: {why}"
+
+
+def _tried(trial: Trial) -> str:
+    return f"{' -> '.join(trial.candidate.stages)} on {label(trial.candidate.placement)}, {trial.tokens_per_s:.1f} tok/s"
 
 
 def _fewer(chosen: Candidate, other: Candidate) -> str:
@@ -283,7 +333,26 @@ def format_plan(plan: Plan, top: int = 12) -> str:
         )
     if len(plan.chains) > top:
         lines.append(f" ({len(plan.chains) - top} slower candidates not shown)")
+    if plan.trials:
+        lines += ["", *_trial_lines(plan, chain_w, place_w)]
     return "\n".join([*lines, "", explain(plan)])
+
+
+def _trial_lines(plan: Plan, chain_w: int, place_w: int) -> list[str]:
+    """The trials' table: each tried chain's model prediction beside its rounds measured in place."""
+    rounds = len(plan.trials[0].rounds)
+    lines = [
+        f"tried in place (a local Ray, {rounds} rounds of the prompts above, whole requests as a client sees them):",
+        f" {'chain (tried)':<{chain_w}}{'placement':<{place_w}}{'lookaheads':>12}{'model':>10}{'measured':>10}  rounds",
+    ]
+    for t in plan.trials:
+        c = t.candidate
+        mark = "*" if c == plan.recommended else " "
+        lines.append(
+            f"{mark}{' -> '.join(c.stages):<{chain_w}}{label(c.placement):<{place_w}}{_ints(c.lookaheads):>12}"
+            f"{c.tokens_per_s:>10.1f}{t.tokens_per_s:>10.1f}  {' / '.join(f'{x:.1f}' for x in t.rounds)}"
+        )
+    return lines
 
 
 def _ints(values: Sequence[int]) -> str:

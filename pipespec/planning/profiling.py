@@ -144,16 +144,20 @@ def _image(config: PipelineConfig, image: Any) -> tuple[Any, str | None]:
     return load_image(image), str(image) if isinstance(image, (str, os.PathLike)) else type(image).__name__
 
 
+def request_keywords(config: PipelineConfig, prompt: str, image: Any, max_new_tokens: int) -> dict[str, Any]:
+    """A greedy request on `prompt` (and `image`, for a VLM target) as the front door and `Client.stream`
+    take it. A chain that loads no model has no tokenizer: its prompt is the text's UTF-8 bytes modulo
+    the target's vocabulary."""
+    greedy = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
+    if not any(kind_of(s).loads_model for s in config.stages):
+        vocab = config.target.options.vocab_size
+        return {"prompt_token_ids": [b % vocab for b in prompt.encode()], **greedy}
+    return {"prompt": prompt, "image": image, **greedy}
+
+
 def _request(pipeline: Any, prompt: str, image: Any, max_new_tokens: int) -> RequestSpec:
-    """A greedy request through the pipeline's front door. Mock pipelines have no tokenizer: their
-    prompt is the text's UTF-8 bytes modulo the vocabulary."""
-    if pipeline.tokenizer is None and pipeline.front_door.processor is None:
-        vocab = pipeline.stages[-1].vocab_size
-        spec, _ = pipeline.request(
-            prompt_token_ids=[b % vocab for b in prompt.encode()], max_new_tokens=max_new_tokens, temperature=0.0
-        )
-    else:
-        spec, _ = pipeline.request(prompt, image=image, max_new_tokens=max_new_tokens, temperature=0.0)
+    """A greedy request through the pipeline's front door (`request_keywords`)."""
+    spec, _ = pipeline.request(**request_keywords(pipeline.config, prompt, image, max_new_tokens))
     return spec
 
 

@@ -1,0 +1,64 @@
+"""Requests timed as a client sees them: a config served on the running Ray, streamed to, timed.
+
+`serving` starts a config's pipeline and yields a `Client` to it once a warm-up request has gone
+through every stage; `timed` streams one request (from a `Client` or a `LocalPipeline`) and times it
+from the call to its last delta; `time_requests` does both for a list of requests. `pipespec demo`,
+the planner's trials (pipespec.planning.trial) and the experiments measure with them, so that what one
+of them predicts and what another measures are the same quantity: whole requests, prefill included.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from pipespec.cluster.pipeline import start_pipeline
+from pipespec.config import PipelineConfig
+from pipespec.requests.outputs import Delta, Generation
+
+if TYPE_CHECKING:
+    from pipespec.client import Client
+
+Run = tuple[Generation, float]  # an answer and the seconds it took
+OnText = Callable[[str], None]  # shows text as it comes
+
+
+@contextmanager
+def serving(config: PipelineConfig, warm_up: dict[str, Any]) -> Iterator[Client]:
+    """Serve `config` on the running Ray; yield a `Client` to it once `warm_up` (a request's keywords) has
+    gone through every stage; stop the pipeline on exit."""
+    from pipespec.client import Client
+
+    running = start_pipeline(config)
+    try:
+        client = Client(running.address)
+        client.generate(**{**warm_up, "max_new_tokens": 4})
+        yield client
+    finally:
+        running.stop()
+
+
+def timed(stream: Callable[..., Iterator[Delta]], request: dict[str, Any], on_text: OnText | None = None) -> Run:
+    """Stream one request (`Client.stream` or `LocalPipeline.stream`) -> (its Generation, seconds);
+    `on_text` is given each delta's text as it comes."""
+    start = time.perf_counter()
+    deltas = []
+    for delta in stream(**request):
+        deltas.append(delta)
+        if on_text is not None:
+            on_text(delta.text)
+    return Generation.from_deltas(deltas), time.perf_counter() - start
+
+
+def time_requests(config: PipelineConfig, requests: Sequence[dict[str, Any]]) -> list[Run]:
+    """Serve `config` on the running Ray, warm it up, then stream `requests` one after another
+    (keyword dicts for `Client.stream`); -> [(Generation, seconds)]."""
+    with serving(config, requests[0]) as client:
+        return [timed(client.stream, request) for request in requests]
+
+
+def tokens_per_s(runs: Sequence[Run]) -> float:
+    """Tokens generated over the seconds the requests took, end to end."""
+    return sum(len(g.token_ids) for g, _ in runs) / sum(s for _, s in runs)
