@@ -173,8 +173,8 @@ TABLE: dict[tuple[str, str], Entry] = {
     (
         "bash",
         "pipespec plan pipespec/configs/demo_two_cores.yaml --image models/demo/example.png [--devices N] [--prompt TEXT ...] "
-        "[--json FILE] [--write-config FILE]",
-    ): Entry(Kind.HELP, "a profile of a minute or more (tests/test_plan.py)"),
+        "[--trials N] [--json FILE] [--write-config FILE]",
+    ): Entry(Kind.HELP, "a profile and trials of minutes (tests/test_plan.py, tests/test_trial.py)"),
     ("bash", "python -m experiments.scaling [--devices 4] [--time-scale 0.1] [--real | --no-real]"): Entry(
         Kind.HELP, "a sweep of many minutes (tests/test_scaling.py)"
     ),

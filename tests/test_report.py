@@ -18,7 +18,7 @@ def test_the_plan_agrees_with_the_measured_best():
     bench = _bench(**{"target": 9.0, "sync tiny_target": 15.0, "async target": 8.0, "async tiny_target": 17.0})
     text = results.plan_check(_plan(("tiny", "target")), bench)
     assert "is the measured best" in text
-    assert "| tiny -> target (recommended) | 20.0 | 17.0 |" in text
+    assert "| tiny -> target (recommended) | 20.0 | - | 17.0 |" in text
     assert "sync" not in text.split("\n\n")[0]  # only asynchronous chains are compared
 
 
@@ -26,6 +26,13 @@ def test_the_plan_disagreeing_with_the_measured_best_says_by_how_much():
     bench = _bench(**{"async target": 8.0, "async tiny_target": 16.0, "async tiny_dream_target (local)": 20.0})
     text = results.plan_check(_plan(("tiny", "target")), bench)
     assert "is not the measured best (tiny -> dream -> target)" in text and "80%" in text
+
+
+def test_the_chains_the_plan_tried_show_their_measurement_in_place():
+    bench = _bench(**{"async target": 8.0, "async tiny_target": 16.0})
+    plan = {**_plan(("tiny", "target")), "trials": [{"candidate": {"stages": ["tiny", "target"]}, "rounds": [14.0, 15.0, 19.0]}]}
+    text = results.plan_check(plan, bench)
+    assert "| tiny -> target (recommended) | 20.0 | 15.0 | 16.0 |" in text and "| target | 10.0 | - | 8.0 |" in text
 
 
 def test_the_page_renders_with_nothing_measured(tmp_path, monkeypatch):

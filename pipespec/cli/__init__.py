@@ -85,7 +85,7 @@ def demo_command(args: argparse.Namespace) -> int:  # not `demo`: the submodule 
         request = demo_request(args.models, args.prompt or DEFAULT_PROMPT, args.image, args.max_new_tokens)
         if devices is not None:
             print(planning_line(devices), flush=True)
-        setup = demo_setup(request, args.dtype, devices)
+        setup = demo_setup(request, args.dtype, devices, on_trial=lambda trial: print(f"  tried {trial}", flush=True))
         print("\n".join(setup.lines()), flush=True)
         report = run_demo(setup, args.runs, on_text=lambda text: print(text, end="", flush=True))
     except DemoError as e:  # what it was given cannot run (nothing is left running)
@@ -335,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", help="also write the profile and the plan as JSON to this file")
     p.add_argument("--write-config", help="write the recommended config (YAML) to this file")
-    add_log_level(p)  # INFO: profiling's progress (real models take a while)
+    add_log_level(p, "INFO")  # profiling's and the trials' progress (real models take a while)
     p.set_defaults(run=plan)
     return parser
 

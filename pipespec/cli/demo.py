@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +44,7 @@ from pipespec.protocol.stats import PairStats, merged_pairs
 if TYPE_CHECKING:
     from pipespec.local import LocalPipeline
     from pipespec.planning.plan import Plan
+    from pipespec.planning.trial import Trial
 
 DEFAULT_PROMPT = "Describe the image."
 CHAIN = ("tiny", "dream", "target")  # the shipped models, upstream to downstream
@@ -184,9 +185,12 @@ class DemoSetup:
         ]
 
 
-def demo_setup(request: DemoRequest, dtype: str = "float32", plan: Devices | None = None) -> DemoSetup:
+def demo_setup(
+    request: DemoRequest, dtype: str = "float32", plan: Devices | None = None, on_trial: Callable[[Trial], None] | None = None
+) -> DemoSetup:
     """The demo's pipeline: tiny -> dream -> target, a device each; or, with `plan`, what `pipespec plan`
-    recommends for those devices, profiled here on the demo's request. DemoError for a plan that fails."""
+    recommends for those devices, profiled here on the demo's request, its best chains tried in place
+    (`on_trial` is given each trial as it ends). DemoError for a plan that fails."""
     if plan is None:
         return DemoSetup(request, demo_config(request.models, CHAIN, dtype, Devices.of_this_machine(len(CHAIN)).cpus), dtype)
     from pipespec.planning.plan import auto
@@ -200,6 +204,7 @@ def demo_setup(request: DemoRequest, dtype: str = "float32", plan: Devices | Non
             image=request.image,
             max_new_tokens=request.max_new_tokens,
             trials=TRIALS,
+            on_trial=on_trial,
         )
         return DemoSetup(request, load_config(raw), dtype, chosen)
     except ConfigError as e:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -220,18 +220,19 @@ def auto(
     image: Any = None,
     max_new_tokens: int = AUTO_TOKENS,
     trials: int = 0,
+    on_trial: Callable[[Trial], None] | None = None,
 ) -> tuple[dict[str, Any], Plan]:
     """What `--plan auto` runs: a quick profile (`prompts`, default one built-in; forwards at one device's
     threads), the recommendation for `devices`, and with `trials` > 0 that many chains tried in place
-    (pipespec.planning.trial: a local Ray, started and stopped here) -> (the recommended config's
-    mapping, the plan)."""
+    (pipespec.planning.trial: a local Ray, started and stopped here; `on_trial` is given each as it ends)
+    -> (the recommended config's mapping, the plan)."""
     _, raw = read_config(source)
     quick = prompts or (IMAGE_PROMPTS if image is not None else TEXT_PROMPTS)[:1]
     plan = recommend(profile(raw, quick, image, max_new_tokens, torch_threads=devices.threads), raw, devices)
     if trials:
         from pipespec.planning.trial import run_trials, tried
 
-        plan = tried(plan, run_trials(raw, plan, image, trials))
+        plan = tried(plan, run_trials(raw, plan, image, trials, on_trial=on_trial))
     return recommended_config(raw, plan), plan
 
 
@@ -270,14 +271,10 @@ def _explain_trials(plan: Plan) -> str:
     )
     fastest, others = plan.trials[0], [t for t in plan.trials if t is not trial]
     if fastest is not trial:
-        why = f"within {TRIAL_TIE:.0%} of the fastest tried ({_tried(fastest)}) on fewer {_fewer(r, fastest.candidate)}"
+        why = f"within {TRIAL_TIE:.0%} of the fastest tried ({fastest}) on fewer {_fewer(r, fastest.candidate)}"
     else:
-        why = f"the fastest of {len(plan.trials)} tried in place" + "".join(f"; next: {_tried(t)}" for t in others[:1])
+        why = f"the fastest of {len(plan.trials)} tried in place" + "".join(f"; next: {t}" for t in others[:1])
     return f"{chose}\nwhy: {why}"
-
-
-def _tried(trial: Trial) -> str:
-    return f"{' -> '.join(trial.candidate.stages)} on {label(trial.candidate.placement)}, {trial.tokens_per_s:.1f} tok/s"
 
 
 def _fewer(chosen: Candidate, other: Candidate) -> str:

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from pipespec.config import load_config
+from pipespec.planning.placement import label
 
 if TYPE_CHECKING:
     from pipespec.planning.plan import Candidate, Plan
@@ -50,6 +51,9 @@ class Trial:
     def tokens_per_s(self) -> float:
         return statistics.median(self.rounds)
 
+    def __str__(self) -> str:
+        return f"{' -> '.join(self.candidate.stages)} on {label(self.candidate.placement)}, {self.tokens_per_s:.1f} tok/s"
+
 
 def contenders(plan: Plan, count: int = TRIALS) -> list[Candidate]:
     """The recommended candidate and the best of each next chain, fastest predicted first, `count` in all,
@@ -63,10 +67,15 @@ def contenders(plan: Plan, count: int = TRIALS) -> list[Candidate]:
 
 
 def run_trials(
-    raw: Mapping[str, Any], plan: Plan, picture: Any = None, count: int = TRIALS, rounds: int = ROUNDS
+    raw: Mapping[str, Any],
+    plan: Plan,
+    picture: Any = None,
+    count: int = TRIALS,
+    rounds: int = ROUNDS,
+    on_trial: Callable[[Trial], None] | None = None,
 ) -> tuple[Trial, ...]:
     """Start a local Ray, try each of `contenders(plan, count)` in turn (`picture`: what the profile's
-    prompts ask about, for a VLM target) -> the trials, fastest first."""
+    prompts ask about, for a VLM target; `on_trial` is given each trial as it ends) -> the trials, fastest first."""
     from pipespec.cluster.pipeline import local_ray
     from pipespec.cluster.timed_requests import serving, timed, tokens_per_s
     from pipespec.planning.plan import candidate_config
@@ -83,6 +92,8 @@ def run_trials(
                 rates = tuple(tokens_per_s([timed(client.stream, r) for r in requests]) for _ in range(rounds))
             log.info("tried %s: %s tok/s", " -> ".join(candidate.stages), " / ".join(f"{r:.1f}" for r in rates))
             trials.append(Trial(candidate, rates))
+            if on_trial is not None:
+                on_trial(trials[-1])
     return tuple(sorted(trials, key=lambda t: -t.tokens_per_s))
 
 
