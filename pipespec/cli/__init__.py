@@ -280,7 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="start a pipeline on Ray (a local one by default) and serve it")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
     add_serve_arguments(s)  # CONFIG, --host, --port, --strategy, --http-port, --http-host, --allowed-local-media-path
-    _add_plan_flags(s, "auto: profile the config here, serve the chain and placement `pipespec plan` recommends; none: the config as written")
+    _add_plan_flags(
+        s, "auto: profile the config here, serve the chain and placement `pipespec plan` recommends; none: the config as written"
+    )
     s.add_argument("--image", help="with --plan auto: a picture to profile a VLM target on")
     add_log_level(s)
     s.set_defaults(run=serve)

@@ -268,6 +268,7 @@ class DemoReport:
     threads: int  # the target alone's torch threads
     config: PipelineConfig = field(repr=False)  # the pipeline's
     predicted: float | None = None  # the tokens per second the plan expects (`Plan.predicted`; None: not planned)
+    predicted_speedup: float | None = None  # and the speedup (`Plan.predicted_speedup`)
 
     @classmethod
     def of(cls, rounds: Sequence[tuple[Run, Run]], setup: DemoSetup, threads: int) -> DemoReport:
@@ -280,6 +281,7 @@ class DemoReport:
             threads=threads,
             config=setup.config,
             predicted=setup.chosen.predicted if setup.chosen else None,
+            predicted_speedup=setup.chosen.predicted_speedup if setup.chosen else None,
         )
 
     @property
@@ -303,6 +305,7 @@ class DemoReport:
             ],
             "lookaheads": {s.name: s.max_lookahead for s in config.stages[:-1]},
             "predicted_tokens_per_second": self.predicted,
+            "predicted_speedup": self.predicted_speedup,
             "pairs": [{k: v for k, v in pair.as_dict().items() if k in kept} for pair in self.pairs],
         }
 
@@ -321,12 +324,13 @@ class DemoReport:
                 f"{pair.num_accepted_tokens:>10}{pair.acceptance_rate:>12.2f}{pair.mean_acceptance_length:>15.2f}"
             )
         predicted = f" (predicted {self.predicted:.1f})" if self.predicted is not None else ""
+        predicted_speedup = f" (predicted {self.predicted_speedup:.2f}x)" if self.predicted_speedup is not None else ""
         lines += [
             "",
             f"pipeline {statistics.median(self.pipeline):.1f} tok/s{predicted}, target alone "
             f"{statistics.median(self.alone):.1f} tok/s on {_count(self.threads, 'torch thread')} "
             f"(medians of {len(self.pipeline)} alternating runs): speedup "
-            f"{statistics.median(self.ratios):.2f}x (the median of the rounds' ratios); "
+            f"{statistics.median(self.ratios):.2f}x{predicted_speedup} (the median of the rounds' ratios); "
             f"identical to the target alone: {'yes' if self.exact else 'NO'}",
         ]
         return lines

@@ -14,8 +14,9 @@ candidate with window gamma predicts exactly that).
 
 The model ranks; it does not know what a step costs inside the runtime. With trials
 (pipespec.planning.trial: `pipespec plan` and `pipespec demo` by default), the best-ranked chains and the
-target alone are run in place and timed, and the fastest measured is recommended: its measured rate is
-the plan's prediction (`Plan.predicted`), the model's beside it.
+target alone are run in place and timed against the target alone in this process, and the greatest
+speedup measured is recommended: its measured rate and speedup are the plan's predictions
+(`Plan.predicted`, `Plan.predicted_speedup`), the model's beside them.
 
 `auto` is what `pipespec serve/demo --plan auto` run: a quick profile, the recommendation, and (when
 asked) its trials -> the recommended config.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -70,16 +72,26 @@ class Plan:
     synchronous: tuple[Candidate, ...]  # synchronous speculative decoding per drafter, for reference
     target_tokens_per_s: float  # predicted
     devices: Devices | None = None  # what the placements fit; None: a device per stage, none shared
-    trials: tuple[Trial, ...] = ()  # candidates run in place (pipespec.planning.trial), fastest first; () untried
+    trials: tuple[Trial, ...] = ()  # candidates run in place (pipespec.planning.trial), greatest speedup first; () untried
 
     @property
     def predicted(self) -> float:
         """Tokens per second the recommended config is expected to deliver: measured in place when it was
         tried, else the model's."""
-        return next((t.tokens_per_s for t in self.trials if t.candidate == self.recommended), self.recommended.tokens_per_s)
+        trial = self._trial()
+        return trial.tokens_per_s if trial else self.recommended.tokens_per_s
+
+    @property
+    def predicted_speedup(self) -> float:
+        """Its speedup over the target alone: measured in place, side by side, when tried, else the model's."""
+        trial = self._trial()
+        return trial.speedup if trial else self.recommended.speedup
+
+    def _trial(self) -> Trial | None:
+        return next((t for t in self.trials if t.candidate == self.recommended), None)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "predicted_tokens_per_s": self.predicted}
+        return {**asdict(self), "predicted_tokens_per_s": self.predicted, "predicted_speedup": self.predicted_speedup}
 
 
 # ---- recommendation --------------------------------------------------------------------------------
@@ -208,7 +220,7 @@ def write_config(raw: Mapping[str, Any], plan: Plan, path: str | os.PathLike) ->
     how = "measured in place" if plan.trials else "predicted"
     header = (
         f"# recommended by `pipespec plan`: {' -> '.join(chosen.stages)} on {label(chosen.placement)}, "
-        f"{plan.predicted:.1f} tok/s {how}\n"
+        f"{plan.predicted:.1f} tok/s, {plan.predicted_speedup:.2f}x the target alone, {how}\n"
     )
     Path(path).write_text(header + yaml.safe_dump(recommended_config(raw, plan), sort_keys=False))
 
@@ -264,16 +276,15 @@ def _explain_trials(plan: Plan) -> str:
 
     r = plan.recommended
     trial = next(t for t in plan.trials if t.candidate == r)
-    alone = next(t for t in plan.trials if len(t.candidate.stages) == 1)
     chose = (
-        f"{trial.tokens_per_s:.1f} tok/s measured in place, {trial.tokens_per_s / alone.tokens_per_s:.2f}x the target alone "
-        f"there ({alone.tokens_per_s:.1f} tok/s); the model predicted {r.tokens_per_s:.1f}"
+        f"{trial.tokens_per_s:.1f} tok/s measured in place, {trial.speedup:.2f}x the target alone in this process "
+        f"({statistics.median(trial.alone):.1f} tok/s, side by side); the model predicted {r.tokens_per_s:.1f} ({r.speedup:.2f}x)"
     )
     fastest, others = plan.trials[0], [t for t in plan.trials if t is not trial]
     if fastest is not trial:
-        why = f"within {TRIAL_TIE:.0%} of the fastest tried ({fastest}) on fewer {_fewer(r, fastest.candidate)}"
+        why = f"within {TRIAL_TIE:.0%} of the greatest speedup tried ({fastest}) on fewer {_fewer(r, fastest.candidate)}"
     else:
-        why = f"the fastest of {len(plan.trials)} tried in place" + "".join(f"; next: {t}" for t in others[:1])
+        why = f"the greatest speedup of {len(plan.trials)} tried in place" + "".join(f"; next: {t}" for t in others[:1])
     return f"{chose}\nwhy: {why}"
 
 
@@ -339,15 +350,18 @@ def _trial_lines(plan: Plan, chain_w: int, place_w: int) -> list[str]:
     """The trials' table: each tried chain's model prediction beside its rounds measured in place."""
     rounds = len(plan.trials[0].rounds)
     lines = [
-        f"tried in place (a local Ray, {rounds} rounds of the prompts above, whole requests as a client sees them):",
-        f" {'chain (tried)':<{chain_w}}{'placement':<{place_w}}{'lookaheads':>12}{'model':>10}{'measured':>10}  rounds",
+        f"tried in place (a local Ray, {rounds} rounds of the prompts above, each then sent to the target alone in this "
+        "process; whole requests, as a client sees them):",
+        f" {'chain (tried)':<{chain_w}}{'placement':<{place_w}}{'lookaheads':>12}{'model':>10}{'measured':>10}{'speedup':>9}"
+        "  rounds (target alone)",
     ]
     for t in plan.trials:
         c = t.candidate
         mark = "*" if c == plan.recommended else " "
+        each = " / ".join(f"{p:.1f} ({a:.1f})" for p, a in zip(t.rounds, t.alone))
         lines.append(
             f"{mark}{' -> '.join(c.stages):<{chain_w}}{label(c.placement):<{place_w}}{_ints(c.lookaheads):>12}"
-            f"{c.tokens_per_s:>10.1f}{t.tokens_per_s:>10.1f}  {' / '.join(f'{x:.1f}' for x in t.rounds)}"
+            f"{c.tokens_per_s:>10.1f}{t.tokens_per_s:>10.1f}{t.speedup:>8.2f}x  {each}"
         )
     return lines
 
