@@ -14,7 +14,7 @@ from pipespec.config import load_config
 from pipespec.planning.placement import Devices
 from pipespec.planning.plan import explain, format_plan, recommend
 from pipespec.planning.profiling import PairProfile, Profile, StageProfile
-from pipespec.planning.trial import TRIAL_TIE, Trial, contenders, tried
+from pipespec.planning.trial import ROUNDS, TRIAL_TIE, Trial, contenders, tried
 
 
 def synthetic_plan(devices: int = 2):
@@ -106,11 +106,11 @@ def test_cli_tries_the_best_chains_in_place_and_recommends_the_fastest_measured(
     argv = ["plan", str(path), "--devices", "2", "--prompt", "one", "--max-new-tokens", "24", "--trials", "2"]
     assert main([*argv, "--json", str(out_json), "--write-config", str(out_yaml)]) == 0
     out = capsys.readouterr().out
-    assert "tried in place (a local Ray, 3 rounds" in out and "measured in place" in out
+    assert f"tried in place (a local Ray, {ROUNDS} rounds" in out and "measured in place" in out
     figures = json.loads(out_json.read_text())
     trials = figures["trials"]
     assert len(trials) == 3 and sum(t["candidate"]["stages"] == ["target"] for t in trials) == 1
-    assert all(len(t["rounds"]) == len(t["alone"]) == 3 and all(r > 0 for r in t["rounds"] + t["alone"]) for t in trials)
+    assert all(len(t["rounds"]) == len(t["alone"]) == ROUNDS and all(r > 0 for r in t["rounds"] + t["alone"]) for t in trials)
     in_ray = next(t for t in trials if t["candidate"]["stages"] == ["target"])
     assert max(in_ray["rounds"] + in_ray["alone"]) < 1000 / 20  # a token per 20 ms forward at best: measured, not predicted
     chosen = next(t for t in trials if t["candidate"] == figures["recommended"])

@@ -280,9 +280,9 @@ def _explain_trials(plan: Plan) -> str:
         f"{trial.tokens_per_s:.1f} tok/s measured in place, {trial.speedup:.2f}x the target alone in this process "
         f"({statistics.median(trial.alone):.1f} tok/s, side by side); the model predicted {r.tokens_per_s:.1f} ({r.speedup:.2f}x)"
     )
-    fastest, others = plan.trials[0], [t for t in plan.trials if t is not trial]
-    if fastest is not trial:
-        why = f"within {TRIAL_TIE:.0%} of the greatest speedup tried ({fastest}) on fewer {_fewer(r, fastest.candidate)}"
+    best, others = plan.trials[0], [t for t in plan.trials if t is not trial]
+    if best is not trial:
+        why = f"within {TRIAL_TIE:.0%} of the greatest speedup tried ({best}) on fewer {_fewer(r, best.candidate)}"
     else:
         why = f"the greatest speedup of {len(plan.trials)} tried in place" + "".join(f"; next: {t}" for t in others[:1])
     return f"{chose}\nwhy: {why}"
