@@ -141,7 +141,7 @@ def section_plan() -> str:
         "",
         f"Command: `{command}` (profiles each stage alone, one thread, ranks the candidates with the chain model of "
         "`pipespec.planning.analytical`, then tries the best-ranked chains and the target alone in place: "
-        "`pipespec.planning.trial`).",
+        "`pipespec.cli.trials`).",
         "",
         f"| stage | kind | 1-token forward ms | {k}-token forward ms |",
         "|---|---|---|---|",

@@ -310,8 +310,8 @@ def real_sweep(
 ) -> list[ScalingRow]:
     """On a local Ray (started and stopped here): one stage per device, as far as the devices go."""
     from pipespec.cli.demo import demo_config
+    from pipespec.cli.timed_requests import time_requests
     from pipespec.cluster.pipeline import local_ray
-    from pipespec.cluster.timed_requests import time_requests
 
     requests = real_requests(prompts, tokens)
     rows: list[ScalingRow] = []

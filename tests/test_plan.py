@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +14,20 @@ from pipespec.config import load_config
 from pipespec.engine.handoff import FeaturedVerifier as _FeaturedVerifier
 from pipespec.planning.analytical import chain_rates, chain_rates_with_verify_cost, sync_rate, sync_speedup
 from pipespec.planning.placement import Devices, label, on_devices, placements
-from pipespec.planning.plan import FEWER_STAGES, LOOKAHEADS, TIE, auto, explain, format_plan, recommend, recommended_config
+from pipespec.planning.plan import (
+    FEWER_STAGES,
+    LOOKAHEADS,
+    TIE,
+    TRIAL_TIE,
+    Trial,
+    auto,
+    contenders,
+    explain,
+    format_plan,
+    recommend,
+    recommended_config,
+    tried,
+)
 from pipespec.planning.profiling import PairProfile, Profile, StageProfile, profile
 from pipespec.protocol.messages import PrefillFeatures, RequestSpec
 from pipespec.protocol.params import SamplingParams
@@ -318,6 +332,85 @@ def test_auto_profiles_quickly_and_returns_the_recommended_config():
     assert [s.name for s in config.stages] == list(plan.recommended.stages)
     assert len(config.devices()) == plan.recommended.devices
     assert all(s.resources == {"num_cpus": 1} for s in config.stages)
+
+
+# ---- trials: candidates measured in place (pipespec.cli.trials runs them) ---------------------------
+
+
+def trial_plan(devices: int = 2):
+    """A plan for a 7 ms drafter (alpha 0.6) and a 40 ms target, profiled elsewhere, on `devices` of one core."""
+    stages = (StageProfile("tiny", "mock", 0.002, 0.002, 8), StageProfile("d", "mock", 0.007, 0.007, 8))
+    stages += (StageProfile("target", "mock", 0.040, 0.040, 8),)
+    pairs = (PairProfile("tiny", "d", 0.8), PairProfile("tiny", "target", 0.5), PairProfile("d", "target", 0.6))
+    raw = {"name": "trial-test", "stages": [{"name": s.name, "kind": "mock", "vocab_size": 64} for s in stages]}
+    return recommend(Profile("synthetic", stages, pairs, ("p",), None, 64, 4), raw, Devices(devices, 1))
+
+
+def on(plan, stages: tuple[str, ...], devices: int):
+    """The plan's candidate for the chain `stages` on `devices` devices."""
+    return next(c for c in plan.chains if c.stages == stages and c.devices == devices)
+
+
+def test_the_recommended_candidate_the_best_of_the_next_chains_and_the_target_alone_are_tried():
+    plan = trial_plan()
+    tried_ones = contenders(plan, 2)
+    assert tried_ones[0] == plan.recommended and tried_ones[-1].stages == ("target",)
+    assert len(tried_ones) == 3 and len({c.stages for c in tried_ones}) == 3
+    second = tried_ones[1]
+    assert second == max(
+        (c for c in plan.chains if c.stages not in (plan.recommended.stages, ("target",))), key=lambda c: c.tokens_per_s
+    )
+    every = contenders(plan, 10)  # no more than the chains there are, each once
+    assert len(every) == len({c.stages for c in plan.chains})
+    unplaced = replace(plan, chains=tuple(c for c in plan.chains if len(c.stages) > 1))  # no target-alone config
+    assert all(len(c.stages) > 1 for c in contenders(unplaced, 3))
+    with pytest.raises(ValueError, match="no trials"):
+        tried(plan, ())
+
+
+def test_the_greatest_speedup_measured_is_recommended_and_its_measurement_is_the_prediction():
+    """d+target ran while the machine was fast (more tok/s, but less than the target alone beside it)."""
+    plan = trial_plan()
+    apart, shared, alone = on(plan, ("d", "target"), 2), on(plan, ("d", "target"), 1), on(plan, ("target",), 1)
+    trials = (
+        Trial(shared, (80.0, 80.0, 80.0), (100.0, 100.0, 100.0)),
+        Trial(alone, (30.0, 31.0, 29.0), (40.0, 40.0, 40.0)),
+        Trial(apart, (60.0, 62.0, 70.0), (40.0, 40.0, 35.0)),
+    )
+    result = tried(plan, trials)
+    assert result.recommended == apart and result.predicted == 62.0 and result.predicted_speedup == 1.55
+    assert [t.candidate for t in result.trials] == [apart, shared, alone]  # the greatest speedup first
+    assert result.predicted != apart.tokens_per_s  # the model's figure stays beside it, not as the prediction
+    lines = explain(result).splitlines()
+    assert lines[0].endswith(
+        "62.0 tok/s measured in place, 1.55x the target alone in this process (40.0 tok/s, side by side); "
+        f"the model predicted {apart.tokens_per_s:.1f} ({apart.speedup:.2f}x)"
+    )
+    assert lines[1] == "why: the greatest speedup of 3 tried in place; next: d -> target on d+target, 80.0 tok/s (0.80x)"
+    table = format_plan(result)
+    assert "tried in place (a local Ray, 3 rounds" in table and "60.0 (40.0) / 62.0 (40.0) / 70.0 (35.0)" in table
+    assert f"{apart.tokens_per_s:>10.1f}{62.0:>10.1f}{1.55:>8.2f}x" in table  # the model's prediction beside the measurement
+
+
+def test_within_the_noise_of_the_greatest_speedup_fewer_devices_win():
+    plan = trial_plan()
+    apart, shared, alone = on(plan, ("d", "target"), 2), on(plan, ("d", "target"), 1), on(plan, ("target",), 1)
+    near = 60.0 * (1 - TRIAL_TIE) + 0.5
+    result = tried(plan, (Trial(apart, (60.0,), (30.0,)), Trial(shared, (near,), (30.0,)), Trial(alone, (25.0,), (30.0,))))
+    assert result.recommended == shared and result.predicted == near
+    why = explain(result).splitlines()[1]
+    assert why.startswith(
+        f"why: within {TRIAL_TIE:.0%} of the greatest speedup tried (d -> target on d | target"
+    ) and why.endswith("on fewer devices")
+    result = tried(plan, (Trial(apart, (60.0,), (30.0,)), Trial(shared, (near - 1.0,), (30.0,)), Trial(alone, (25.0,), (30.0,))))
+    assert result.recommended == apart
+
+
+def test_an_untried_plan_predicts_with_the_model():
+    plan = trial_plan()
+    assert plan.trials == () and plan.predicted == plan.recommended.tokens_per_s
+    assert plan.predicted_speedup == plan.recommended.speedup
+    assert "tried in place" not in format_plan(plan) and "tok/s predicted" in explain(plan)
 
 
 # ---- the command line ----------------------------------------------------------------------------------

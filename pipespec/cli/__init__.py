@@ -38,7 +38,9 @@ as its id (the wire carries ids).
 process, and recommends which stages to use, their placement on the devices and each drafter's
 lookahead (see pipespec.planning.plan). Devices default to this machine's cores, one core each (`--devices N`
 splits the cores into N devices). Then it tries the `--trials` chains the model ranks highest, and the
-target alone, in place on a local Ray, and recommends the fastest measured (pipespec.planning.trial).
+target alone, in place on a local Ray, each round beside the target alone in this process, and
+recommends the greatest speedup measured (`trials`; requests timed as `timed_requests` times them for
+the demo too).
 `--plan auto` on `serve` (and `demo`, by default) profiles quickly, prints the recommendation and why,
 and runs it; `demo` tries first, `serve` takes the model's pick (it may be launched onto a cluster).
 """
@@ -51,7 +53,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipespec.planning.trial import TRIALS
+from pipespec.cli.trials import TRIALS
 from pipespec.protocol.logprobs import TokenLogprobs
 from pipespec.requests.generate_args import DEFAULT_MAX_NEW_TOKENS
 
@@ -213,9 +215,16 @@ def plan(args: argparse.Namespace) -> int:
         return _fail("plan", e)
     result = recommend(measured, raw, devices)
     if args.trials:
-        from pipespec.planning.trial import run_trials, tried
+        from pipespec.cli.trials import run_trials
+        from pipespec.planning.plan import tried
+        from pipespec.requests.outputs import GenerationError
 
-        result = tried(result, run_trials(raw, result, args.image, args.trials))
+        try:
+            result = tried(result, run_trials(raw, result, args.image, args.trials, threads=threads))
+        except ValueError as e:  # a candidate the cluster refuses (ConfigError): the message names what
+            return _fail("plan", e)
+        except GenerationError as e:  # a request failed in a trial's pipeline
+            return _fail("plan", f"a trial failed: {e}", 1)
     print(format_plan(result))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -333,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=TRIALS,
         help=f"run the N chains the model ranks highest, and the target alone, in place on a local Ray and recommend the "
-        f"fastest measured (0: the model's pick, nothing started; default {TRIALS})",
+        f"greatest speedup measured (0: the model's pick, nothing started; default {TRIALS})",
     )
     p.add_argument("--json", help="also write the profile and the plan as JSON to this file")
     p.add_argument("--write-config", help="write the recommended config (YAML) to this file")

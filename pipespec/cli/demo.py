@@ -3,9 +3,10 @@
 The shipped models (`models/demo`: a LLaVA-class target trained on the generated visual world, a tiny
 text drafter and a DREAM drafter, all trained by `python -m demo.train`) run as a pipeline of Ray
 actors linked by gRPC streams: by default (`--plan auto`) the chain, placement and lookaheads that
-`pipespec plan` recommends for this machine's cores, profiled here first on the demo's own request,
-then the best chains tried in place on it (pipespec.planning.trial; about a minute); with `--plan none`, all three, tiny -> dream -> target, each stage on a device of its own
-with a third of this machine's cores. A picture from the world's held-out split (or `--image`) and a question (or `--prompt`)
+`pipespec plan` recommends for this machine's cores, profiled here first on the demo's own question,
+then its contenders tried in place on the demo's request (pipespec.cli.trials: four pipelines started
+one after the other, about 40 s each here); with `--plan none`, all three, tiny -> dream -> target,
+each stage on a device of its own with a third of this machine's cores. A picture from the world's held-out split (or `--image`) and a question (or `--prompt`)
 go through the `Client`; the first answer streams token by token.
 
 Measured honestly: pipeline runs and target-alone runs alternate (`--runs`, 3 each by default) with
@@ -20,7 +21,7 @@ was asked (the models directory is an argument: the command's `--models`), `demo
 pipeline, `run_demo` runs it and returns a `DemoReport`; the first answer's text goes to an `on_text`
 callback as it streams. What the demo cannot run raises `DemoError`; a failed generation,
 `GenerationError`. `demo_config` serves the experiments too; the requests are timed as
-pipespec.cluster.timed_requests times them, as the planner's trials are.
+pipespec.cli.timed_requests times them, as the planner's trials are.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipespec.cli.timed_requests import OnText, Run, serving, timed, tokens_per_s
 from pipespec.cluster.pipeline import local_ray
-from pipespec.cluster.timed_requests import OnText, Run, serving, timed, tokens_per_s
 from pipespec.config import PipelineConfig, load_config
 from pipespec.errors import ConfigError
 from pipespec.planning.placement import Devices
@@ -43,8 +44,7 @@ from pipespec.protocol.stats import PairStats, merged_pairs
 
 if TYPE_CHECKING:
     from pipespec.local import LocalPipeline
-    from pipespec.planning.plan import Plan
-    from pipespec.planning.trial import Trial
+    from pipespec.planning.plan import Plan, Trial
 
 DEFAULT_PROMPT = "Describe the image."
 CHAIN = ("tiny", "dream", "target")  # the shipped models, upstream to downstream
@@ -145,7 +145,7 @@ def demo_request(models: Path, prompt: str = DEFAULT_PROMPT, image: Any = None, 
 
 
 def planning_line(plan: Devices) -> str:
-    """What `demo_setup` is about to do with `plan`, said before it profiles (a few seconds)."""
+    """What `demo_setup` is about to do with `plan`, said before it profiles and tries (minutes: pipespec.cli.trials)."""
     return (
         f"planning for {_count(plan.count, 'device')} of {_count(plan.cpus, 'core')} "
         "(profiling here, then trying the best chains in place) ..."
@@ -189,24 +189,19 @@ def demo_setup(
     request: DemoRequest, dtype: str = "float32", plan: Devices | None = None, on_trial: Callable[[Trial], None] | None = None
 ) -> DemoSetup:
     """The demo's pipeline: tiny -> dream -> target, a device each; or, with `plan`, what `pipespec plan`
-    recommends for those devices, profiled here on the demo's request, its best chains tried in place
-    (`on_trial` is given each trial as it ends). DemoError for a plan that fails."""
+    recommends for those devices, profiled here on the demo's question, its contenders tried in place on
+    the demo's request (`on_trial` is given each trial as it ends). DemoError for a plan that fails."""
     if plan is None:
         return DemoSetup(request, demo_config(request.models, CHAIN, dtype, Devices.of_this_machine(len(CHAIN)).cpus), dtype)
-    from pipespec.planning.plan import auto
-    from pipespec.planning.trial import TRIALS
+    from pipespec.cli.trials import run_trials
+    from pipespec.planning.plan import auto, recommended_config, tried
 
+    raw = demo_raw(request.models, CHAIN, dtype, plan.cpus)
     try:
-        raw, chosen = auto(
-            demo_raw(request.models, CHAIN, dtype, plan.cpus),
-            plan,
-            prompts=[request.prompt],
-            image=request.image,
-            max_new_tokens=request.max_new_tokens,
-            trials=TRIALS,
-            on_trial=on_trial,
-        )
-        return DemoSetup(request, load_config(raw), dtype, chosen)
+        _, modelled = auto(raw, plan, prompts=[request.prompt], image=request.image)
+        trials = run_trials(raw, modelled, request.image, max_new_tokens=request.max_new_tokens, on_trial=on_trial)
+        chosen = tried(modelled, trials)
+        return DemoSetup(request, load_config(recommended_config(raw, chosen)), dtype, chosen)
     except ConfigError as e:
         raise DemoError(str(e)) from None
 

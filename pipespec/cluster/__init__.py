@@ -8,5 +8,4 @@ the tokens.
 - `bundles`: one bundle of Ray resources per device, and the placement strategies
 - `cores`: which CPU cores each device actor's threads run on
 - `supervisor`: puts a running pipeline back together after Ray restarts one of its actors
-- `timed_requests`: a config served for a measurement, and its requests timed as a client sees them
 """

@@ -12,14 +12,15 @@ it, the one on fewer devices (then with fewer stages). Synchronous speculative d
 drafter is shown beside it for reference (`sync_rate`; the model's drafter-and-target-on-one-device
 candidate with window gamma predicts exactly that).
 
-The model ranks; it does not know what a step costs inside the runtime. With trials
-(pipespec.planning.trial: `pipespec plan` and `pipespec demo` by default), the best-ranked chains and the
-target alone are run in place and timed against the target alone in this process, and the greatest
-speedup measured is recommended: its measured rate and speedup are the plan's predictions
-(`Plan.predicted`, `Plan.predicted_speedup`), the model's beside them.
+The model ranks; it does not know what a step costs inside the runtime (on the demo models on 2 cores
+it predicted 2-5x what `pipespec demo` measured, and its pick moved with the profile's noise). So
+`pipespec plan` and `pipespec demo` then try candidates in place (pipespec.cli.trials runs them): the
+best-ranked chains and the target alone (`contenders`), each round timed beside the target alone in
+the planner's process. A `Trial` is one candidate's measurement; `tried` recommends the greatest
+speedup measured, by the same near-tie rule (`TRIAL_TIE`), and its measured rate and speedup become
+the plan's predictions (`Plan.predicted`, `Plan.predicted_speedup`), the model's beside them.
 
-`auto` is what `pipespec serve/demo --plan auto` run: a quick profile, the recommendation, and (when
-asked) its trials -> the recommended config.
+`auto` is what `pipespec serve/demo --plan auto` run: a quick profile, then the recommended config.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
@@ -40,12 +41,10 @@ from pipespec.planning.analytical import forward_latency, placed_rate, sync_rate
 from pipespec.planning.placement import Devices, label, on_devices, placements
 from pipespec.planning.profiling import IMAGE_PROMPTS, TEXT_PROMPTS, Profile, profile, read_config
 
-if TYPE_CHECKING:
-    from pipespec.planning.trial import Trial
-
 LOOKAHEADS = (2, 4, 6, 8, 12, 16, 24, 32)  # 1 is left out: a window of 1 leaves the drafter nothing to run ahead with
 TIE = 0.01  # lookaheads whose predicted rate is within 1% of a candidate's best count as tied: the smallest wins
 FEWER_STAGES = 0.02  # a candidate on fewer devices (then stages) within 2% of the best is recommended instead
+TRIAL_TIE = 0.10  # the same among trials, within 10% of the greatest speedup measured: a shared machine's noise
 AUTO_TOKENS = 48  # `--plan auto` profiles acceptance on one prompt of this many tokens: a few seconds
 
 
@@ -62,6 +61,29 @@ class Candidate:
     @property
     def devices(self) -> int:
         return len(self.placement)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate run in place: its tokens per second in each round, and the target alone's in the
+    planner's process right after it, in the same round (pipespec.cli.trials)."""
+
+    candidate: Candidate
+    rounds: tuple[float, ...]
+    alone: tuple[float, ...]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return statistics.median(self.rounds)
+
+    @property
+    def speedup(self) -> float:
+        """The median of the rounds' ratios to the target alone: what drifts on a shared machine falls on both sides."""
+        return statistics.median(p / a for p, a in zip(self.rounds, self.alone))
+
+    def __str__(self) -> str:
+        c = self.candidate
+        return f"{' -> '.join(c.stages)} on {label(c.placement)}, {self.tokens_per_s:.1f} tok/s ({self.speedup:.2f}x)"
 
 
 @dataclass(frozen=True)
@@ -88,6 +110,7 @@ class Plan:
         return trial.speedup if trial else self.recommended.speedup
 
     def _trial(self) -> Trial | None:
+        """The recommended candidate's trial, None when it was not tried."""
         return next((t for t in self.trials if t.candidate == self.recommended), None)
 
     def as_dict(self) -> dict[str, Any]:
@@ -113,13 +136,38 @@ def recommend(
     if not chains:
         raise ConfigError(f"pipespec plan: no chain of {[s.name for s in prof.stages]} can be placed on {devices}")
     chains.sort(key=lambda c: -c.tokens_per_s)
-    fastest = chains[0].tokens_per_s
-    recommended = min(
-        (c for c in chains if c.tokens_per_s >= (1 - FEWER_STAGES) * fastest),
-        key=lambda c: (c.devices, len(c.stages), -c.tokens_per_s),
-    )
+    recommended = _preferred(chains, lambda c: c, lambda c: c.tokens_per_s, FEWER_STAGES)
     sync = tuple(s for s in (_best_sync(prof, i, lookaheads, alone) for i in range(n - 1)) if s is not None)
     return Plan(prof, recommended, tuple(chains), tuple(sorted(sync, key=lambda c: -c.tokens_per_s)), alone, devices)
+
+
+def contenders(plan: Plan, count: int) -> list[Candidate]:
+    """What to try in place: the recommended candidate and the best of each next chain, fastest predicted
+    first, `count` in all, then the target alone (no speculation), unless it is among them."""
+    chosen = [plan.recommended]
+    for candidate in plan.chains:
+        if len(chosen) < count and all(candidate.stages != c.stages for c in chosen):
+            chosen.append(candidate)
+    alone = next((c for c in plan.chains if len(c.stages) == 1), None)
+    return chosen if alone is None or alone in chosen else [*chosen, alone]
+
+
+def tried(plan: Plan, trials: Sequence[Trial]) -> Plan:
+    """`plan` with its trials, the greatest speedup first, recommending that one (or, within `TRIAL_TIE`,
+    one on fewer devices, then with fewer stages). ValueError without trials."""
+    if not trials:
+        raise ValueError("tried: no trials")
+    ranked = sorted(trials, key=lambda t: -t.speedup)
+    chosen = _preferred(ranked, lambda t: t.candidate, lambda t: t.speedup, TRIAL_TIE)
+    return replace(plan, recommended=chosen.candidate, trials=tuple(ranked))
+
+
+def _preferred(items: Sequence[Any], candidate: Callable[[Any], Candidate], score: Callable[[Any], float], tie: float) -> Any:
+    """The item of greatest score or, within `tie` of it, the one whose candidate is on fewer devices,
+    then has fewer stages: a near tie goes to the simpler pipeline."""
+    best = max(score(item) for item in items)
+    near = (item for item in items if score(item) >= (1 - tie) * best)
+    return min(near, key=lambda item: (candidate(item).devices, len(candidate(item).stages), -score(item)))
 
 
 def _best_chain(
@@ -212,6 +260,7 @@ def candidate_config(raw: Mapping[str, Any], candidate: Candidate, devices: Devi
 
 
 def recommended_config(raw: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+    """`candidate_config` of the plan's recommendation."""
     return candidate_config(raw, plan.recommended, plan.devices)
 
 
@@ -231,20 +280,12 @@ def auto(
     prompts: Sequence[str] | None = None,
     image: Any = None,
     max_new_tokens: int = AUTO_TOKENS,
-    trials: int = 0,
-    on_trial: Callable[[Trial], None] | None = None,
 ) -> tuple[dict[str, Any], Plan]:
     """What `--plan auto` runs: a quick profile (`prompts`, default one built-in; forwards at one device's
-    threads), the recommendation for `devices`, and with `trials` > 0 that many chains tried in place
-    (pipespec.planning.trial: a local Ray, started and stopped here; `on_trial` is given each as it ends)
-    -> (the recommended config's mapping, the plan)."""
+    threads), the recommendation for `devices` -> (the recommended config's mapping, the plan)."""
     _, raw = read_config(source)
     quick = prompts or (IMAGE_PROMPTS if image is not None else TEXT_PROMPTS)[:1]
     plan = recommend(profile(raw, quick, image, max_new_tokens, torch_threads=devices.threads), raw, devices)
-    if trials:
-        from pipespec.planning.trial import run_trials, tried
-
-        plan = tried(plan, run_trials(raw, plan, image, trials, on_trial=on_trial))
     return recommended_config(raw, plan), plan
 
 
@@ -257,8 +298,9 @@ def explain(plan: Plan) -> str:
     r = plan.recommended
     ahead = ", ".join(f"{name}={la}" for name, la in zip(r.stages, r.lookaheads)) or "none (no drafters)"
     chose = f"recommended: {' -> '.join(r.stages)} on {_devices(r.devices)} ({label(r.placement)}), max_lookahead {ahead}: "
-    if plan.trials:
-        return chose + _explain_trials(plan)
+    trial = plan._trial()
+    if trial is not None:
+        return chose + _explain_trial(plan, trial)
     chose += f"{r.tokens_per_s:.1f} tok/s predicted, {r.speedup:.2f}x the target alone ({plan.target_tokens_per_s:.1f} tok/s)"
     limit = f"on at most {_devices(plan.devices.count)}" if plan.devices else "a device per stage"
     fastest, others = plan.chains[0], [c for c in plan.chains if c != r]
@@ -271,11 +313,8 @@ def explain(plan: Plan) -> str:
     return f"{chose}\nwhy: {why}"
 
 
-def _explain_trials(plan: Plan) -> str:
-    from pipespec.planning.trial import TRIAL_TIE
-
+def _explain_trial(plan: Plan, trial: Trial) -> str:
     r = plan.recommended
-    trial = next(t for t in plan.trials if t.candidate == r)
     chose = (
         f"{trial.tokens_per_s:.1f} tok/s measured in place, {trial.speedup:.2f}x the target alone in this process "
         f"({statistics.median(trial.alone):.1f} tok/s, side by side); the model predicted {r.tokens_per_s:.1f} ({r.speedup:.2f}x)"

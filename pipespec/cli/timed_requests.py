@@ -3,7 +3,7 @@
 `serving` starts a config's pipeline and yields a `Client` to it once a warm-up request has gone
 through every stage; `timed` streams one request (from a `Client` or a `LocalPipeline`) and times it
 from the call to its last delta; `time_requests` does both for a list of requests. `pipespec demo`,
-the planner's trials (pipespec.planning.trial) and the experiments measure with them, so that what one
+the planner's trials (pipespec.cli.trials) and the experiments measure with them, so that what one
 of them predicts and what another measures are the same quantity: whole requests, prefill included.
 """
 
@@ -12,14 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from pipespec.client import Client
 from pipespec.cluster.pipeline import start_pipeline
 from pipespec.config import PipelineConfig
 from pipespec.requests.outputs import Delta, Generation
-
-if TYPE_CHECKING:
-    from pipespec.client import Client
 
 Run = tuple[Generation, float]  # an answer and the seconds it took
 OnText = Callable[[str], None]  # shows text as it comes
@@ -29,13 +27,11 @@ OnText = Callable[[str], None]  # shows text as it comes
 def serving(config: PipelineConfig, warm_up: dict[str, Any]) -> Iterator[Client]:
     """Serve `config` on the running Ray; yield a `Client` to it once `warm_up` (a request's keywords) has
     gone through every stage; stop the pipeline on exit."""
-    from pipespec.client import Client
-
     running = start_pipeline(config)
     try:
-        client = Client(running.address)
-        client.generate(**{**warm_up, "max_new_tokens": 4})
-        yield client
+        with Client(running.address) as client:
+            client.generate(**{**warm_up, "max_new_tokens": 4})
+            yield client
     finally:
         running.stop()
 

@@ -1,0 +1,82 @@
+"""Trials: a plan's contenders run in place, on a local Ray, each round timed beside the target alone.
+
+The chain model (pipespec.planning.analytical) ranks candidates from forwards profiled alone, in one
+process. What the runtime delivers differs, and not by one factor that could be measured once:
+- on the demo models on 2 cores, a stage's step in its actor cost 1.7x (the target) to 4x (the tiny
+  drafter) its forward alone: dispatch and handoff, and the actor's own threads on the same core;
+- the target waited for drafts 13% of its time (patience) and verified fewer drafts a step than a
+  window;
+- a request pays its prefill and the client's stream.
+
+So `pipespec plan` and `pipespec demo` try the plan's contenders (pipespec.planning.plan.contenders:
+the best-ranked chains, each at its best placement and lookaheads, and the target alone in the
+runtime). Each starts on a local Ray as the config the plan would write (`candidate_config`, its
+coordinator on a free loopback port), is warmed up, then runs `rounds` rounds of the profile's
+prompts, greedy, each round followed by the same prompts to the target alone in this process, warm,
+at one device's threads (the baseline `pipespec demo` and the bench measure against), both timed as a
+client sees them (pipespec.cli.timed_requests: tokens over the seconds of whole requests).
+
+A trial's speedup is the median of its rounds' ratios. On a shared machine the rate drifts by a
+third within minutes (the demo's target alone: 71-108 tok/s over three runs of `pipespec demo`
+here) while the ratio of two sides measured side by side holds; `pipespec.planning.plan.tried` picks
+by it. Every trial starts its own actors (about 40 s each for the demo models here), one after the
+other.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipespec.planning.plan import Plan, Trial
+
+log = logging.getLogger(__name__)
+
+TRIALS = 3  # chains tried in place, besides the target alone
+ROUNDS = 5  # rounds of the profile's prompts per trial: the median of 5 ratios (of 3, it moved by 15% here)
+
+
+def run_trials(
+    raw: Mapping[str, Any],
+    plan: Plan,
+    picture: Any = None,
+    count: int = TRIALS,
+    rounds: int = ROUNDS,
+    max_new_tokens: int | None = None,
+    threads: int | None = None,
+    on_trial: Callable[[Trial], None] | None = None,
+) -> tuple[Trial, ...]:
+    """Start a local Ray (stopped on return) and try each of `plan`'s contenders in turn: `raw` the config
+    it planned, `picture` what its prompts ask about (a VLM target), `max_new_tokens` each request's
+    (default: the profile's), `threads` the target alone's torch threads (default: one device's, else
+    1); `on_trial` is given each trial as it ends -> the trials. A candidate that fails to start raises."""
+    from pipespec.cli.timed_requests import serving, timed, tokens_per_s
+    from pipespec.cluster.pipeline import local_ray
+    from pipespec.config import load_config
+    from pipespec.local import LocalPipeline
+    from pipespec.planning.plan import Trial, candidate_config, contenders
+    from pipespec.planning.profiling import request_keywords, sub_config
+
+    prof = plan.profile
+    raw = {**raw, "server": {**(raw.get("server") or {}), "host": "127.0.0.1", "port": 0}}  # private, any free port
+    target = sub_config(raw, [len(raw["stages"]) - 1])
+    tokens = max_new_tokens or prof.max_new_tokens
+    requests = [request_keywords(target, p, picture, tokens) for p in prof.prompts]
+    threads = threads or (plan.devices.threads if plan.devices else 1)
+    trials = []
+    with local_ray(), LocalPipeline(target, torch_threads=threads) as alone:
+        alone.generate(**{**requests[0], "max_new_tokens": 4})
+        for candidate in contenders(plan, count):
+            measured: list[tuple[float, float]] = []
+            with serving(load_config(candidate_config(raw, candidate, plan.devices)), requests[0]) as client:
+                for _ in range(rounds):
+                    pipeline = tokens_per_s([timed(client.stream, r) for r in requests])
+                    measured.append((pipeline, tokens_per_s([timed(alone.stream, r) for r in requests])))
+            trial = Trial(candidate, *(tuple(side) for side in zip(*measured)))
+            log.info("tried %s: %s tok/s", trial, " / ".join(f"{p:.1f} (alone {a:.1f})" for p, a in measured))
+            trials.append(trial)
+            if on_trial is not None:
+                on_trial(trial)
+    return tuple(trials)
