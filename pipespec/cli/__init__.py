@@ -12,8 +12,8 @@
     pipespec plan CONFIG [--devices N] [--prompt TEXT ...] [--image FILE] [--max-new-tokens N] [--json FILE]
                   [--write-config FILE] [--threads N] [--trials N]
 
-Every command takes `--log-level LEVEL` (DEBUG, INFO, WARNING, ERROR, CRITICAL; default WARNING, INFO
-for `plan`), or a logging config file named by $PIPESPEC_LOGGING_CONFIG (pipespec.commands.logs).
+Every command takes `--log-level LEVEL` (DEBUG, INFO, WARNING, ERROR, CRITICAL; default WARNING;
+INFO shows `plan`'s progress), or a logging config file named by $PIPESPEC_LOGGING_CONFIG (pipespec.commands.logs).
 
 `demo` runs the embedded default on a local Ray (see pipespec.cli.demo): the shipped models (tiny -> dream
 -> VLM target, trained on the generated visual world), in the chain and placement `pipespec plan`
@@ -346,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", help="also write the profile and the plan as JSON to this file")
     p.add_argument("--write-config", help="write the recommended config (YAML) to this file")
-    add_log_level(p, "INFO")  # profiling's and the trials' progress (real models take a while)
+    add_log_level(p)  # INFO: profiling's and the trials' progress (real models take a while)
     p.set_defaults(run=plan)
     return parser
 

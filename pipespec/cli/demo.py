@@ -6,8 +6,9 @@ actors linked by gRPC streams: by default (`--plan auto`) the chain, placement a
 `pipespec plan` recommends for this machine's cores, profiled here first on the demo's own question,
 then its contenders tried in place on the demo's request (pipespec.cli.trials: four pipelines started
 one after the other, about 40 s each here); with `--plan none`, all three, tiny -> dream -> target,
-each stage on a device of its own with a third of this machine's cores. A picture from the world's held-out split (or `--image`) and a question (or `--prompt`)
-go through the `Client`; the first answer streams token by token.
+each stage on a device of its own with a third of this machine's cores. A picture from the world's
+held-out split (or `--image`) and a question (or `--prompt`) go through the `Client`; the first answer
+streams token by token.
 
 Measured honestly: pipeline runs and target-alone runs alternate (`--runs`, 3 each by default) with
 both loaded and warm, the target alone in this process with up to as many torch threads as the
