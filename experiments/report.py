@@ -112,10 +112,11 @@ def plan_check(plan: dict, bench: dict) -> str:
         verdict = f"The recommendation, {' -> '.join(recommended)}, is the measured best."
     else:
         share = measured.get(recommended, 0.0) / measured[best]
+        how = "tries its chains" if tried else "profiles each stage alone, in one process,"
         verdict = (
             f"The recommendation, {' -> '.join(recommended)}, is not the measured best ({' -> '.join(best)}); it reaches "
-            f"{share:.0%} of the best's measured tokens per second. The plan tries its chains on its own prompts, at its "
-            "own lookaheads; the benchmark runs the config's (its lookaheads, its placement) on the held-out prompts."
+            f"{share:.0%} of the best's measured tokens per second. The plan {how} on its own prompts, at its own "
+            "lookaheads; the benchmark runs the config's (its lookaheads, its placement) on the held-out prompts."
         )
     return "\n".join(lines) + "\n\n" + verdict
 

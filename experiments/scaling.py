@@ -310,7 +310,7 @@ def real_sweep(
 ) -> list[ScalingRow]:
     """On a local Ray (started and stopped here): one stage per device, as far as the devices go."""
     from pipespec.cli.demo import demo_config
-    from pipespec.cli.timed_requests import time_requests
+    from pipespec.cli.timed_requests import time_requests, tokens_per_s
     from pipespec.cluster.pipeline import local_ray
 
     requests = real_requests(prompts, tokens)
@@ -325,7 +325,7 @@ def real_sweep(
             reference = reference or [g.token_ids for g in generations]
             alphas = tuple(p.token_acceptance for p in merged_pairs(g.stats.pairs for g in generations))
             predicted = predicted_tokens_per_s(seconds_per_forward(generations), alphas, verify_windows(config))
-            tps = sum(len(g.token_ids) for g in generations) / sum(s for _, s in timed)
+            tps = tokens_per_s(timed)
             base = rows[0] if rows else None
             rows.append(
                 ScalingRow(
