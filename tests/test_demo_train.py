@@ -42,7 +42,7 @@ def test_the_target_reads_the_pretrained_layer_and_learns_only_answers():
 def test_questions_without_a_picture_are_fed_without_one():
     model, processor = build_target(load_tokenizer(MODELS), shape=SMALL)
     mixed = examples("train", 6) + text_examples("train", 6)
-    ids, pixels, labels = next(batches(mixed, processor, processor.tokenizer, 12, random.Random(0)))
+    ids, pixels, labels = next(batches(mixed, processor, processor.tokenizer, 12, random.Random(0), group=1))  # one mixed batch
     with_picture = (ids == model.config.image_token_id).any(1)
     assert with_picture.sum() == 6 and pixels.shape[0] == 6  # a picture for each row that has one, in order
     assert model(input_ids=ids, pixel_values=pixels).logits.shape[:2] == ids.shape  # LLaVA matches them to rows
@@ -71,3 +71,25 @@ def test_every_answer_counts_the_same_whatever_its_length():
     long, short = token[0, 2:7].mean(), token[1, 5]
     assert torch.allclose(answer_loss(logits, labels), (long + short) / 2)
     assert not torch.allclose(answer_loss(logits, labels), (token[0, 2:7].sum() + short) / 6)
+
+
+def test_batches_are_grouped_by_length_and_draw_every_example_once_a_pass():
+    """Grouped (the default), a pass over the examples pads far less than drawn in order (group=1), and still
+    feeds each conversation exactly once."""
+    _, processor = build_target(load_tokenizer(MODELS), shape=SMALL)
+    tokenizer = processor.tokenizer
+    pool = examples("train", 48) + text_examples("train", 16)  # descriptions (long) among short questions
+
+    def one_pass(group: int) -> tuple[list[str], int]:
+        data = batches(pool, processor, tokenizer, 4, random.Random(0), group=group)
+        answers, padding = [], 0
+        for _ in range(len(pool) // 4):
+            ids, _, labels = next(data)
+            answers += [tokenizer.decode(row[row != -100][:-1]).strip() for row in labels]
+            padding += (ids == tokenizer.pad_token_id).sum().item()
+        return answers, padding
+
+    grouped, grouped_padding = one_pass(group=16)
+    in_order, in_order_padding = one_pass(group=1)
+    assert sorted(grouped) == sorted(in_order) == sorted(ex.answer for ex in pool)
+    assert grouped_padding < in_order_padding / 3
