@@ -17,8 +17,8 @@ exact:
 
 The other rows keep their random start; training moves all of them. Measured on its own (1500 steps, the
 picture before the question) the read-outs did not lift the accuracy beyond one run's spread; the shipped
-recipe (with `demo.train.answer_loss` and the picture after the question) names colours at 0.55, reads the
-word at 0.97 (experiments/results/demo_shapes).
+recipe (with `demo.train.answer_loss` and the picture after the question, 5000 steps in batches grouped by
+length) names colours at 0.68, reads the word at 1.00 (experiments/results/demo_shapes).
 """
 
 from __future__ import annotations
