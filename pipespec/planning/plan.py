@@ -15,7 +15,7 @@ candidate with window gamma predicts exactly that).
 The model ranks; it does not know what a step costs inside the runtime (on the demo models on 2 cores
 it predicted 2-5x what `pipespec demo` measured, and its pick moved with the profile's noise). So
 `pipespec plan` and `pipespec demo` then try candidates in place (pipespec.cli.trials runs them): the
-best-ranked chains and the target alone (`contenders`), each round timed beside the target alone in
+best-ranked chains, each on each number of devices, and the target alone (`contenders`), each round timed beside the target alone in
 the planner's process. A `Trial` is one candidate's measurement; `tried` recommends the greatest
 speedup measured, by the same near-tie rule (`TRIAL_TIE`), and its measured rate and speedup become
 the plan's predictions (`Plan.predicted`, `Plan.predicted_speedup`), the model's beside them.
@@ -144,11 +144,14 @@ def recommend(
 
 
 def contenders(plan: Plan, count: int) -> list[Candidate]:
-    """What to try in place: the recommended candidate and the best of each next chain, fastest predicted
-    first, `count` in all, then the target alone (no speculation), unless it is among them."""
+    """What to try in place: the recommended candidate and the best of each next chain on each number of
+    devices, fastest predicted first, `count` in all, then the target alone (no speculation), unless it
+    is among them. A chain on one device and on two are both tried: the model predicts async stages that
+    share a core as fast as synchronous speculation, and on the demo models it ranked tiny+target on one
+    core first (2.07x) where it measured 0.86x; tiny | target measured 1.4-1.65x (issue 28's note)."""
     chosen = [plan.recommended]
     for candidate in plan.chains:
-        if len(chosen) < count and all(candidate.stages != c.stages for c in chosen):
+        if len(chosen) < count and all((candidate.stages, candidate.devices) != (c.stages, c.devices) for c in chosen):
             chosen.append(candidate)
     alone = next((c for c in plan.chains if len(c.stages) == 1), None)
     return chosen if alone is None or alone in chosen else [*chosen, alone]
