@@ -11,9 +11,9 @@
 
 The tower step pretrains the CLIP-style tower densely (`demo.tower`), as contrastive pretraining does for
 real LLaVA models; the target step then trains the language model and projector on the conversations with
-the tower frozen, as LLaVA does. Each step runs the shipped recipe (`SHIPPED`: its optimiser steps, batch,
-stopping early at its minutes of budget) unless `--steps` / `--minutes` / `--batch-size` say otherwise; each fits in
-about 30 minutes on this 2-core machine. Everything is seeded. The models are written in half precision
+the tower frozen, as LLaVA does. Each step runs the shipped recipe (`SHIPPED`: its optimiser steps and
+batch, stopping early at its minutes of budget) unless `--steps` / `--minutes` / `--batch-size` say
+otherwise; each fits in about 30 minutes on this 2-core machine. Everything is seeded. The models are written in half precision
 to `models/demo/{tower,target,tiny,dream}` (shipped in the repository, so `pipespec demo` starts at once;
 retraining overwrites them). Training runs in fp32: this CPU has no bf16 instructions, and a
 bf16-autocast step costs 23x an fp32 one (80 s against 3.5 s for the old 24-layer target's batch).

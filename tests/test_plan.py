@@ -353,7 +353,10 @@ def on(plan, stages: tuple[str, ...], devices: int):
 
 def test_the_recommended_candidate_the_best_of_each_chain_on_each_number_of_devices_and_the_target_alone_are_tried():
     plan = trial_plan()
-    key = lambda c: (c.stages, c.devices)  # noqa: E731
+
+    def key(c):
+        return c.stages, c.devices
+
     tried_ones = contenders(plan, 3)
     assert tried_ones[0] == plan.recommended and tried_ones[-1].stages == ("target",)
     assert len(tried_ones) == 4 and len({key(c) for c in tried_ones}) == 4
