@@ -18,7 +18,8 @@ it predicted 2-5x what `pipespec demo` measured, and its pick moved with the pro
 best-ranked chains, each on each number of devices, and the target alone (`contenders`), each round
 timed beside the target alone in the planner's process. A `Trial` is one candidate's measurement;
 `tried` recommends the greatest speedup measured, by the same near-tie rule (`TRIAL_TIE`), and its
-measured rate and speedup become the plan's predictions (`Plan.predicted`, `Plan.predicted_speedup`), the model's beside them.
+measured rate and speedup become the plan's predictions (`Plan.predicted`, `Plan.predicted_speedup`),
+the model's beside them.
 
 `auto` is what `pipespec serve/demo --plan auto` run: a quick profile, then the recommended config.
 """
