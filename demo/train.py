@@ -25,10 +25,14 @@ import argparse
 import hashlib
 import json
 import logging
+import multiprocessing
+import os
 import random
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -171,35 +175,53 @@ def build_target(tokenizer, seed: int = 0, shape: dict[str, int] = TARGET):
     return model, processor
 
 
-def batches(examples, processor, tokenizer, batch_size: int, rng: random.Random, with_image: bool = True, group: int = 32):
-    """Endless shuffled batches: (input_ids [B, T], pixel_values [P, 3, S, S] | None, labels [B, T]), P the
-    rows with a picture: every example with a scene, unless `with_image` is False (the tiny drafter's view:
-    the conversations' text alone).
+Row = tuple[list[int], list[int], torch.Tensor | None]  # one `encode`d conversation: ids, labels, pixel_values [3, S, S]
+
+
+def encode_all(examples, processor, tokenizer, with_image: bool = True, workers: int = 1) -> list[Row]:
+    """`encode` every example once, in order, on `workers` processes (rendering and the image processor cost
+    about 2 ms a picture: re-encoded at every draw, a batch of 16 took 34 ms, as long as a GPU's step)."""
+    if workers <= 1:
+        return [encode(ex, processor, tokenizer, with_image) for ex in examples]
+    job = partial(_encode_to_numpy, processor=processor, tokenizer=tokenizer, with_image=with_image)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        rows = pool.map(job, examples, chunksize=max(1, len(examples) // (8 * workers)))
+        return [(ids, labels, None if pixels is None else torch.from_numpy(pixels)) for ids, labels, pixels in rows]
+
+
+def _encode_to_numpy(example, processor, tokenizer, with_image: bool):
+    """`encode` on a worker: the pixels go back as an array (torch would send each tensor through a file
+    descriptor of shared memory, and runs out of them)."""
+    ids, labels, pixels = encode(example, processor, tokenizer, with_image)
+    return ids, labels, None if pixels is None else pixels.numpy()
+
+
+def batches(rows: Sequence[Row], batch_size: int, rng: random.Random, pad: int, group: int = 32):
+    """Endless shuffled batches of `encode_all`'s rows: (input_ids [B, T], pixel_values [P, 3, S, S] | None,
+    labels [B, T]), P the rows with a picture, padded with `pad`.
 
     Batches are grouped by length, as Hugging Face's `group_by_length` does: `group` batches' worth of
-    examples are drawn, sorted by length, cut into batches and yielded in a random order. A description
+    rows are drawn, sorted by length, cut into batches and yielded in a random order. A description
     (about 100 tokens) no longer pads the short questions (about 35) it is drawn with: at batch 16, rows
     were half padding, and a step's cost follows its width."""
     order: list[int] = []
 
-    def draw():
+    def draw() -> Row:
         nonlocal order
         if not order:
-            order = list(range(len(examples)))
+            order = list(range(len(rows)))
             rng.shuffle(order)
-        return examples[order.pop()]
+        return rows[order.pop()]
 
     while True:
-        rows = sorted(
-            (encode(draw(), processor, tokenizer, with_image) for _ in range(batch_size * group)), key=lambda r: len(r[0])
-        )
-        chunks = [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
+        drawn = sorted((draw() for _ in range(batch_size * group)), key=lambda r: len(r[0]))
+        chunks = [drawn[i : i + batch_size] for i in range(0, len(drawn), batch_size)]
         rng.shuffle(chunks)
         for chunk in chunks:
-            yield collate(chunk, tokenizer.pad_token_id)
+            yield collate(chunk, pad)
 
 
-def encode(example, processor, tokenizer, with_image: bool) -> tuple[list[int], list[int], torch.Tensor | None]:
+def encode(example, processor, tokenizer, with_image: bool) -> Row:
     """One conversation -> (token ids, labels: -100 but on the answer and its end of turn, pixel_values
     [3, S, S] or None)."""
     from demo.world import render
@@ -228,13 +250,16 @@ def collate(rows, pad: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Te
     return ids, (torch.stack(pixels) if pixels else None), labels
 
 
-def conversations(seed: int) -> list[Example]:
-    """What the target and the tiny drafter learn from: 50,000 picture questions (demo.world) and a sixth as
-    many that need no picture (demo.talk)."""
+PICTURES = 50_000  # picture questions the target and the tiny drafter learn from
+
+
+def conversations(seed: int, pictures: int = PICTURES) -> list[Example]:
+    """What the target and the tiny drafter learn from: `pictures` picture questions (demo.world) and a
+    sixth as many that need no picture (demo.talk)."""
     from demo.talk import text_examples
     from demo.world import examples
 
-    return examples("train", 50_000, seed) + text_examples("train", 50_000 // 6, seed)
+    return examples("train", pictures, seed) + text_examples("train", pictures // 6, seed)
 
 
 def answer_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -247,8 +272,10 @@ def answer_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return ((per_token * learnt).sum(1) / learnt.sum(1).clamp_min(1)).mean()
 
 
-def fit(model, data, minutes: float, lr: float, max_steps: int, desc: str) -> list[float]:
-    """AdamW, warmup then cosine over `max_steps`, stopping at the time budget; fp32."""
+def fit(model, data, minutes: float, lr: float, max_steps: int, desc: str, device: str = "cpu") -> list[float]:
+    """AdamW, warmup then cosine over `max_steps`, stopping at the time budget; fp32, on `device` (the
+    model is back on the CPU when it returns)."""
+    model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimiser = Optimiser.adamw(params, lr, max_steps, weight_decay=0.1, warmup_steps=max_steps // 30)
     deadline = time.monotonic() + minutes * 60
@@ -256,7 +283,7 @@ def fit(model, data, minutes: float, lr: float, max_steps: int, desc: str) -> li
     model.train()
     bar = tqdm(range(max_steps), desc=desc)
     for _ in bar:
-        ids, pixels, labels = next(data)
+        ids, pixels, labels = (None if t is None else t.to(device) for t in next(data))
         kwargs = {"pixel_values": pixels} if pixels is not None else {}
         logits = model(input_ids=ids, **kwargs).logits  # right padding: real tokens never see it
         curve.append(optimiser.update(answer_loss(logits, labels)))
@@ -264,7 +291,7 @@ def fit(model, data, minutes: float, lr: float, max_steps: int, desc: str) -> li
         if time.monotonic() > deadline:
             log.info("%s: time budget reached after %d steps", desc, len(curve))
             break
-    model.eval()
+    model.eval().to("cpu")
     return curve
 
 
@@ -289,7 +316,17 @@ def train_tower(models: Path, minutes: float, steps: int, seed: int) -> Path:
     return out
 
 
-def train_target(models: Path, minutes: float, steps: int, batch_size: int, seed: int, shape: dict[str, int] = TARGET) -> Path:
+def train_target(
+    models: Path,
+    minutes: float,
+    steps: int,
+    batch_size: int,
+    seed: int,
+    shape: dict[str, int] = TARGET,
+    device: str = "cpu",
+    workers: int = 1,
+    pictures: int = PICTURES,
+) -> Path:
     """Train the target's language model and projector over the pretrained tower (models/tower, frozen, as
     LLaVA's recipe keeps it)."""
     from transformers import CLIPVisionModel
@@ -301,15 +338,17 @@ def train_target(models: Path, minutes: float, steps: int, batch_size: int, seed
     model.model.vision_tower.requires_grad_(False)
     init_projector(model, processor.image_processor, seed)
     log.info("target: %.1fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)
-    data = batches(conversations(seed), processor, tokenizer, batch_size, random.Random(seed))
-    curve = fit(model, data, minutes, 1e-3, steps, "target")
+    rows = encode_all(conversations(seed, pictures), processor, tokenizer, workers=workers)
+    curve = fit(
+        model, batches(rows, batch_size, random.Random(seed), tokenizer.pad_token_id), minutes, 1e-3, steps, "target", device
+    )
     out = models / "target"
     save_half(model, out, processor)
     (out / "loss_curve.json").write_text(json.dumps(curve) + "\n")
     return out
 
 
-def train_tiny(models: Path, minutes: float, steps: int, batch_size: int, seed: int) -> Path:
+def train_tiny(models: Path, minutes: float, steps: int, batch_size: int, seed: int, device: str = "cpu") -> Path:
     """A small Llama on the same conversations, text only (what a text drafter sees)."""
     from transformers import LlamaForCausalLM
 
@@ -317,8 +356,10 @@ def train_tiny(models: Path, minutes: float, steps: int, batch_size: int, seed: 
     config = llama_config(tokenizer, TINY, tie_word_embeddings=True)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    data = batches(conversations(seed + 1), None, tokenizer, batch_size, random.Random(seed), with_image=False)
-    curve = fit(model, data, minutes, 2e-3, steps, "tiny")
+    rows = encode_all(conversations(seed + 1), None, tokenizer, with_image=False)
+    curve = fit(
+        model, batches(rows, batch_size, random.Random(seed), tokenizer.pad_token_id), minutes, 2e-3, steps, "tiny", device
+    )
     out = models / "tiny"
     save_half(model, out, tokenizer)
     (out / "loss_curve.json").write_text(json.dumps(curve) + "\n")
@@ -362,6 +403,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, help="optimiser steps (default: the shipped recipe's)")
     parser.add_argument("--batch-size", type=int, help="conversations a step (default: the shipped recipe's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where the target and tiny steps train (cuda: a GPU; the shipped models trained on the CPU)",
+    )
+    parser.add_argument("--workers", type=int, default=os.cpu_count(), help="processes that encode the target's conversations")
     parser.add_argument("--per-kind", type=int, default=40, help="evaluate: held-out questions of each kind")
     add_log_level(parser, default="INFO")
     args = parser.parse_args(argv)
@@ -376,9 +423,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         elif step == "tower":
             train_tower(args.models, minutes, n_steps, args.seed)
         elif step == "target":
-            train_target(args.models, minutes, n_steps, batch, args.seed)
+            train_target(args.models, minutes, n_steps, batch, args.seed, device=args.device, workers=args.workers)
         elif step == "tiny":
-            train_tiny(args.models, minutes, n_steps, batch, args.seed)
+            train_tiny(args.models, minutes, n_steps, batch, args.seed, device=args.device)
         elif step == "dream":
             train_dream(args.models, n_steps, args.seed)
         elif step == "picture":

@@ -17,6 +17,7 @@ from demo.train import (
     answer_loss,
     batches,
     build_target,
+    encode_all,
     load_tokenizer,
     train_target,
     train_tower,
@@ -30,7 +31,8 @@ SMALL = dict(hidden=64, layers=1, heads=1, intermediate=128)  # a target's langu
 def test_the_target_reads_the_pretrained_layer_and_learns_only_answers():
     model, processor = build_target(load_tokenizer(MODELS))
     assert model.config.vision_feature_layer == -1  # the layer the dense pretraining trains (demo.tower)
-    data = batches(examples("train", 64), processor, processor.tokenizer, 4, random.Random(0))
+    tokenizer = processor.tokenizer
+    data = batches(encode_all(examples("train", 64), processor, tokenizer), 4, random.Random(0), tokenizer.pad_token_id)
     ids, pixels, labels = next(data)
     image_tokens = (ids == model.config.image_token_id).sum(1)
     assert image_tokens.tolist() == [(IMAGE_SIZE // PATCH) ** 2] * 4 and pixels.shape == (4, 3, IMAGE_SIZE, IMAGE_SIZE)
@@ -42,7 +44,8 @@ def test_the_target_reads_the_pretrained_layer_and_learns_only_answers():
 def test_questions_without_a_picture_are_fed_without_one():
     model, processor = build_target(load_tokenizer(MODELS), shape=SMALL)
     mixed = examples("train", 6) + text_examples("train", 6)
-    ids, pixels, labels = next(batches(mixed, processor, processor.tokenizer, 12, random.Random(0), group=1))  # one mixed batch
+    rows = encode_all(mixed, processor, processor.tokenizer)
+    ids, pixels, labels = next(batches(rows, 12, random.Random(0), processor.tokenizer.pad_token_id, group=1))  # one mixed batch
     with_picture = (ids == model.config.image_token_id).any(1)
     assert with_picture.sum() == 6 and pixels.shape[0] == 6  # a picture for each row that has one, in order
     assert model(input_ids=ids, pixel_values=pixels).logits.shape[:2] == ids.shape  # LLaVA matches them to rows
@@ -51,7 +54,7 @@ def test_questions_without_a_picture_are_fed_without_one():
 def test_the_target_trains_over_the_pretrained_tower_it_ships_with(tmp_path):
     shutil.copytree(MODELS / "tokenizer", tmp_path / "tokenizer")
     train_tower(tmp_path, math.inf, 2, seed=0)
-    train_target(tmp_path, math.inf, 2, 2, seed=0, shape=SMALL)
+    train_target(tmp_path, math.inf, 2, 2, seed=0, shape=SMALL, pictures=12)
     tower = CLIPVisionModel.from_pretrained(tmp_path / "tower").state_dict()
     target = LlavaForConditionalGeneration.from_pretrained(tmp_path / "target")
     assert target.config.text_config.hidden_size == SMALL["hidden"]
@@ -79,9 +82,10 @@ def test_batches_are_grouped_by_length_and_draw_every_example_once_a_pass():
     _, processor = build_target(load_tokenizer(MODELS), shape=SMALL)
     tokenizer = processor.tokenizer
     pool = examples("train", 48) + text_examples("train", 16)  # descriptions (long) among short questions
+    rows = encode_all(pool, processor, tokenizer)
 
     def one_pass(group: int) -> tuple[list[str], int]:
-        data = batches(pool, processor, tokenizer, 4, random.Random(0), group=group)
+        data = batches(rows, 4, random.Random(0), tokenizer.pad_token_id, group=group)
         answers, padding = [], 0
         for _ in range(len(pool) // 4):
             ids, _, labels = next(data)
@@ -93,3 +97,12 @@ def test_batches_are_grouped_by_length_and_draw_every_example_once_a_pass():
     in_order, in_order_padding = one_pass(group=1)
     assert sorted(grouped) == sorted(in_order) == sorted(ex.answer for ex in pool)
     assert grouped_padding < in_order_padding / 3
+
+
+def test_encoding_on_worker_processes_gives_the_rows_in_process_encoding_gives():
+    _, processor = build_target(load_tokenizer(MODELS), shape=SMALL)
+    pool = examples("train", 10) + text_examples("train", 3)
+    alone, shared = encode_all(pool, processor, processor.tokenizer), encode_all(pool, processor, processor.tokenizer, workers=2)
+    assert [(ids, labels) for ids, labels, _ in alone] == [(ids, labels) for ids, labels, _ in shared]
+    assert all((a is None and b is None) or torch.equal(a, b) for (_, _, a), (_, _, b) in zip(alone, shared))
+    assert sum(pixels is None for _, _, pixels in shared) == 3  # the text-only questions, in their places
