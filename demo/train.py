@@ -34,6 +34,7 @@ import argparse
 import hashlib
 import json
 import logging
+import math
 import multiprocessing
 import os
 import random
@@ -404,6 +405,17 @@ def write_example_picture(models: Path) -> Path:
     return out
 
 
+def _device_error(device: str) -> str | None:
+    """Why torch cannot train on `device` here (None: it can)."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as error:
+        return str(error)
+    if kind == "cuda" and not torch.cuda.is_available():
+        return "no CUDA device here"
+    return None if kind in ("cpu", "cuda") else "cpu or cuda"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("step", choices=["tokenizer", "tower", "target", "tiny", "dream", "evaluate", "picture", "all"])
@@ -415,18 +427,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--device",
         default="cpu",
-        help="where the target and tiny steps train (cuda: a GPU; the shipped models trained on the CPU)",
+        help="where the target and tiny steps train: cpu, or cuda for a GPU (the shipped target trained there)",
     )
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="processes that encode the target's conversations")
     parser.add_argument("--per-kind", type=int, default=40, help="evaluate: held-out questions of each kind")
     add_log_level(parser, default="INFO")
     args = parser.parse_args(argv)
+    device_error = _device_error(args.device)
+    if device_error:
+        parser.error(f"--device {args.device}: {device_error}")
+    if args.workers < 1:
+        parser.error(f"--workers {args.workers}: at least 1 process encodes the conversations")
     setup_logging(args.log_level, fmt="%(message)s")
     torch.manual_seed(args.seed)
     steps = [args.step] if args.step != "all" else ["tokenizer", "tower", "target", "tiny", "dream", "evaluate", "picture"]
     for step in steps:
         recipe = SHIPPED.get(step, Recipe(0))
-        n_steps, minutes, batch = args.steps or recipe.steps, args.minutes or recipe.minutes, args.batch_size or recipe.batch
+        n_steps, batch = args.steps or recipe.steps, args.batch_size or recipe.batch
+        minutes = args.minutes or recipe.minutes or math.inf
         if step == "tokenizer":
             train_tokenizer(args.models / "tokenizer", seed=args.seed)
         elif step == "tower":

@@ -6,6 +6,7 @@ import math
 import random
 import shutil
 
+import pytest
 import torch
 import torch.nn.functional as F
 from transformers import CLIPVisionModel, LlavaForConditionalGeneration
@@ -19,6 +20,7 @@ from demo.train import (
     build_target,
     encode_all,
     load_tokenizer,
+    main,
     train_target,
     train_tower,
 )
@@ -106,3 +108,17 @@ def test_encoding_on_worker_processes_gives_the_rows_in_process_encoding_gives()
     assert [(ids, labels) for ids, labels, _ in alone] == [(ids, labels) for ids, labels, _ in shared]
     assert all((a is None and b is None) or torch.equal(a, b) for (_, _, a), (_, _, b) in zip(alone, shared))
     assert sum(pixels is None for _, _, pixels in shared) == 3  # the text-only questions, in their places
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--device", "tpu9"], "--device tpu9"),
+        (["--device", "meta"], "--device meta: cpu or cuda"),
+        (["--workers", "0"], "--workers 0"),
+    ],
+)
+def test_bad_training_flags_are_refused_by_name(flags, named, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["target", *flags])
+    assert exit_.value.code == 2 and named in capsys.readouterr().err
