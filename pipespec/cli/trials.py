@@ -12,9 +12,10 @@ So `pipespec plan` and `pipespec demo` try the plan's contenders (pipespec.plann
 the best-ranked chains on each number of devices, each at its best placement and lookaheads there,
 and the target alone in the runtime). Each starts on a local Ray as the config the plan would write
 (`candidate_config`, its coordinator on a free loopback port), is warmed up, then runs `rounds` rounds
-of the profile's prompts, greedy, each round followed by the same prompts to the target alone in this process, warm,
-at one device's threads (the baseline `pipespec demo` and the bench measure against), both timed as a
-client sees them (pipespec.cli.timed_requests: tokens over the seconds of whole requests).
+of the profile's prompts, greedy, each round followed by the same prompts to the target alone in this
+process, warm, at one device's threads (the baseline `pipespec demo` and the bench measure against),
+both timed as a client sees them (pipespec.cli.timed_requests: tokens over the seconds of whole
+requests).
 
 A trial's speedup is the median of its rounds' ratios. On a shared machine the rate drifts by a
 third within minutes (the demo's target alone: 71-108 tok/s over three runs of `pipespec demo`
