@@ -57,10 +57,10 @@ def test_low_acceptance_is_not_worth_waiting_for():
     assert patience(0.020, accepted=0, rejected=50).wait_for(0, 4, 0.002) == (0, 0.0)
 
 
-def test_by_default_it_waits_for_a_drafter_a_third_as_costly():
+def test_by_default_it_waits_for_a_drafter_nearly_half_as_costly():
     """The demo's DREAM drafter on two cores: 7 ms a token beside a 17 ms target, 80% accepted. Waiting
     for two drafts (about 2.5 tokens in 31 ms) beats stepping alone (1 token in 17 ms); half a forward
-    of patience (the old default) could not afford even one."""
+    of patience (the old default) could not afford even one: it allows a drafter at most a third as costly."""
     p = Patience()
     p.observe_forward(0.017)
     p.accepted, p.rejected = 8.0, 2.0

@@ -5,7 +5,7 @@ process. What the runtime delivers differs, and not by one factor that could be 
 - on the demo models on 2 cores, a stage's step in its actor cost 1.7x (the target) to 4x (the tiny
   drafter) its forward alone: dispatch and handoff, and the actor's own threads on the same core;
 - the target waits for drafts (pipespec.engine.patience: 24-32% of its time with two forwards of
-  patience) and verifies fewer drafts a step than a window, and its forward is 20-30% slower beside
+  patience) and verifies fewer drafts a step than a window, and its forward is 21-33% slower beside
   a busy drafter than alone (the bench's traces, same width);
 - a request pays its prefill and the client's stream.
 

@@ -17,7 +17,7 @@ rejections)).
 
 `max_wait` only guards against a drafter slower than its reported pace (a wait ends at its deadline
 anyway); the rate decides. At half a forward (the old default) it overruled the rate wherever the
-drafter costs more than a sixth of the verifier per token: on the demo models on two cores the target
+drafter costs more than a third of the verifier per token: on the demo models on two cores the target
 never waited for DREAM (7 ms a token against its 17 ms), stepped alone on 77% of its steps while DREAM
 drafted the same positions beside it, and gave 0.84-0.94x the target alone. At two forwards it waits
 for the two or three drafts the rate asks for: 0.98-0.99x with DREAM, 1.20-1.27x with the tiny
