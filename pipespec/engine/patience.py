@@ -15,20 +15,21 @@ this stage's own measured seconds per forward; T_draft is the drafter's seconds 
 reports with its drafts; a is this stage's measured acceptance rate (accepted / (accepted +
 rejections)).
 
-`max_wait` only guards against a drafter slower than its reported pace (a wait ends at its deadline
-anyway); the rate decides. At half a forward (the old default) it overruled the rate wherever the
-drafter costs more than a third of the verifier per token: on the demo models on two cores the target
-never waited for DREAM (7 ms a token against its 17 ms), stepped alone on 77% of its steps while DREAM
-drafted the same positions beside it, and gave 0.84-0.94x the target alone. At two forwards it waits
-for the two or three drafts the rate asks for: 0.98-0.99x with DREAM, 1.20-1.27x with the tiny
-drafter against 1.06-1.11x (experiments/results/patience/README.md).
+`max_wait` guards against a drafter slower than its reported pace, and against the rate's myopia: it
+counts the wait as lost time, though in a pipeline the drafter keeps drafting while the verifier
+verifies. At half a forward (the old default) it overruled the rate wherever the drafter costs more
+than a third of the verifier per token: on the demo models on two cores the target never waited for
+DREAM (7 ms a token against its 17 ms) and stepped alone on 77% of its steps while DREAM drafted the
+same positions beside it. At two forwards it waited for whatever the rate asked and lost 4-12% in the
+emulated sweep (an 8B drafter a fifth of a 70B target). One forward (the default) does as well as two
+on the demo models and as well as half in the emulated sweep (experiments/results/patience/README.md).
 """
 
 from __future__ import annotations
 
 
 class Patience:
-    def __init__(self, max_wait: float = 2.0, smoothing: float = 0.2):
+    def __init__(self, max_wait: float = 1.0, smoothing: float = 0.2):
         self.max_wait = max_wait  # fraction of one own forward we may wait for drafts
         self.smoothing = smoothing
         self.verify_s: float | None = None  # EMA of our seconds per forward
