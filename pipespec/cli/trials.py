@@ -4,7 +4,7 @@ The chain model (pipespec.planning.analytical) ranks candidates from forwards pr
 process. What the runtime delivers differs, and not by one factor that could be measured once:
 - on the demo models on 2 cores, a stage's step in its actor cost 1.7x (the target) to 4x (the tiny
   drafter) its forward alone: dispatch and handoff, and the actor's own threads on the same core;
-- the target waits for drafts (pipespec.engine.patience: 24-32% of its time with two forwards of
+- the target waits for drafts (pipespec.engine.patience: about a quarter of its time with one forward of
   patience) and verifies fewer drafts a step than a window, and its forward is 21-33% slower beside
   a busy drafter than alone (the bench's traces, same width);
 - a request pays its prefill and the client's stream.
