@@ -62,10 +62,7 @@ def test_by_default_it_waits_for_a_drafter_nearly_half_as_costly():
     for a draft (1.8 tokens in 24 ms) beats stepping alone (1 token in 17 ms), and one forward of patience
     affords one (10.5 ms); half a forward (the old default) could not afford even one: it allows a drafter
     at most a third as costly."""
-    p = Patience()
-    p.observe_forward(0.017)
-    p.accepted, p.rejected = 8.0, 2.0
-    want, seconds = p.wait_for(0, 3, 0.007)
+    want, seconds = patience(0.017, accepted=8.0, rejected=2.0, max_wait=Patience().max_wait).wait_for(0, 3, 0.007)
     assert want == 1
     assert seconds == pytest.approx(1.5 * 0.007)
     assert patience(0.017, accepted=8.0, rejected=2.0, max_wait=0.5).wait_for(0, 3, 0.007) == (0, 0.0)
