@@ -8,6 +8,7 @@ from pipespec.planning.analytical import (
     chain_rates,
     chain_rates_with_verify_cost,
     device_loads,
+    drafter_bound,
     expected_accepted,
     forward_latency,
     placed_rate,
@@ -69,3 +70,21 @@ def test_drafters_sharing_a_device_supply_at_their_synchronous_rate():
     assert rates[1] == pytest.approx(500.0) and rates[2] == pytest.approx(250.0)
     assert device_loads(steps, [0, 0, 1]) == pytest.approx({0: 0.0016, 1: 0.004})
     assert placed_rate(one, one, 8, alphas, windows, [0, 0, 1]) == pytest.approx(250.0)
+
+
+def test_a_drafter_supplies_one_forward_per_token_and_a_verdicts_lag_per_rejection():
+    """A 7 ms drafter, alpha 0.8, a 16 ms verifier: 7 + 0.2 * 1.25 * 16 = 11 ms per committed token,
+    91 tok/s. The chain formula alone says 2.29 drafts a step, 1.97 tokens a step: 123 tok/s."""
+    assert drafter_bound(0.007, 0.8, 0.016) == pytest.approx(1 / 0.011)
+    assert chain_rates([0.007, 0.016], [0.8], [3])[-1] == pytest.approx(1 / 0.011)
+    assert drafter_bound(0.007, 1.0, 0.016) == pytest.approx(1 / 0.007)  # no rejection: its forwards alone
+
+
+def test_the_drafter_bound_leaves_a_fast_drafter_and_a_slow_one_to_the_verifier():
+    # a 1 ms drafter supplies 1 / (0.001 + 0.3 * 1.25 * 0.016) = 143 tok/s: the verifier's window binds first
+    fast = chain_rates([0.001, 0.016], [0.7], [4])[-1]
+    assert fast < drafter_bound(0.001, 0.7, 0.016)
+    assert fast == pytest.approx(chain_rates_with_verify_cost([0.001, 0.016], [0.001, 0.016], 8, [0.7], [4])[-1])
+    # a drafter as slow as its verifier supplies less than the verifier makes alone: it generates alone
+    assert drafter_bound(0.016, 0.5, 0.016) < 1 / 0.016
+    assert chain_rates([0.016, 0.016], [0.5], [4])[-1] == pytest.approx(1 / 0.016)

@@ -196,14 +196,15 @@ def test_a_drafter_that_gains_less_than_the_margin_leaves_the_target_alone():
     prof, raw = synthetic({"slow": (38, 38), "target": (40, 40)}, {("slow", "target"): 0.1})
     plan = recommend(prof, raw)
     chain = next(c for c in plan.chains if c.stages == ("slow", "target"))
-    assert 1.0 < chain.speedup < 1 + FEWER_STAGES  # predicted a hair faster: not worth a device
+    # its drafts would add 1%, but through its rejections it supplies less than the target makes alone
+    assert 1.0 <= chain.speedup < 1 + FEWER_STAGES  # not worth a device
     assert plan.recommended.stages == ("target",) and plan.recommended.lookaheads == ()
     assert plan.recommended.speedup == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("verify_ms, stages", [(40, ("d", "target")), (160, ("target",))])
 def test_a_costly_verification_can_make_the_target_alone_best(verify_ms, stages):
-    prof, raw = synthetic({"d": (20, 20), "target": (40, verify_ms)}, {("d", "target"): 0.4})
+    prof, raw = synthetic({"d": (5, 5), "target": (40, verify_ms)}, {("d", "target"): 0.4})
     assert recommend(prof, raw).recommended.stages == stages
 
 
@@ -312,9 +313,9 @@ def test_the_recommended_config_places_the_stages_on_devices():
 
 
 def test_on_a_near_tie_fewer_devices_win_and_the_plan_says_why():
-    """A 7 ms drafter, alpha 0.5, for a 40 ms target: on its own device it is predicted 1.7% faster than
+    """An 8 ms drafter, alpha 0.6, for a 40 ms target: on its own device it is predicted 1.2% faster than
     sharing the target's; within 2%, one device is recommended."""
-    prof, raw = synthetic({"d": (7, 7), "target": (40, 40)}, {("d", "target"): 0.5})
+    prof, raw = synthetic({"d": (8, 8), "target": (40, 40)}, {("d", "target"): 0.6})
     plan = recommend(prof, raw, Devices(2, 1))
     fastest = plan.chains[0]
     assert fastest.placement == (("d",), ("target",)) and plan.recommended.placement == (("d", "target"),)

@@ -66,10 +66,12 @@ def test_pipeline_commits_exactly_the_target_alone(predraft):
 def test_predicted_rate_by_hand():
     # Ample supply: drafter 100 tok/s, target 0.1 s, alpha 0.5, window 4 (n = min(4, 10) = 4):
     # rho = 0.5 / (1 - 0.5^5 + 0.5) = 0.340426; E[accepted] = (1 - 0.5^5) / 0.5 = 1.9375;
-    # E[N] = (1 - rho) + rho * 1.9375 = 1.319149 tokens per 0.1 s.
+    # E[N] = (1 - rho) + rho * 1.9375 = 1.319149 tokens per 0.1 s. Its drafter could supply more:
+    # 1 / (0.01 + 0.5 * 1.25 * 0.1) = 13.79 tokens a second.
     assert scaling.predicted_tokens_per_s([0.01, 0.1], [0.5], [4]) == pytest.approx(13.19149, rel=1e-5)
-    # Supply-limited: a perfect drafter at 20 tok/s supplies n = 2 drafts per 0.1 s target step: 3 tokens a step.
-    assert scaling.predicted_tokens_per_s([0.05, 0.1], [1.0], [8]) == pytest.approx(30.0)
+    # Supply-limited: a perfect drafter at 20 tok/s supplies n = 2 drafts per 0.1 s target step, 3 tokens
+    # a step by the chain formula; but it drafts every position, the bonus ones too: 20 tokens a second.
+    assert scaling.predicted_tokens_per_s([0.05, 0.1], [1.0], [8]) == pytest.approx(20.0)
     assert scaling.predicted_tokens_per_s([0.1237], [], []) == pytest.approx(1 / 0.1237)
 
 

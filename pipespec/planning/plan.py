@@ -13,7 +13,8 @@ drafter is shown beside it for reference (`sync_rate`; the model's drafter-and-t
 candidate with window gamma predicts exactly that).
 
 The model ranks; it does not know what a step costs inside the runtime (on the demo models on 2 cores
-it predicted 2-5x what `pipespec demo` measured, and its pick moved with the profile's noise). So
+it predicted 1.5-1.7x what the trials measured of chains with drafters, 1.8-2.2x before each drafter was
+held to what it supplies through its rejections, and its pick moved with the profile's noise). So
 `pipespec plan` and `pipespec demo` then try candidates in place (pipespec.cli.trials runs them): the
 best-ranked chains, each on each number of devices, and the target alone (`contenders`), each round
 timed beside the target alone in the planner's process. A `Trial` is one candidate's measurement;
