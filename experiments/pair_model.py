@@ -32,6 +32,7 @@ from experiments.bench_engine import time_pipeline, time_sync
 from pipespec import LocalPipeline, load_config
 from pipespec.commands.logs import add_log_level, setup_logging
 from pipespec.config import PipelineConfig
+from pipespec.engine.trace import decode_step_s
 from pipespec.planning.analytical import VERDICT_LAG, async_step, chain_rates_with_verify_cost
 from pipespec.stages.build import load_stages
 
@@ -105,10 +106,7 @@ def measure(verifier: Verifier, drafter_ms: float, agreement: float, runs: int, 
         pipe.start_trace()
         timed = [time_pipeline(pipe, tokens) for _ in range(runs)]
         traces = pipe.stop_trace()
-    drafter_s, verifier_s = (
-        (t["compute_s"] - t["prefill_compute_s"] + t["dispatch_s"] + t["handoff_s"]) / (t["steps"] - t["prefills"])
-        for t in traces
-    )
+    drafter_s, verifier_s = (decode_step_s(t) for t in traces)
     alpha = statistics.median(t.alphas[0] for t in timed)
     sync = {g: statistics.median(time_sync(stages[1], stages[0], tokens, g)[0] for _ in range(runs)) for g in SYNC_WINDOWS}
     window = config.window(1)

@@ -19,8 +19,8 @@ One device per pipeline stage. Two sweeps, each next to the analytical chain mod
    per second are rescaled to the emulated A100 clock (wall rate x time scale), ratios unchanged.
    Per device count: the asynchronous pipeline in process (`LocalPipeline`), the best synchronous
    speculation (any drafter of the chain straight into the 70B, window 2 / 4 / 8) for reference,
-   each the median of --runs runs; the prediction uses the seconds per forward (traced: a sleep lasts
-   a little longer than asked), the drafters' verify windows and the per-token acceptance alpha
+   each the median of --runs runs; the prediction uses the seconds per step (traced: a sleep lasts
+   a little longer than asked, and the runtime adds its dispatch and handoff), the drafters' verify windows and the per-token acceptance alpha
    MEASURED in the run (and, beside it, the configured latencies and rates).
    The gap quoted is measured / predicted - 1. With --predraft N the first drafter pre-drafts N
    branches (pipespec.engine.outcome_cache); where an emulated drafter disagrees with the next model,
@@ -57,6 +57,7 @@ from pipespec.commands.logs import add_log_level, setup_logging
 from pipespec.config import ConfigError, PipelineConfig
 from pipespec.engine.stage import Stage
 from pipespec.engine.synchronous import generate_sync
+from pipespec.engine.trace import decode_step_s
 from pipespec.planning.analytical import chain_rates, sync_speedup
 from pipespec.protocol.stats import StageStats, merged_pairs, merged_stages
 from pipespec.requests.outputs import Generation
@@ -96,7 +97,7 @@ class ScalingRow:
     devices: int
     chain: str  # "8B -> 70B"
     tokens_per_s: float  # measured, median over runs (emulated: on the emulated clock)
-    predicted_tokens_per_s: float  # chain_rates with the measured alphas and seconds per forward
+    predicted_tokens_per_s: float  # chain_rates with the measured alphas and seconds per step (real: per forward)
     speedup: float  # measured, over the measured d = 1 of the same sweep
     predicted_speedup: float  # over the predicted d = 1 of the same sweep
     alphas: tuple[float, ...]  # measured per-token acceptance per pair, upstream first
@@ -105,7 +106,7 @@ class ScalingRow:
     sync_tokens_per_s: float | None = None  # emulated, d >= 2: best synchronous speculation
     sync_predicted_tokens_per_s: float | None = None
     sync_best: str | None = None  # "1B, window 4"
-    forward_ms: tuple[float, ...] = ()  # emulated: per stage, measured ms per forward on the emulated clock (the model's)
+    step_ms: tuple[float, ...] = ()  # emulated: per stage, measured ms per step on the emulated clock (the model's)
     predraft_hit_rate: float | None = None  # emulated, pre-drafting on: the first stage's changed verdicts a branch foresaw
 
     @property
@@ -191,7 +192,7 @@ class ChainRun:
     alphas: tuple[float, ...]  # median per pair over runs, upstream first
     sync: SyncBest | None  # None for the target alone
     outputs: list[list[int]]  # committed token ids per prompt
-    forward_s: tuple[float, ...]  # per stage, wall seconds per forward as traced in the timed runs (pipespec.engine.trace)
+    step_s: tuple[float, ...]  # per stage, wall seconds per decode step as traced in the timed runs (pipespec.engine.trace)
     first: StageStats  # the first stage's statistics over the timed runs (its pre-drafting)
 
 
@@ -204,13 +205,13 @@ def run_chain(
         outputs = pipeline_outputs(pipe, tokens)
         pipe.start_trace()
         timed = [time_pipeline(pipe, tokens) for _ in range(runs)]
-        forward_s = tuple((t["compute_s"] - t["prefill_compute_s"]) / (t["steps"] - t["prefills"]) for t in pipe.stop_trace())
+        step_s = tuple(decode_step_s(t) for t in pipe.stop_trace())
         *drafters, target = pipe.stages
         latencies = {m.name: m.latency_ms for m in models}  # the prediction is on the emulated clock
         sync = best_sync(target, drafters, latencies, tokens, runs) if drafters else None
     alphas = tuple(statistics.median(t.alphas[i] for t in timed) for i in range(len(models) - 1))
     [first] = merged_stages([t.stages[0]] for t in timed)
-    return ChainRun(config, statistics.median(t.tokens_per_s for t in timed), alphas, sync, outputs, forward_s, first)
+    return ChainRun(config, statistics.median(t.tokens_per_s for t in timed), alphas, sync, outputs, step_s, first)
 
 
 def emulated_sweep(
@@ -236,9 +237,10 @@ def emulated_sweep(
         reference = reference or run.outputs
         latencies_s = [m.latency_ms / 1000.0 for m in models]  # the emulated clock: measured rates rescaled below
         windows = verify_windows(run.config)
-        # a sleep lasts a little longer than asked (timer slack, wake-up): the model takes the forwards as they ran
-        forward_s = [f / time_scale for f in run.forward_s]
-        predicted = predicted_tokens_per_s(forward_s, run.alphas, windows)
+        # a sleep lasts a little longer than asked (timer slack, wake-up), and the runtime adds its host work to
+        # each step: the model takes the steps as they ran
+        step_s = [f / time_scale for f in run.step_s]
+        predicted = predicted_tokens_per_s(step_s, run.alphas, windows)
         configured = predicted_tokens_per_s(latencies_s, [m.agreement for m in models[:-1]], windows)
         tps = run.tokens_per_s * time_scale
         base = rows[0] if rows else None
@@ -257,7 +259,7 @@ def emulated_sweep(
                 sync_tokens_per_s=run.sync.tokens_per_s * time_scale if run.sync else None,
                 sync_predicted_tokens_per_s=run.sync.predicted_tokens_per_s if run.sync else None,
                 sync_best=run.sync.label if run.sync else None,
-                forward_ms=tuple(1e3 * f for f in forward_s),
+                step_ms=tuple(1e3 * f for f in step_s),
                 predraft_hit_rate=run.first.predraft_hit_rate if predraft and d > 1 else None,
             )
         )

@@ -37,9 +37,9 @@ def test_predictions_come_from_the_chain_model(rows):
     for r in rows:
         models = CHAIN[-r.devices :]
         latencies = [m.latency_ms / 1000.0 for m in models]
-        # the model takes each stage's traced seconds per forward: at least the sleep asked
-        assert all(f >= lat * 1e3 for f, lat in zip(r.forward_ms, latencies, strict=True))
-        measured = [f / 1e3 for f in r.forward_ms]
+        # the model takes each stage's traced seconds per step: at least the sleep asked
+        assert all(f >= lat * 1e3 for f, lat in zip(r.step_ms, latencies, strict=True))
+        measured = [f / 1e3 for f in r.step_ms]
         windows = [4] * (r.devices - 1)  # half the drafters' lookahead of 8
         assert r.predicted_tokens_per_s == pytest.approx(chain_rates(measured, r.alphas, windows)[-1])
         if r.devices == 1:

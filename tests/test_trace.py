@@ -12,7 +12,7 @@ import time
 import pytest
 
 from pipespec import LocalPipeline, load_config
-from pipespec.engine.trace import Step, combine, summarise, table
+from pipespec.engine.trace import Step, combine, decode_step_s, summarise, table
 
 
 def test_summary_of_hand_made_steps():
@@ -34,6 +34,7 @@ def test_summary_of_hand_made_steps():
     assert s["busy"] == pytest.approx(3.0 / 4.3)
     assert s["busy_with_drafts"] == pytest.approx(1.0 / (1.3 + 0.3))
     assert s["mean_drafts"] == 4 and s["mean_accepted"] == 3
+    assert decode_step_s(s) == pytest.approx((2.0 + 0.2 + 0.3) / 2)  # two decode forwards, the host work of all three
 
 
 def config(latencies):

@@ -167,6 +167,13 @@ def summarise(
     return {"stage": stage, **seconds, **_derived(seconds)}
 
 
+def decode_step_s(summary: dict) -> float:
+    """A stage's mean decode step in a summary: its forward and the host work the runtime adds to it
+    (dispatch to the compute thread, handoff of the result to the event loop; prefills' included)."""
+    decode = summary["compute_s"] - summary["prefill_compute_s"] + summary["dispatch_s"] + summary["handoff_s"]
+    return decode / max(summary["steps"] - summary["prefills"], 1)
+
+
 def combine(summaries: list[dict]) -> dict:
     """Several windows of one stage (e.g. one per run) as one."""
     additive = [k for k, v in summaries[0].items() if isinstance(v, (int, float)) and k not in DERIVED]
