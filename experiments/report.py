@@ -21,7 +21,7 @@ import argparse
 import json
 import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from experiments.bench import hardware
@@ -94,14 +94,23 @@ def _chain_of(method: str) -> tuple[str, ...] | None:
 
 def plan_check(plan: dict, bench: dict) -> str:
     """The plan's recommended chain against the benchmark's measured tokens per second of every async chain,
-    with the model's prediction and, for the chains the plan tried, its measurement in place."""
+    with the model's prediction and, for the chains the plan tried, its measurement in place: the recommended
+    candidate's own for its chain, the best placement's for the others."""
     measured = {chain: row["tokens_per_s"] for row in bench["rows"] if (chain := _chain_of(row["method"])) is not None}
-    recommended = tuple(plan["recommended"]["stages"])
-    predicted = {tuple(c["stages"]): c["tokens_per_s"] for c in plan["chains"]}
-    tried = {tuple(t["candidate"]["stages"]): statistics.median(t["rounds"]) for t in plan.get("trials", [])}
+    chosen, trials = plan["recommended"], plan.get("trials", [])
+    recommended = tuple(chosen["stages"])
+    predicted = _greatest((tuple(c["stages"]), c["tokens_per_s"]) for c in plan["chains"])
+    tried = _greatest((tuple(t["candidate"]["stages"]), statistics.median(t["rounds"])) for t in trials)
+    if "tokens_per_s" in chosen:  # the recommended chain: the recommended candidate's own figures
+        predicted[recommended] = chosen["tokens_per_s"]
+    for t in trials:
+        if t["candidate"] == chosen:
+            tried[recommended] = statistics.median(t["rounds"])
+    place = chosen.get("placement")
+    where = f", on {' | '.join('+'.join(group) for group in place)}" if place else ""
     lines = ["| chain | predicted tok/s (model) | tried tok/s (plan) | measured tok/s (bench) |", "|---|---|---|---|"]
     for chain, tps in sorted(measured.items(), key=lambda kv: -kv[1]):
-        mark = " (recommended)" if chain == recommended else ""
+        mark = f" (recommended{where})" if chain == recommended else ""
         guess = f"{predicted[chain]:.1f}" if chain in predicted else "-"
         trial = f"{tried[chain]:.1f}" if chain in tried else "-"
         lines.append(f"| {' -> '.join(chain)}{mark} | {guess} | {trial} | {tps:.1f} |")
@@ -119,6 +128,14 @@ def plan_check(plan: dict, bench: dict) -> str:
             "lookaheads; the benchmark runs the config's (its lookaheads, its placement) on the held-out prompts."
         )
     return "\n".join(lines) + "\n\n" + verdict
+
+
+def _greatest(rows: Iterable[tuple[tuple[str, ...], float]]) -> dict[tuple[str, ...], float]:
+    """Each chain's greatest value among (chain, value) rows: its best placement's."""
+    out: dict[tuple[str, ...], float] = {}
+    for chain, value in rows:
+        out[chain] = max(value, out.get(chain, value))
+    return out
 
 
 def section_plan() -> str:

@@ -20,8 +20,9 @@ One device per pipeline stage. Two sweeps, each next to the analytical chain mod
    Per device count: the asynchronous pipeline in process (`LocalPipeline`), the best synchronous
    speculation (any drafter of the chain straight into the 70B, window 2 / 4 / 8) for reference,
    each the median of --runs runs; the prediction uses the seconds per step (traced: a sleep lasts
-   a little longer than asked, and the runtime adds its dispatch and handoff), the drafters' verify windows and the per-token acceptance alpha
-   MEASURED in the run (and, beside it, the configured latencies and rates).
+   a little longer than asked, and the runtime adds its dispatch and handoff), the drafters' verify
+   windows and the per-token acceptance alpha MEASURED in the run (and, beside it, the configured
+   latencies and rates).
    The gap quoted is measured / predicted - 1. With --predraft N the first drafter pre-drafts N
    branches (pipespec.engine.outcome_cache); where an emulated drafter disagrees with the next model,
    it ranks that model's token second with probability `runner_up` (0.5, ASSUMED: the demo's drafters
@@ -366,7 +367,8 @@ def markdown(rows: Sequence[ScalingRow], settings: dict[str, Any]) -> str:
         + " (assumed); configured acceptance "
         + ", ".join(f"{m.name}->next {m.agreement:g}" for m in CHAIN[:-1])
         + " (assumed). Tokens/s on the emulated A100 clock. REAL rows: the demo models on this machine, one Ray actor per device.",
-        "Predicted: `chain_rates` with each stage's measured seconds per forward (emulated: as traced, on the emulated clock, "
+        "Predicted: `chain_rates` with each stage's measured seconds per step (emulated: each step as traced, its forward, "
+        "dispatch and handoff, on the emulated clock, "
         "a sleep lasting a little longer than asked; real: the measured compute time per forward), the measured alphas and the verify windows; gap = measured / predicted - 1.",
         "",
         "| sweep | devices | chain | tok/s measured | tok/s predicted | gap | predicted (configured alpha) "

@@ -107,3 +107,15 @@ def test_the_accuracy_table_shows_intervals_and_bars(tmp_path, monkeypatch):
     text = results.section_models()
     assert "| colour | 0.95 | 0.83-0.99 | 0.90 (met) | 0.12 | 40 |" in text
     assert "| describe_exact | 0.30 | 0.18-0.45 | - | 0.00 | 40 |" in text
+
+
+def test_the_recommended_chain_shows_its_own_placement_and_the_others_their_best():
+    """tiny -> target tried on one device (the pick) and on two; the target alone predicted on one placement."""
+    one, two = {"stages": ["tiny", "target"], "placement": [["tiny", "target"]]}, {"stages": ["tiny", "target"]}
+    plan = {
+        "recommended": {**one, "tokens_per_s": 21.0},
+        "chains": [{**two, "tokens_per_s": 25.0}, {**one, "tokens_per_s": 21.0}, {"stages": ["target"], "tokens_per_s": 10.0}],
+        "trials": [{"candidate": {**one, "tokens_per_s": 21.0}, "rounds": [13.0]}, {"candidate": two, "rounds": [18.0]}],
+    }
+    text = results.plan_check(plan, _bench(**{"async target": 8.0, "async tiny_target": 16.0}))
+    assert "| tiny -> target (recommended, on tiny+target) | 21.0 | 13.0 | 16.0 |" in text
