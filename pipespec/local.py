@@ -15,7 +15,7 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -155,7 +155,7 @@ class LocalPipeline:
         from pipespec.serving.http_server import serve_http  # fastapi and uvicorn, when asked for
 
         media = Path(allowed_media) if allowed_media is not None else None
-        server = asyncio.run_coroutine_threadsafe(serve_http(self.serving, host, port, media), self.loop).result()
+        server = self._run(serve_http(self.serving, host, port, media)).result()
         self._http.append(server)
         return server.port
 
@@ -173,7 +173,14 @@ class LocalPipeline:
         async def call() -> Any:
             return fn()
 
-        return asyncio.run_coroutine_threadsafe(call(), self.loop).result()
+        return self._run(call()).result()
+
+    def _run(self, coroutine: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
+        """Run `coroutine` on the pipeline's loop; RuntimeError if the pipeline is not running."""
+        if self.loop is None:
+            coroutine.close()
+            raise RuntimeError("this LocalPipeline is not running: use `with LocalPipeline(config) as p:` or call start() first")
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -192,7 +199,7 @@ class LocalPipeline:
             async for delta in self.coordinator.generate(spec, stop):
                 out.put(delta)
 
-        asyncio.run_coroutine_threadsafe(pump(), self.loop)
+        self._run(pump())
         finished = False
         try:
             while not finished:
@@ -210,7 +217,7 @@ class LocalPipeline:
         async def collect() -> Generation:
             return Generation.from_deltas([d async for d in self.coordinator.generate(spec, stop)])
 
-        return asyncio.run_coroutine_threadsafe(collect(), self.loop)
+        return self._run(collect())
 
     def generate(self, prompt: str | None = None, **kwargs: Any) -> Generation:
         return self.submit(prompt, **kwargs).result()

@@ -146,3 +146,14 @@ def test_abandoned_stream_is_dropped_everywhere(pipe):
     assert after.finish_reason == "length"
     assert all(not runner.requests for runner in pipe.runners)
     assert not pipe.coordinator.live
+
+
+def test_a_pipeline_not_running_says_so():
+    config = load_config({"stages": [{"name": "target", "kind": "mock", "vocab_size": 50}]})
+    idle = LocalPipeline(config)
+    with pytest.raises(RuntimeError, match="not running: use `with LocalPipeline"):
+        idle.generate(prompt_token_ids=[1, 2, 3], max_new_tokens=4)
+    with idle:
+        assert len(idle.generate(prompt_token_ids=[1, 2, 3], max_new_tokens=4).token_ids) == 4
+    with pytest.raises(RuntimeError, match="not running"):  # closed
+        next(idle.stream(prompt_token_ids=[1, 2, 3], max_new_tokens=4))
