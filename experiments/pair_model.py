@@ -5,8 +5,8 @@
 Mock stages (`pipespec/stages/mock.py`, not real models) that sleep their latency, in one process
 (`LocalPipeline`): so the measured rates are the runtime's protocol and scheduling at those costs, with no
 neighbour's tax on a shared machine. A grid of verifiers (8, 16 and 40 ms a forward, a little more per
-token it verifies), drafters from a tenth of the verifier's cost to two thirds of it, two acceptance rates
-each, and a lookahead (`GRID`). For every point, side by side:
+token it verifies), drafters from a tenth of the verifier's cost to two thirds of it, one or two acceptance
+rates each, and a lookahead (`GRID`). For every point, side by side:
 
 - the asynchronous pair measured (tokens per second, the median of --runs over three prompts);
 - the best synchronous speculation measured on the same two stages (windows 1, 2, 4);
@@ -16,7 +16,9 @@ each, and a lookahead (`GRID`). For every point, side by side:
   through its rejections and never below the verifier alone (`pipespec.planning.analytical.drafter_bound`).
 
 Both models take the seconds per step each stage took in the run (its trace: forward, dispatch and
-handoff), the measured alpha and the verify window. Writes pair_model.md and pair_model.json under --out.
+handoff), the measured alpha and the verify window. The verifier's mean step, its verifications
+included, stands for its one-token step, and the models add the verify cost on top: a few percent
+pessimistic (rho * n * per_token_ms). Writes pair_model.md and pair_model.json under --out.
 """
 
 from __future__ import annotations
@@ -136,7 +138,8 @@ def render(points: list[Point]) -> str:
     for p in points:
         c = p.drafter_step_ms / p.verifier_step_ms
         lines.append(
-            f"| {p.verifier_ms:g} ({p.verifier_step_ms:.1f}) | {p.drafter_ms:g} ({p.drafter_step_ms:.1f}) | {c:.2f} | {p.lookahead} "
+            f"| {p.verifier_ms:g} ({p.verifier_step_ms:.1f}) | {p.drafter_ms:g} ({p.drafter_step_ms:.1f}) "
+            f"| {c:.2f} | {p.lookahead} "
             f"| {p.alpha:.2f} | {p.tokens_per_s:.1f} | {p.sync_tokens_per_s:.1f} ({p.sync_window}) "
             f"| {p.tokens_per_s / p.sync_tokens_per_s:.2f}x | {p.formula_tokens_per_s:.1f} ({p.formula_gap:+.0%}) "
             f"| {p.model_tokens_per_s:.1f} ({p.model_gap:+.0%}) |"
@@ -146,7 +149,8 @@ def render(points: list[Point]) -> str:
     lines += [
         "",
         f"Measured over predicted - 1, over {len(points)} points: formula {min(formula):+.0%} to {max(formula):+.0%}, "
-        f"model {min(model):+.0%} to {max(model):+.0%}. Async over the best sync measured: {min(ratio):.2f}x to {max(ratio):.2f}x.",
+        f"model {min(model):+.0%} to {max(model):+.0%}. "
+        f"Async over the best sync measured: {min(ratio):.2f}x to {max(ratio):.2f}x.",
         "(c: the drafter's step over the verifier's, as run; asked latencies first, measured steps in brackets.)",
     ]
     return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ from pipespec.planning.analytical import (
     placed_rate,
     placed_steps,
     sync_rate,
+    tokens_per_step,
 )
 
 # a 3-stage chain: 1-token and 8-token forwards (s), per-link alpha and window
@@ -84,6 +85,7 @@ def test_the_drafter_bound_leaves_a_fast_drafter_and_a_slow_one_to_the_verifier(
     # a 1 ms drafter supplies 1 / (0.001 + 0.3 * 1.25 * 0.016) = 143 tok/s: the verifier's window binds first
     fast = chain_rates([0.001, 0.016], [0.7], [4])[-1]
     assert fast < drafter_bound(0.001, 0.7, 0.016)
+    assert fast == pytest.approx(tokens_per_step(0.7, 4) / 0.016)  # n = min(4, 16) drafts: PipeSpec's E[N]
     assert fast == pytest.approx(chain_rates_with_verify_cost([0.001, 0.016], [0.001, 0.016], 8, [0.7], [4])[-1])
     # a drafter as slow as its verifier supplies less than the verifier makes alone: it generates alone
     assert drafter_bound(0.016, 0.5, 0.016) < 1 / 0.016

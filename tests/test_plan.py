@@ -197,7 +197,7 @@ def test_a_drafter_that_gains_less_than_the_margin_leaves_the_target_alone():
     plan = recommend(prof, raw)
     chain = next(c for c in plan.chains if c.stages == ("slow", "target"))
     # its drafts would add 1%, but through its rejections it supplies less than the target makes alone
-    assert 1.0 <= chain.speedup < 1 + FEWER_STAGES  # not worth a device
+    assert chain.speedup == pytest.approx(1.0)  # not worth a device
     assert plan.recommended.stages == ("target",) and plan.recommended.lookaheads == ()
     assert plan.recommended.speedup == pytest.approx(1.0)
 

@@ -169,9 +169,13 @@ def summarise(
 
 def decode_step_s(summary: dict) -> float:
     """A stage's mean decode step in a summary: its forward and the host work the runtime adds to it
-    (dispatch to the compute thread, handoff of the result to the event loop; prefills' included)."""
+    (dispatch to the compute thread, handoff of the result to the event loop; prefills' included).
+    ValueError for a window without a decode step."""
+    steps = summary["steps"] - summary["prefills"]
+    if steps < 1:
+        raise ValueError(f"stage {summary['stage']!r} took no decode step in this window")
     decode = summary["compute_s"] - summary["prefill_compute_s"] + summary["dispatch_s"] + summary["handoff_s"]
-    return decode / max(summary["steps"] - summary["prefills"], 1)
+    return decode / steps
 
 
 def combine(summaries: list[dict]) -> dict:

@@ -59,16 +59,17 @@ def drafter_bound(drafter_s: float, alpha: float, verifier_s: float) -> float:
     the draft arrived: none when the verifier waits for drafts (pipespec.engine.patience), half a step when
     it steps back to back; `VERDICT_LAG` steps, between the two. On sleeping mock pairs (no CPU
     contention; experiments.pair_model: 18 pairs) this puts every measured rate within -6% to +12% of the
-    model, where PipeSpec's formula was up to 37% high: a drafter a quarter of its verifier's cost or more
-    is the bottleneck of an asynchronous pair, and its rejections are what that costs.
+    model, where they fell up to 37% below PipeSpec's formula (it predicted up to 1.58x what ran): a drafter
+    a quarter of its verifier's cost or more is the bottleneck of an asynchronous pair, and its rejections
+    are what that costs.
     """
     return 1.0 / (drafter_s + (1.0 - alpha) * VERDICT_LAG * verifier_s)
 
 
 def linked_rate(step_rate: float, drafter_rate: float, alpha: float, one_s: float, step_s: float) -> float:
     """An asynchronous verifier's rate: what its steps yield (`step_rate`), held to what its drafter can
-    supply (`drafter_bound`), but never below generating alone (1 / `one_s`: a verifier never idles for
-    want of drafts)."""
+    supply (`drafter_bound`); that bound is never taken below generating alone (1 / `one_s`: a verifier
+    never idles for want of drafts)."""
     return min(step_rate, max(1.0 / one_s, drafter_bound(1.0 / drafter_rate, alpha, step_s)))
 
 

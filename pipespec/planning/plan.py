@@ -12,9 +12,11 @@ it, the one on fewer devices (then with fewer stages). Synchronous speculative d
 drafter is shown beside it for reference (`sync_rate`; the model's drafter-and-target-on-one-device
 candidate with window gamma predicts exactly that).
 
-The model ranks; it does not know what a step costs inside the runtime (on the demo models on 2 cores
-it predicted 1.5-1.7x what the trials measured of chains with drafters, 1.8-2.2x before each drafter was
-held to what it supplies through its rejections, and its pick moved with the profile's noise). So
+The model ranks; it does not know what a step costs inside the runtime. On the demo models on 2 cores
+it predicted 1.6-3.5x what the trials measured in three runs (the target alone 1.6-1.8x: its forward
+profiled alone took 10 ms, a token in its actor 16-18 ms), and its pick moved with the profile's noise.
+Holding each drafter to what it supplies through its rejections took the DREAM chains from 2.0-2.2x to
+1.5-1.7x the trials on one profile; what is left is the actor's step, not the protocol. So
 `pipespec plan` and `pipespec demo` then try candidates in place (pipespec.cli.trials runs them): the
 best-ranked chains, each on each number of devices, and the target alone (`contenders`), each round
 timed beside the target alone in the planner's process. A `Trial` is one candidate's measurement;
