@@ -178,6 +178,9 @@ TABLE: dict[tuple[str, str], Entry] = {
     ("bash", "python -m experiments.scaling [--devices 4] [--time-scale 0.1] [--real | --no-real]"): Entry(
         Kind.HELP, "a sweep of many minutes (tests/test_scaling.py)"
     ),
+    ("bash", "python -m experiments.pair_model [--runs 2]"): Entry(
+        Kind.HELP, "a sweep of about 17 minutes (tests/test_pair_model.py runs one point)"
+    ),
     ("bash", "make bench    # python -m experiments.bench_engine --json experiments/results/bench_engine.json"): Entry(
         Kind.HELP, "a benchmark of minutes"
     ),
