@@ -7,6 +7,7 @@ import pytest
 from pipespec.planning.analytical import (
     chain_rates,
     chain_rates_with_verify_cost,
+    client_rate,
     device_loads,
     drafter_bound,
     expected_accepted,
@@ -90,3 +91,9 @@ def test_the_drafter_bound_leaves_a_fast_drafter_and_a_slow_one_to_the_verifier(
     # a drafter as slow as its verifier supplies less than the verifier makes alone: it generates alone
     assert drafter_bound(0.016, 0.5, 0.016) < 1 / 0.016
     assert chain_rates([0.016, 0.016], [0.5], [4])[-1] == pytest.approx(1 / 0.016)
+
+
+def test_a_client_sees_each_requests_first_delta_then_the_decoding_rate():
+    # 10 tokens: the first at 50 ms, 9 more at 100 tok/s (90 ms); 1 token: its first delta alone (20 ms)
+    assert client_rate(100.0, [10, 1], [0.05, 0.02]) == pytest.approx(11 / (0.05 + 0.09 + 0.02))
+    assert client_rate(100.0, [10], [0.0]) == pytest.approx(10 / 0.09)  # no prefill: the first token is free

@@ -12,7 +12,14 @@ import yaml
 from pipespec.cli import main
 from pipespec.config import load_config
 from pipespec.engine.handoff import FeaturedVerifier as _FeaturedVerifier
-from pipespec.planning.analytical import chain_rates, chain_rates_with_verify_cost, sync_rate, sync_speedup
+from pipespec.planning.analytical import (
+    chain_rates,
+    chain_rates_with_verify_cost,
+    client_rate,
+    placed_rate,
+    sync_rate,
+    sync_speedup,
+)
 from pipespec.planning.placement import Devices, label, on_devices, placements
 from pipespec.planning.plan import (
     FEWER_STAGES,
@@ -28,7 +35,7 @@ from pipespec.planning.plan import (
     recommended_config,
     tried,
 )
-from pipespec.planning.profiling import PairProfile, Profile, StageProfile, profile
+from pipespec.planning.profiling import PairProfile, Profile, Requests, StageProfile, profile
 from pipespec.protocol.messages import PrefillFeatures, RequestSpec
 from pipespec.protocol.params import SamplingParams
 
@@ -50,6 +57,24 @@ def test_profile_measures_the_emulated_latencies():
     for measured, expected in [(tiny.forward_s, 0.002), (target.forward_s, 0.016), (target.verify_s, 0.023)]:
         assert expected <= measured <= expected * 1.5 + 0.01, (measured, expected)  # sleeps only overshoot
     assert target.verify_tokens == 8
+    timed = prof.requests  # the target alone in the runtime: 12 tokens, 11 of them after its first delta
+    assert timed.tokens == (12,) and 0 < timed.first_s[0] < timed.seconds[0]
+    assert target.forward_s * 0.9 <= timed.step_s <= target.forward_s * 1.5 + 0.01
+    assert prof.host_s == max(0.0, timed.step_s - target.forward_s)
+
+
+def test_the_target_alone_is_predicted_as_it_was_timed_in_the_runtime_and_the_chains_as_a_client_sees_them():
+    prof, raw = synthetic({"tiny": (1, 1), "target": (10, 10)}, {("tiny", "target"): 0.8})
+    timed = Requests(tokens=(40, 5), first_s=(0.06, 0.05), seconds=(0.06 + 39 * 0.013, 0.05 + 4 * 0.013))
+    measured = replace(prof, requests=timed)
+    assert measured.host_s == pytest.approx(0.003)  # 13 ms a token in the runtime, 10 for the forward alone
+    plan, untimed = recommend(measured, raw), recommend(prof, raw)
+    assert plan.target_tokens_per_s == pytest.approx(timed.tokens_per_s)
+    chain = next(c for c in plan.chains if c.stages == ("tiny", "target"))
+    decoding = placed_rate([0.001, 0.013], [0.001, 0.013], 8, [0.8], chain.windows, (0, 1))  # the host cost on the target only
+    assert chain.tokens_per_s == pytest.approx(client_rate(decoding, timed.tokens, timed.first_s))
+    untimed_chain = next(c for c in untimed.chains if c.stages == ("tiny", "target") and c.lookaheads == chain.lookaheads)
+    assert chain.tokens_per_s < untimed_chain.tokens_per_s * 0.9
 
 
 def test_profile_measures_acceptance_as_the_mocks_agree():

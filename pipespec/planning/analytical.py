@@ -251,6 +251,12 @@ def placed_rate(
     return min(rates[-1], 1.0 / max(device_loads(steps, devices).values()))
 
 
+def client_rate(rate: float, tokens: Sequence[int], first_s: Sequence[float]) -> float:
+    """Tokens a second as a client sees whole requests: request k yields `tokens[k]` tokens, its first after
+    `first_s[k]` seconds (the target's prefill: the first token is the target's own), the rest at `rate`."""
+    return sum(tokens) / sum(f + max(0, n - 1) / rate for n, f in zip(tokens, first_s))
+
+
 def sync_rate(alpha: float, gamma: int, draft_s: float, verify_s: float) -> float:
     """Tokens per second of synchronous speculative decoding: gamma drafter forwards of `draft_s`, then
     one target forward of `verify_s` over the gamma + 1 tokens, yielding expected_accepted(alpha, gamma).

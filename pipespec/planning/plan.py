@@ -7,16 +7,20 @@ then the target; the target alone included), every placement of its stages on at
 per drafter a `max_lookahead` from a small grid, and predicts each with `placed_rate` of
 pipespec.planning.analytical: the asynchronous chain model across devices, forwards serialized within a device,
 verify costs included. The number of drafts one verification takes is what the runtime allows,
-`PipelineConfig.window` of the candidate config. The fastest candidate is recommended, or, within 2% of
-it, the one on fewer devices (then with fewer stages). Synchronous speculative decoding with each
-drafter is shown beside it for reference (`sync_rate`; the model's drafter-and-target-on-one-device
-candidate with window gamma predicts exactly that).
+`PipelineConfig.window` of the candidate config. Rates are as a client sees whole requests
+(`client_rate`): the profile times the target alone in the runtime on its prompts (`Requests`), so each
+request's length and first delta (its prefill) count, and the target's step is its forward plus what the
+runtime adds to it (`Profile.host_s`); the target alone is predicted as it was timed. The fastest
+candidate is recommended, or, within 2% of it, the one on fewer devices (then with fewer stages).
+Synchronous speculative decoding with each drafter is shown beside it for reference (`sync_rate`; the
+model's drafter-and-target-on-one-device candidate with window gamma predicts exactly that).
 
-The model ranks; it does not know what a step costs inside the runtime. On the demo models on 2 cores
-it predicted 1.6-3.5x what the trials measured in three runs (the target alone 1.6-1.8x: its forward
-profiled alone took 10 ms, a token in its actor 16-18 ms), and its pick moved with the profile's noise.
-Holding each drafter to what it supplies through its rejections took the DREAM chains from 2.0-2.2x to
-1.5-1.7x the trials on one profile; what is left is the actor's step, not the protocol. So
+The model ranks; it does not know what a drafter's step costs inside the runtime. On the demo models on
+2 cores, from forwards alone it predicted 1.6-3.5x what the trials measured in three runs (the target
+alone 1.6-1.8x: its forward profiled alone took 10 ms, a token of a request in the runtime 16-18 ms,
+prefill and answers of 7-45 tokens included); timing the target's requests took the target alone to
+within 5% of its trial (issue 28's note has the chains). Holding each drafter to what it supplies
+through its rejections took the DREAM chains from 2.0-2.2x to 1.5-1.7x the trials on one profile. So
 `pipespec plan` and `pipespec demo` then try candidates in place (pipespec.cli.trials runs them): the
 best-ranked chains, each on each number of devices, and the target alone (`contenders`), each round
 timed beside the target alone in the planner's process. A `Trial` is one candidate's measurement;
@@ -41,7 +45,7 @@ import yaml
 
 from pipespec.config import PipelineConfig, load_config
 from pipespec.errors import ConfigError
-from pipespec.planning.analytical import forward_latency, placed_rate, sync_rate
+from pipespec.planning.analytical import client_rate, forward_latency, placed_rate, sync_rate
 from pipespec.planning.placement import Devices, label, on_devices, placements
 from pipespec.planning.profiling import IMAGE_PROMPTS, TEXT_PROMPTS, Profile, profile, read_config
 
@@ -132,7 +136,7 @@ def recommend(
     """Predict every valid chain on every placement on at most `devices.count` devices (None: a device per
     stage) at every grid of lookaheads; recommend the fastest (fewer devices, then stages, on a near tie)."""
     n = len(prof.stages)
-    alone = 1.0 / prof.stages[-1].forward_s
+    alone = _seen(prof, 1.0 / (prof.stages[-1].forward_s + prof.host_s))
     chains: list[Candidate] = []
     for size in range(n):
         for drafters in itertools.combinations(range(n - 1), size):
@@ -199,15 +203,24 @@ def _best_chain(
         config = load_config({**raw, "stages": placed_stages(raw, names, groups, devices)})
     except ConfigError:
         return None
-    stages = [prof.stages[i] for i in indices]
-    one_s, block_s, block_tokens = [s.forward_s for s in stages], [s.verify_s for s in stages], stages[-1].verify_tokens
+    stages, host = [prof.stages[i] for i in indices], prof.host_s  # the target's runtime step (`Profile.host_s`)
+    one_s = [s.forward_s for s in stages[:-1]] + [stages[-1].forward_s + host]
+    block_s = [s.verify_s for s in stages[:-1]] + [stages[-1].verify_s + host]
     scored = []
     for combo in itertools.product(grid, repeat=len(indices) - 1):
         windows = _windows(config, combo)
-        scored.append((placed_rate(one_s, block_s, block_tokens, alphas, windows, placement), combo, windows))
+        rate = placed_rate(one_s, block_s, stages[-1].verify_tokens, alphas, windows, placement)
+        scored.append((_seen(prof, rate), combo, windows))
     top = max(rate for rate, _, _ in scored)
     rate, combo, windows = min((s for s in scored if s[0] >= (1 - TIE) * top), key=lambda s: (sum(s[1]), s[1]))
     return Candidate(tuple(names), groups, tuple(combo), tuple(windows), rate, rate / alone)
+
+
+def _seen(prof: Profile, rate: float) -> float:
+    """A decoding `rate` as a client sees the profile's requests: their lengths and first deltas
+    (`client_rate`); the rate itself when the requests were not timed."""
+    timed = prof.requests
+    return client_rate(rate, timed.tokens, timed.first_s) if timed and sum(timed.tokens) else rate
 
 
 def _windows(config: PipelineConfig, lookaheads: Sequence[int]) -> tuple[int, ...]:
@@ -224,8 +237,9 @@ def _best_sync(prof: Profile, i: int, grid: Sequence[int], alone: float) -> Cand
         return None
 
     def rate(gamma: int) -> float:
-        verify_s = forward_latency(target.forward_s, target.verify_s, target.verify_tokens, gamma + 1)
-        return sync_rate(alpha, gamma, drafter.forward_s, verify_s)
+        host = prof.host_s
+        verify_s = forward_latency(target.forward_s + host, target.verify_s + host, target.verify_tokens, gamma + 1)
+        return _seen(prof, sync_rate(alpha, gamma, drafter.forward_s, verify_s))
 
     gamma = max(grid, key=rate)
     names = (drafter.name, target.name)
@@ -365,6 +379,13 @@ def format_plan(plan: Plan, top: int = 12) -> str:
         f"{'stage':<16}{'kind':<11}{'1-token fwd':>13}{f'{k}-token fwd':>14}",
     ]
     lines += [f"{s.name:<16}{s.kind:<11}{s.forward_s * 1e3:>10.2f} ms{s.verify_s * 1e3:>11.2f} ms" for s in prof.stages]
+    if prof.requests is not None:
+        timed = prof.requests
+        lines.append(
+            f"{prof.stages[-1].name} alone in the runtime: {timed.tokens_per_s:.1f} tok/s as a client sees it, answers of "
+            f"{_ints(timed.tokens)} tokens, first deltas {_ints([round(f * 1e3) for f in timed.first_s])} ms, "
+            f"{prof.host_s * 1e3:.2f} ms a step besides the forward"
+        )
     lines += ["", f"{'drafter -> verifier':<28}{'alpha':>7}{'drafted':>9}{'accepted':>10}{'mean acc. len':>15}"]
     for p in prof.pairs:
         pair = f"{p.drafter} -> {p.verifier}"

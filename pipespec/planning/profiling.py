@@ -4,6 +4,9 @@ Profiling loads the config's stages once, in this process, and measures on a few
 
 - per stage, the median seconds of a 1-token forward and of a `verify_tokens`-token forward after a
   prefill (what a decoding step and a verification step cost), at the torch threads of one device;
+- the target alone in the runtime (a `LocalPipeline` of the loaded target, in this process) on each
+  prompt, timed as a client sees it (`Requests`): how many tokens each answer has, how long its first
+  delta takes (the prefill), and the runtime's seconds per token after it, the forward's and the host's;
 - per ordered pair (drafter i, verifier j > i) that can be a link of a valid chain, the per-token
   acceptance alpha, from `generate_sync(verifier, request, drafter)` (pipespec.engine.synchronous). A pair
   whose verifier is a DREAM stage runs the target beside it to hand it the target's features
@@ -68,6 +71,29 @@ class PairProfile:
 
 
 @dataclass(frozen=True)
+class Requests:
+    """The target alone in the runtime on the profile's prompts, greedy, timed as a client sees each request.
+
+    On the demo models on 2 cores a request's tokens cost 16-18 ms each where the target's forward alone
+    took 10-14 ms, and its first delta (the prefill of the picture and the prompt) 54 ms, over answers of
+    7 to 45 tokens: the model's rates are turned into what a client sees from these."""
+
+    tokens: tuple[int, ...]  # generated, per prompt
+    first_s: tuple[float, ...]  # seconds to each request's first delta: its prefill, the runtime's and the stream's
+    seconds: tuple[float, ...]  # each whole request
+
+    @property
+    def step_s(self) -> float | None:
+        """Seconds per token after the first, over every request (None: no request went past its first token)."""
+        later = sum(n - 1 for n in self.tokens)
+        return sum(s - f for s, f in zip(self.seconds, self.first_s)) / later if later else None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(self.tokens) / sum(self.seconds)
+
+
+@dataclass(frozen=True)
 class Profile:
     config_name: str
     stages: tuple[StageProfile, ...]  # upstream first; the last is the target
@@ -77,9 +103,21 @@ class Profile:
     max_new_tokens: int
     gamma: int  # drafts per step when measuring acceptance
     torch_threads: int | None = None  # what the latencies were measured at (None: torch's own setting)
+    requests: Requests | None = None  # the target alone in the runtime; None: not measured (the forwards alone count)
 
     def alpha(self, drafter: str, verifier: str) -> float | None:
         return next((p.alpha for p in self.pairs if (p.drafter, p.verifier) == (drafter, verifier)), None)
+
+    @property
+    def host_s(self) -> float:
+        """What the runtime adds to the target's forward per step (sampling, dispatch, the client's stream):
+        its seconds per token in the runtime less its forward alone, never below 0; 0 when the requests
+        were not timed. The planner adds it to the target's forwards only: added to the drafters' too
+        (4 ms to the tiny drafter's 0.7 on the demo models), the model held every drafter to its supply
+        bound and found every lookahead alike, where the trials measured 0.98x at lookahead 2 and
+        1.24-1.39x at 12-16."""
+        step = self.requests and self.requests.step_s
+        return max(0.0, step - self.stages[-1].forward_s) if step else 0.0
 
 
 def read_config(source: str | os.PathLike | Mapping[str, Any]) -> tuple[PipelineConfig, dict[str, Any]]:
@@ -121,12 +159,46 @@ def profile(
     stages = tuple(
         _profile_stage(pipeline.stages, i, config, requests[0], verify_tokens, repeats) for i in range(len(config.stages))
     )
+    timed = _time_requests(config, raw, pipeline.stages[-1], prompts, picture, max_new_tokens, torch_threads)
     valid = pipeline.entrance.tokenizer_size
     pairs = tuple(
         _profile_pair(pipeline.stages, [s.name for s in config.stages], raw, i, j, requests, gamma, valid)
         for i, j in itertools.combinations(range(len(config.stages)), 2)
     )
-    return Profile(config.name, stages, pairs, prompts, image_name, max_new_tokens, gamma, torch_threads)
+    return Profile(config.name, stages, pairs, prompts, image_name, max_new_tokens, gamma, torch_threads, timed)
+
+
+def _time_requests(
+    config: PipelineConfig,
+    raw: Mapping[str, Any],
+    target: Stage,
+    prompts: Sequence[str],
+    picture: Any,
+    max_new_tokens: int,
+    torch_threads: int | None,
+) -> Requests:
+    """The loaded `target` alone in the runtime, in this process: each prompt streamed, timed (`Requests`)."""
+    from pipespec.local import LocalPipeline
+
+    alone = sub_config(raw, [len(config.stages) - 1])
+    tokens, first_s, seconds = [], [], []
+    with LocalPipeline(alone, stages=[target], torch_threads=torch_threads) as pipeline:
+        for prompt in prompts:
+            start, first, count = time.perf_counter(), None, 0
+            for delta in pipeline.stream(**request_keywords(alone, prompt, picture, max_new_tokens)):
+                first = first or time.perf_counter() - start
+                count += len(delta.token_ids)
+            tokens.append(count)
+            first_s.append(first or 0.0)
+            seconds.append(time.perf_counter() - start)
+    timed = Requests(tuple(tokens), tuple(first_s), tuple(seconds))
+    log.info(
+        "target alone in the runtime: %.1f tok/s, %s tokens, first deltas %s ms",
+        timed.tokens_per_s,
+        tokens,
+        [round(f * 1e3) for f in first_s],
+    )
+    return timed
 
 
 def _image(config: PipelineConfig, image: Any) -> tuple[Any, str | None]:
