@@ -107,7 +107,8 @@ def plan_check(plan: dict, bench: dict) -> str:
         if t["candidate"] == chosen:
             tried[recommended] = statistics.median(t["rounds"])
     place = chosen.get("placement")
-    where = f", on {' | '.join('+'.join(group) for group in place)}" if place else ""
+    devices = " \\| ".join("+".join(group) for group in place or ())  # `tiny \| target`: a | within a table cell
+    where = f", on {devices}" if place else ""
     lines = ["| chain | predicted tok/s (model) | tried tok/s (plan) | measured tok/s (bench) |", "|---|---|---|---|"]
     for chain, tps in sorted(measured.items(), key=lambda kv: -kv[1]):
         mark = f" (recommended{where})" if chain == recommended else ""
@@ -157,9 +158,9 @@ def section_plan() -> str:
     parts = [
         "## `pipespec plan` vs the measured best",
         "",
-        f"Command: `{command}` (profiles each stage alone, one thread, ranks the candidates with the chain model of "
-        "`pipespec.planning.analytical`, then tries the best-ranked chains and the target alone in place: "
-        "`pipespec.cli.trials`).",
+        f"Command: `{command}` (profiles each stage alone, one thread, and the target's requests in the runtime; ranks "
+        "the candidates with the chain model of `pipespec.planning.analytical`, as a client sees whole requests; then "
+        "tries the best-ranked chains and the target alone in place: `pipespec.cli.trials`).",
         "",
         f"| stage | kind | 1-token forward ms | {k}-token forward ms |",
         "|---|---|---|---|",

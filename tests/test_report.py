@@ -119,3 +119,6 @@ def test_the_recommended_chain_shows_its_own_placement_and_the_others_their_best
     }
     text = results.plan_check(plan, _bench(**{"async target": 8.0, "async tiny_target": 16.0}))
     assert "| tiny -> target (recommended, on tiny+target) | 21.0 | 13.0 | 16.0 |" in text
+    apart = {**plan, "recommended": {"stages": ["tiny", "target"], "placement": [["tiny"], ["target"]], "tokens_per_s": 25.0}}
+    text = results.plan_check(apart, _bench(**{"async tiny_target": 16.0}))
+    assert "| tiny -> target (recommended, on tiny \\| target) | 25.0 | 18.0 | 16.0 |" in text  # | escaped in its cell
