@@ -1,7 +1,9 @@
 """Tests for pipespec/engine/scheduler.py: stages placed on one device share one compute thread.
 
-The scheduler alone, with fake runners: one batch at a time, prefills and verifications before other
-steps, the stage nearest the target first, the device busy until its runner took the results. Then
+The scheduler alone, with fake runners: one batch at a time, prefills and verifications first (the stage
+nearest the target first), then drafts (the stage farthest from it first), then what no stage waits
+for; the device busy until its runner took the results. A real target sharing a device with its
+drafter verifies drafts, where it used to generate alone. Then
 real runners of mock stages sharing devices (all on one; the drafters on one) under random link
 delays: the output still equals the target alone, and the traced forwards of one device never
 overlap in time.
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from pipespec import LocalPipeline, load_config
-from pipespec.engine.scheduler import Batch, DeviceScheduler, Done, schedulers_for
+from pipespec.engine.scheduler import Batch, DeviceScheduler, Done, Priority, schedulers_for
 from pipespec.protocol.links import DelayLink
 
 
@@ -31,8 +33,8 @@ class FakeRunner:
     has_mail: bool = False
     arrived: asyncio.Event | None = None  # set by deliver; made by drain, inside its event loop
 
-    def offer(self, urgent: bool) -> None:
-        self.work.append(Batch(self, (f"{self.name}-{len(self.work)}",), urgent))
+    def offer(self, priority: Priority) -> None:
+        self.work.append(Batch(self, (f"{self.name}-{len(self.work)}",), priority))
 
     def next_batch(self) -> Batch | None:
         return self.work[0] if self.work else None
@@ -69,22 +71,40 @@ async def drain(scheduler: DeviceScheduler, runners: list[FakeRunner]) -> list[s
     return runners[0].ran
 
 
-def test_urgent_first_then_nearest_the_target():
+def three_on_one_device() -> tuple[DeviceScheduler, list[FakeRunner]]:
     log: list[str] = []
     drafter, mid, target = FakeRunner("drafter", 2, ran=log), FakeRunner("mid", 1, ran=log), FakeRunner("target", 0, ran=log)
     scheduler = DeviceScheduler("all")
     for r in (drafter, target, mid):
         scheduler.join(r)
-    drafter.offer(urgent=False)
-    mid.offer(urgent=True)
-    target.offer(urgent=False)
-    drafter.offer(urgent=False)
+    return scheduler, [drafter, mid, target]
+
+
+def run(scheduler: DeviceScheduler, runners: list[FakeRunner]) -> list[str]:
     try:
-        order = asyncio.run(drain(scheduler, [drafter, mid, target]))
+        return asyncio.run(drain(scheduler, runners))
     finally:
         scheduler.shutdown(wait=True)
-    assert order == ["mid-0", "target-0", "drafter-0", "drafter-1"]
+
+
+def test_checks_first_nearest_the_target_then_drafts_farthest_from_it_then_what_no_stage_waits_for():
+    scheduler, (drafter, mid, target) = three_on_one_device()
+    for runner, offers in [(target, [Priority.CHECK, Priority.ALONE]), (mid, [Priority.CHECK, Priority.DRAFT])]:
+        for priority in offers:
+            runner.offer(priority)
+    drafter.offer(Priority.DRAFT)
+    order = run(scheduler, [drafter, mid, target])  # each forward, the best of the runners' first offers
+    assert order == ["target-0", "mid-0", "drafter-0", "mid-1", "target-1"]
     assert drafter.waited >= 1 and target.waited >= 1  # they had work while another went first
+
+
+def test_a_draft_goes_before_its_verifier_generating_alone():
+    """Synchronous speculation on one device: the target with nothing to check waits while its drafter drafts."""
+    scheduler, (drafter, _, target) = three_on_one_device()
+    target.offer(Priority.ALONE)
+    drafter.offer(Priority.DRAFT)
+    drafter.offer(Priority.DRAFT)
+    assert run(scheduler, [drafter, target]) == ["drafter-0", "drafter-1", "target-0"]
 
 
 def test_nothing_launches_while_a_runner_has_unread_news():
@@ -92,7 +112,7 @@ def test_nothing_launches_while_a_runner_has_unread_news():
     scheduler = DeviceScheduler("ab")
     scheduler.join(a)
     scheduler.join(b)
-    a.offer(urgent=False)
+    a.offer(Priority.DRAFT)
     b.has_mail = True
 
     async def poke():
@@ -180,6 +200,19 @@ def test_shared_devices_keep_output_exact_and_one_forward_at_a_time(groups, targ
         assert len(timeline) > 10
         for (_, handled), (planned, _) in zip(timeline, timeline[1:]):
             assert planned >= handled, f"a step on device {group!r} was planned before the one in flight was taken"
+
+
+@pytest.mark.parametrize("groups", [["d", "d"], ["d", "d", "d"]])
+def test_a_verifier_sharing_its_drafters_device_verifies_its_drafts(groups, target_alone):
+    """Greedy, one request at a time: every verifier on its drafter's device checks drafts, at least once
+    per three tokens (13-19 verifications per 30 tokens here; before drafts went before generating
+    alone, none: the drafters' steps never ran)."""
+    with LocalPipeline(mock_config(groups, lookahead=4)) as p:
+        for request in requests(4)[1::2]:  # the greedy ones
+            got = p.generate(**request)
+            assert got.token_ids == target_alone.generate(**request).token_ids
+            for pair in got.stats.pairs:
+                assert pair.num_drafts * 3 >= len(got.token_ids) and pair.num_accepted_tokens > 0, pair
 
 
 def test_a_plan_that_fails_fails_its_request_not_the_device(target_alone):

@@ -53,7 +53,7 @@ from pipespec.engine.link_protocol import LinkProtocol
 from pipespec.engine.outcome_cache import OutcomeCache
 from pipespec.engine.patience import Patience
 from pipespec.engine.request_state import NOTHING_TOUCHED, FeatureInbox, RequestState, VerifierSide
-from pipespec.engine.scheduler import Batch, DeviceScheduler, Done
+from pipespec.engine.scheduler import Batch, DeviceScheduler, Done, Priority
 from pipespec.engine.stage import Stage, unfed_tail
 from pipespec.engine.step import Outcome, Prefill, StepPlan, compute
 from pipespec.engine.trace import StageTrace
@@ -233,7 +233,7 @@ class StageRunner(LinkProtocol):
         then a step, round robin. A request whose plan fails is failed, not the runner."""
         for rid, req in self.requests.items():
             if req.session is None:
-                return Batch(self, (Prefill(rid),), urgent=True)
+                return Batch(self, (Prefill(rid),), Priority.CHECK)
         for rid, req in list(self.requests.items()):
             try:
                 plan = self._plan(rid, req)
@@ -242,10 +242,17 @@ class StageRunner(LinkProtocol):
                 self.deliver(_WAKE)  # another runner's poke may have asked: our own loop sends the failure
                 continue
             if plan is not None:
-                return Batch(self, (plan,), urgent=bool(plan.drafts))
+                return Batch(self, (plan,), self._priority(plan))
         if self.trace.enabled:
             self._trace_idle()
         return None
+
+    def _priority(self, plan: StepPlan) -> Priority:
+        """A verification is checked first; a draft next, for the stage that waits on it; a step of the
+        target alone or of a pre-drafted branch last (pipespec.engine.scheduler)."""
+        if plan.drafts:
+            return Priority.CHECK
+        return Priority.DRAFT if self.depth > 0 and plan.branch is None else Priority.ALONE
 
     def launch(self, batch: Batch) -> Callable[[], list[Outcome]]:
         """The device takes `batch`: features are taken now; -> what the compute thread runs."""

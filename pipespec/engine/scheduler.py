@@ -5,9 +5,17 @@ own threads: whenever one of them may have work (after every message it handles)
 device's scheduler; if the device is free, the scheduler asks each runner for its next batch and runs
 the most urgent on the device's compute thread:
 
-1. a prefill or a verification (a step that checks drafts) before any other step (a drafter's draft,
-   a verifier generating alone);
-2. among equals, the runner nearest the target (runners are kept in that order).
+1. a prefill or a verification (a step that checks drafts) before any other step, the runner nearest
+   the target first (runners are kept in that order);
+2. then a drafter's next draft, the runner farthest from the target first: the head of the chain
+   drafts, the stage after it verifies what it drafted, as synchronous speculation runs on one device;
+3. last a step no stage waits for: the target generating alone, a pre-drafted branch
+   (pipespec.engine.outcome_cache), nearest the target first.
+
+Before rule 2, a target sharing its device with its drafter generated alone whenever it had no draft,
+which was always: its step came first, so the drafter never drafted and the verifier never learnt its
+pace to wait for it (pipespec.engine.patience). The demo's tiny drafter and target on one core ran
+at 0.93-1.01x the target alone in the planner's trials (experiments/results/plan/repeats.md).
 
 The device stays busy until the runner that owns the finished batch has taken its results (on the
 event loop), so a runner never plans from state its own forward is about to change.
@@ -26,9 +34,18 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
+
+
+class Priority(IntEnum):
+    """What a batch's forward is for, most urgent first (the module docstring's rules)."""
+
+    CHECK = 0  # a prefill or a verification: drafters and the client wait on it
+    DRAFT = 1  # a drafter's next draft: the stage after it waits for drafts to check
+    ALONE = 2  # what no stage waits for: the target generating alone, a pre-drafted branch
 
 
 @dataclass(frozen=True)
@@ -37,7 +54,17 @@ class Batch:
 
     worker: Worker
     plans: tuple[Any, ...]
-    urgent: bool  # a prefill or a verification: runs before other steps
+    priority: Priority
+
+    @property
+    def urgent(self) -> bool:
+        """A prefill or a verification."""
+        return self.priority is Priority.CHECK
+
+    def order(self) -> tuple[int, int]:
+        """Sorts the batches a device is offered, the one to run first first."""
+        depth = self.worker.depth
+        return self.priority, -depth if self.priority is Priority.DRAFT else depth
 
 
 @dataclass(frozen=True)
@@ -96,21 +123,11 @@ class DeviceScheduler:
         """Run the most urgent batch any runner has, if the device is free."""
         if self.running is not None or any(w.has_mail for w in self.workers):
             return  # busy, or news not yet read: whoever has it pokes again once it has read it
-        chosen: Batch | None = None
-        waiting: list[Batch] = []
-        for worker in self.workers:
-            batch = worker.next_batch()
-            if batch is None:
-                continue
-            if chosen is None or (batch.urgent and not chosen.urgent):
-                if chosen is not None:
-                    waiting.append(chosen)
-                chosen = batch
-            else:
-                waiting.append(batch)
-        if chosen is None:
+        offered = sorted((b for b in (w.next_batch() for w in self.workers) if b is not None), key=Batch.order)
+        if not offered:
             return
-        for batch in waiting:
+        chosen = offered[0]
+        for batch in offered[1:]:
             batch.worker.wait_for_device(batch)
         work = chosen.worker.launch(chosen)
         loop = asyncio.get_running_loop()
