@@ -377,7 +377,7 @@ def on(plan, stages: tuple[str, ...], devices: int):
     return next(c for c in plan.chains if c.stages == stages and c.devices == devices)
 
 
-def test_the_recommended_candidate_the_best_of_each_chain_on_each_number_of_devices_and_the_target_alone_are_tried():
+def test_the_recommended_candidate_the_best_on_each_number_of_devices_the_next_chains_and_the_target_alone_are_tried():
     plan = trial_plan()
 
     def key(c):
@@ -386,10 +386,14 @@ def test_the_recommended_candidate_the_best_of_each_chain_on_each_number_of_devi
     tried_ones = contenders(plan, 3)
     assert tried_ones[0] == plan.recommended and tried_ones[-1].stages == ("target",)
     assert len(tried_ones) == 4 and len({key(c) for c in tried_ones}) == 4
-    for k, candidate in enumerate(tried_ones[1:-1], 1):  # each the fastest predicted of what is not yet tried
-        assert candidate == max(
-            (c for c in plan.chains if key(c) not in {key(t) for t in tried_ones[:k]}), key=lambda c: c.tokens_per_s
+    other = 3 - plan.recommended.devices  # the fastest predicted on the other number of devices comes next
+    assert tried_ones[1] == max((c for c in plan.chains if c.devices == other), key=lambda c: c.tokens_per_s)
+    assert (
+        tried_ones[2]
+        == max(  # then the fastest predicted of what is not yet tried
+            (c for c in plan.chains if key(c) not in {key(t) for t in tried_ones[:2]}), key=lambda c: c.tokens_per_s
         )
+    )
     assert {c.devices for c in plan.chains if c.stages == plan.recommended.stages} == {1, 2}
     assert on(plan, plan.recommended.stages, 3 - plan.recommended.devices) in contenders(plan, 10)  # the other device count
     every = contenders(plan, 100)  # no more than the chains there are, each on each number of devices once
