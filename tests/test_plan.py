@@ -388,12 +388,11 @@ def test_the_recommended_candidate_the_best_on_each_number_of_devices_the_next_c
     assert len(tried_ones) == 4 and len({key(c) for c in tried_ones}) == 4
     other = 3 - plan.recommended.devices  # the fastest predicted on the other number of devices comes next
     assert tried_ones[1] == max((c for c in plan.chains if c.devices == other), key=lambda c: c.tokens_per_s)
-    assert (
-        tried_ones[2]
-        == max(  # then the fastest predicted of what is not yet tried
-            (c for c in plan.chains if key(c) not in {key(t) for t in tried_ones[:2]}), key=lambda c: c.tokens_per_s
-        )
-    )
+    untried = (c for c in plan.chains if key(c) not in {key(t) for t in tried_ones[:2]})
+    assert tried_ones[2] == max(untried, key=lambda c: c.tokens_per_s)  # then the fastest predicted not yet tried
+    three = trial_plan(3)  # the three fastest predicted are on 2, 1 and 1 devices: 3 devices get tried all the same
+    assert [c.devices for c in three.chains[:3]] == [2, 1, 1]
+    assert {c.devices for c in contenders(three, 3)} == {1, 2, 3}
     assert {c.devices for c in plan.chains if c.stages == plan.recommended.stages} == {1, 2}
     assert on(plan, plan.recommended.stages, 3 - plan.recommended.devices) in contenders(plan, 10)  # the other device count
     every = contenders(plan, 100)  # no more than the chains there are, each on each number of devices once
