@@ -19,10 +19,11 @@ The model ranks; it does not know what a drafter's step costs inside the runtime
 2 cores, from forwards alone it predicted 1.6-3.5x what the trials measured in three runs (the target
 alone 1.6-1.8x: its forward profiled alone took 10 ms, a token of a request in the runtime 16-18 ms,
 prefill and answers of 7-45 tokens included); timing the target's requests took the target alone to
-within 5% of its trial (issue 28's note has the chains). Holding each drafter to what it supplies
-through its rejections took the DREAM chains from 2.0-2.2x to 1.5-1.7x the trials on one profile. So
-`pipespec plan` and `pipespec demo` then try candidates in place (pipespec.cli.trials runs them): the
-best-ranked chains, each on each number of devices, and the target alone (`contenders`), each round
+within -3% to +15% of its trial over nine runs (experiments/results/plan/repeats.md has the chains).
+Holding each drafter to what it supplies through its rejections took the DREAM chains from 2.0-2.2x to
+1.5-1.7x the trials on one profile. So `pipespec plan` and `pipespec demo` then try candidates in
+place (pipespec.cli.trials runs them): the fastest predicted on each number of devices, the next
+best-ranked chains, and the target alone (`contenders`), each round
 timed beside the target alone in the planner's process. A `Trial` is one candidate's measurement;
 `tried` recommends the greatest speedup measured, by the same near-tie rule (`TRIAL_TIE`), and its
 measured rate and speedup become the plan's predictions (`Plan.predicted`, `Plan.predicted_speedup`),
