@@ -137,7 +137,7 @@ def recommend(
     """Predict every valid chain on every placement on at most `devices.count` devices (None: a device per
     stage) at every grid of lookaheads; recommend the fastest (fewer devices, then stages, on a near tie)."""
     n = len(prof.stages)
-    alone = _seen(prof, 1.0 / (prof.stages[-1].forward_s + prof.host_s))
+    alone = _seen(prof, 1.0 / _target_s(prof)[0])
     chains: list[Candidate] = []
     for size in range(n):
         for drafters in itertools.combinations(range(n - 1), size):
@@ -163,7 +163,7 @@ def contenders(plan: Plan, count: int) -> list[Candidate]:
     def key(c: Candidate) -> tuple[tuple[str, ...], int]:
         return c.stages, c.devices
 
-    per_count = {}
+    per_count: dict[int, Candidate] = {}
     for candidate in plan.chains:  # fastest first
         per_count.setdefault(candidate.devices, candidate)
     chosen = [plan.recommended]
@@ -212,17 +212,24 @@ def _best_chain(
         config = load_config({**raw, "stages": placed_stages(raw, names, groups, devices)})
     except ConfigError:
         return None
-    stages, host = [prof.stages[i] for i in indices], prof.host_s  # the target's runtime step (`Profile.host_s`)
-    one_s = [s.forward_s for s in stages[:-1]] + [stages[-1].forward_s + host]
-    block_s = [s.verify_s for s in stages[:-1]] + [stages[-1].verify_s + host]
+    drafters = [prof.stages[i] for i in indices[:-1]]
+    target_one_s, target_block_s = _target_s(prof)
+    one_s, block_s = [s.forward_s for s in drafters] + [target_one_s], [s.verify_s for s in drafters] + [target_block_s]
     scored = []
     for combo in itertools.product(grid, repeat=len(indices) - 1):
         windows = _windows(config, combo)
-        rate = placed_rate(one_s, block_s, stages[-1].verify_tokens, alphas, windows, placement)
+        rate = placed_rate(one_s, block_s, prof.stages[-1].verify_tokens, alphas, windows, placement)
         scored.append((_seen(prof, rate), combo, windows))
     top = max(rate for rate, _, _ in scored)
     rate, combo, windows = min((s for s in scored if s[0] >= (1 - TIE) * top), key=lambda s: (sum(s[1]), s[1]))
     return Candidate(tuple(names), groups, tuple(combo), tuple(windows), rate, rate / alone)
+
+
+def _target_s(prof: Profile) -> tuple[float, float]:
+    """The target's seconds for a 1-token and a `verify_tokens`-token step in the runtime: its forwards
+    plus what the runtime adds to each step (`Profile.host_s`; the drafters' forwards count as profiled)."""
+    target = prof.stages[-1]
+    return target.forward_s + prof.host_s, target.verify_s + prof.host_s
 
 
 def _seen(prof: Profile, rate: float) -> float:
@@ -246,8 +253,7 @@ def _best_sync(prof: Profile, i: int, grid: Sequence[int], alone: float) -> Cand
         return None
 
     def rate(gamma: int) -> float:
-        host = prof.host_s
-        verify_s = forward_latency(target.forward_s + host, target.verify_s + host, target.verify_tokens, gamma + 1)
+        verify_s = forward_latency(*_target_s(prof), target.verify_tokens, gamma + 1)
         return _seen(prof, sync_rate(alpha, gamma, drafter.forward_s, verify_s))
 
     gamma = max(grid, key=rate)
