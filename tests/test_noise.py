@@ -52,6 +52,17 @@ def test_uniform_prefix_does_not_depend_on_num():
     assert torch.equal(noise.uniform(5, 9, 10), noise.uniform(5, 9, 1000)[:10])
 
 
+@pytest.mark.parametrize("seed, position, stream", [(0, 0, 0), (3, 17, 1), (2**64 - 1, 2**31, 5)])
+def test_a_few_uniforms_in_python_are_the_tensor_path_bit_for_bit(seed, position, stream):
+    """Up to `_FEW` elements `uniform` computes in Python: every count on either side of it equals the
+    tensor path's prefix exactly, and `scalar_uniform` is its first element."""
+    tensor_path = noise.uniform(seed, position, 4 * noise._FEW, stream)
+    assert noise._FEW < len(tensor_path)
+    for num in range(1, 2 * noise._FEW + 2):
+        assert torch.equal(noise.uniform(seed, position, num, stream), tensor_path[:num]), num
+    assert noise.scalar_uniform(seed, position, stream) == float(tensor_path[0])
+
+
 @pytest.mark.parametrize(
     "other",
     [
