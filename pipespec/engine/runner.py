@@ -111,6 +111,7 @@ class StageRunner(LinkProtocol):
         self.coordinator: Link | None = None
         self.lost_roles: set[str] = set()  # links lost and not replaced: drafter, verifier, coordinator
         self.requests: OrderedDict[str, RequestState] = OrderedDict()
+        self.unprefilled: dict[str, None] = {}  # open requests without a session yet, oldest first (what `next_batch` prefills)
         self.early = EarlyMail(name)  # messages that overtook their request's Open
         self.closed: OrderedDict[str, None] = OrderedDict()  # recently closed ids, to drop stragglers
         self.inbox: asyncio.Queue = asyncio.Queue()
@@ -231,9 +232,8 @@ class StageRunner(LinkProtocol):
     def next_batch(self) -> Batch | None:
         """Our next work (the scheduler may not take it; a wait for drafts may start): a prefill first,
         then a step, round robin. A request whose plan fails is failed, not the runner."""
-        for rid, req in self.requests.items():
-            if req.session is None:
-                return Batch(self, (Prefill(rid),), Priority.CHECK)
+        if self.unprefilled:
+            return Batch(self, (Prefill(next(iter(self.unprefilled))),), Priority.CHECK)
         for rid, req in list(self.requests.items()):
             try:
                 plan = self._plan(rid, req)
@@ -358,6 +358,7 @@ class StageRunner(LinkProtocol):
         if self.predraft:
             req.outcomes = OutcomeCache(self.predraft, depth=max(1, self.max_lookahead // 2))
         self.requests[rid] = req
+        self.unprefilled[rid] = None
         if spec.committed:  # a rejoin: the committed tokens are ours already; the first step feeds them
             n = len(spec.committed)
             req.tokens.extend(spec.committed)
@@ -371,6 +372,7 @@ class StageRunner(LinkProtocol):
     def _forget(self, rid: str) -> RequestState | None:
         self.early.release(rid)
         self.closed[rid] = None
+        self.unprefilled.pop(rid, None)
         if len(self.closed) > 100_000:
             self.closed.popitem(last=False)
         return self.requests.pop(rid, None)
@@ -447,6 +449,7 @@ class StageRunner(LinkProtocol):
             return
         if isinstance(plan, Prefill):
             req.session = outcome.result
+            del self.unprefilled[rid]
             req.fed = req.session.prompt_len - 1
             req.stats.forwards += 1
             if self.sends_features:
