@@ -63,6 +63,17 @@ def test_a_few_uniforms_in_python_are_the_tensor_path_bit_for_bit(seed, position
     assert noise.scalar_uniform(seed, position, stream) == float(tensor_path[0])
 
 
+@pytest.mark.parametrize("num", [4, 7, 33, 1001])
+def test_gumbel_rows_are_gumbel_per_position_bit_for_bit(num):
+    """A verifier's block draws its positions' noise at once (`gumbel_rows`): each row must be what a
+    one-token step at that position draws, or coupled stages part at a near-tie."""
+    for rows in (1, 2, 5, 9):
+        block = noise.gumbel_rows(11, 40, rows, num, 2)
+        assert block.shape == (rows, num) and block.dtype == torch.float64
+        for r in range(rows):
+            assert torch.equal(block[r], noise.gumbel(11, 40 + r, num, 2)), (rows, r)
+
+
 @pytest.mark.parametrize(
     "other",
     [

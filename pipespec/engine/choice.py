@@ -50,7 +50,7 @@ def scores(logits: torch.Tensor, params: SamplingParams, start: int) -> torch.Te
         return logits.to(torch.float32)
     logp = log_processed(logits, params)
     v = logits.shape[-1]
-    g = torch.stack([noise.gumbel(params.seed, start + i, v, 0, logits.device) for i in range(len(logp))])
+    g = noise.gumbel_rows(params.seed, start, len(logp), v, 0, logits.device)  # [n, V]
     return logp + g
 
 

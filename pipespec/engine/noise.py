@@ -44,11 +44,20 @@ def counter_key(seed: int, position: int, stream: int = 0) -> tuple[int, int]:
 
 def uniform(seed: int, position: int, num: int, stream: int = 0, device="cpu") -> torch.Tensor:
     """[num] float64 uniforms in (0, 1), element i keyed by (seed, position, stream, i)."""
-    if num <= _FEW:  # a few dozen small tensor operations cost more than the same integers in Python
-        return torch.tensor(_uniforms(seed, position, num, stream), dtype=torch.float64, device=device)
-    k1, k2 = counter_key(seed, position, stream)
-    idx = torch.arange(num, dtype=torch.int64, device=device)
-    h1 = mix32(mix32(idx ^ k1) ^ k2)
+    return uniform_rows(seed, position, 1, num, stream, device)[0]
+
+
+def uniform_rows(seed: int, start: int, rows: int, num: int, stream: int = 0, device="cpu") -> torch.Tensor:
+    """[rows, num] float64 uniforms: row r is `uniform(seed, start + r, num, stream)`, all rows in one pass."""
+    if rows * num <= _FEW:  # a few dozen small tensor operations cost more than the same integers in Python
+        values = [_uniforms(seed, start + r, num, stream) for r in range(rows)]
+        return torch.tensor(values, dtype=torch.float64, device=device).reshape(rows, num)
+    keys = torch.tensor(
+        [counter_key(seed, start + r, stream) for r in range(rows)], dtype=torch.int64, device=device
+    )  # [rows, 2]
+    k1, k2 = keys[:, :1], keys[:, 1:]  # [rows, 1] each
+    idx = torch.arange(num, dtype=torch.int64, device=device)  # [num]
+    h1 = mix32(mix32(idx ^ k1) ^ k2)  # [rows, num]
     h2 = mix32(mix32(idx ^ k2) ^ k1)
     bits = (h1 >> 6) * (1 << 26) + (h2 >> 6)  # 52 random bits: bits + 0.5 is exact in float64
     return (bits.to(torch.float64) + 0.5) * (1.0 / (1 << 52))
@@ -56,7 +65,14 @@ def uniform(seed: int, position: int, num: int, stream: int = 0, device="cpu") -
 
 def gumbel(seed: int, position: int, num: int, stream: int = 0, device="cpu") -> torch.Tensor:
     """[num] float64 standard Gumbel noise, element i keyed by (seed, position, stream, i)."""
-    return -torch.log(-torch.log(uniform(seed, position, num, stream, device)))
+    return gumbel_rows(seed, position, 1, num, stream, device)[0]
+
+
+def gumbel_rows(seed: int, start: int, rows: int, num: int, stream: int = 0, device="cpu") -> torch.Tensor:
+    """[rows, num] float64 standard Gumbel noise: row r is `gumbel(seed, start + r, num, stream)`, bit for bit.
+    The logs run row by row, as a one-row call runs them: an element's bits cannot depend on how many rows
+    were asked for, whatever the log kernel does with a tensor's length (on this CPU, measured: it does not)."""
+    return torch.stack([-torch.log(-torch.log(row)) for row in uniform_rows(seed, start, rows, num, stream, device)])
 
 
 def scalar_uniform(seed: int, position: int, stream: int) -> float:
@@ -64,7 +80,7 @@ def scalar_uniform(seed: int, position: int, stream: int) -> float:
     return _uniforms(seed, position, 1, stream)[0]
 
 
-# Up to this many elements `uniform` computes in Python integers: at 4 (a mock stage's vocabulary) 52 us
+# Up to this many elements `uniform_rows` computes in Python integers: at 4 (a mock stage's vocabulary) 52 us
 # against 574 us of tensor operations, even at 32 (one torch thread, this 2-core CPU).
 _FEW = 32
 
