@@ -6,11 +6,7 @@ Profiling loads the config's stages once, in this process, and measures on a few
   prefill (what a decoding step and a verification step cost), at the torch threads of one device;
 - the target alone in the runtime (a `LocalPipeline` of the loaded target, in this process) on each
   prompt, timed as a client sees it (`Requests`): how many tokens each answer has, how long its first
-  delta takes (the prefill), and the runtime's seconds per token after it, the forward's and the host's.
-  The target's forwards and its requests are timed in `TARGET_ROUNDS` alternating rounds (its forward
-  is the median of the rounds', its requests those of every round): what the runtime adds to its step is
-  the difference of the two, a few ms of 16, so both must see the same moments of a machine whose speed
-  drifts (timed once each, a second apart, it swung from 0.15 to 3.2 ms between plans);
+  delta takes (the prefill), and the runtime's seconds per token after it, the forward's and the host's;
 - per ordered pair (drafter i, verifier j > i) that can be a link of a valid chain, the per-token
   acceptance alpha, from `generate_sync(verifier, request, drafter)` (pipespec.engine.synchronous). A pair
   whose verifier is a DREAM stage runs the target beside it to hand it the target's features
@@ -29,7 +25,7 @@ import os
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +48,6 @@ TEXT_PROMPTS = (
     "List five things to pack for a trip to the mountains.",
 )
 IMAGE_PROMPTS = ("Describe the image.", "How many shapes are there?", "What colour is the background?")
-TARGET_ROUNDS = 3  # the target's forwards, then its requests in the runtime, this many times (`profile`)
 
 
 @dataclass(frozen=True)
@@ -86,15 +81,6 @@ class Requests:
     tokens: tuple[int, ...]  # generated, per prompt
     first_s: tuple[float, ...]  # seconds to each request's first delta: its prefill, the runtime's and the stream's
     seconds: tuple[float, ...]  # each whole request
-
-    @classmethod
-    def of_rounds(cls, rounds: Sequence[Requests]) -> Requests:
-        """The requests of several rounds as one set (each prompt once per round)."""
-        return cls(
-            tuple(n for r in rounds for n in r.tokens),
-            tuple(f for r in rounds for f in r.first_s),
-            tuple(s for r in rounds for s in r.seconds),
-        )
 
     @property
     def step_s(self) -> float | None:
@@ -170,19 +156,10 @@ def profile(
     prompts = tuple(prompts or (IMAGE_PROMPTS if picture is not None else TEXT_PROMPTS))
     pipeline = LocalPipeline(config, torch_threads=torch_threads)  # loads the stages; never started
     requests = [_request(pipeline, p, picture, max_new_tokens) for p in prompts]
-    last = len(config.stages) - 1
-    drafters = tuple(_profile_stage(pipeline.stages, i, config, requests[0], verify_tokens, repeats) for i in range(last))
-    # the target's forwards and its requests in the runtime, in alternating rounds (see the module docstring)
-    targets, rounds = [], []
-    for _ in range(TARGET_ROUNDS):
-        targets.append(_profile_stage(pipeline.stages, last, config, requests[0], verify_tokens, repeats))
-        rounds.append(_time_requests(config, raw, pipeline.stages[-1], prompts, picture, max_new_tokens, torch_threads))
-    target = replace(
-        targets[0],
-        forward_s=statistics.median(t.forward_s for t in targets),
-        verify_s=statistics.median(t.verify_s for t in targets),
+    stages = tuple(
+        _profile_stage(pipeline.stages, i, config, requests[0], verify_tokens, repeats) for i in range(len(config.stages))
     )
-    stages, timed = (*drafters, target), Requests.of_rounds(rounds)
+    timed = _time_requests(config, raw, pipeline.stages[-1], prompts, picture, max_new_tokens, torch_threads)
     valid = pipeline.entrance.tokenizer_size
     pairs = tuple(
         _profile_pair(pipeline.stages, [s.name for s in config.stages], raw, i, j, requests, gamma, valid)
