@@ -230,8 +230,8 @@ def _step_s(prof: Profile, i: int, shares_device: bool = False) -> tuple[float, 
     what the runtime adds to each step (`Profile.host_s`) for the target and for a stage that shares its
     device (a device runs one step at a time: no step's runtime work hides behind another's forward). A
     drafter on a device of its own counts its forwards as profiled. On the demo models the one-core pair
-    tiny+target was predicted at 1.19x its trial without the drafter's share, 0.95x with it
-    (experiments/results/plan/demo.json)."""
+    tiny+target was predicted at 1.06-1.19x its trials without the drafter's share, 0.88-1.09x with it
+    (experiments/results/plan/repeats.md)."""
     stage = prof.stages[i]
     host = prof.host_s if shares_device or i == len(prof.stages) - 1 else 0.0
     return stage.forward_s + host, stage.verify_s + host
