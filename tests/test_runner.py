@@ -62,6 +62,8 @@ def test_random_delays_keep_output_exact(agreement, k, target_alone):
     with LocalPipeline(config, link_factory=lambda peer: DelayLink(peer, 0.002, rng)) as p:
         futures = [(p.submit(**r), target_alone.submit(**r)) for r in requests()]
         results = [(f.result(timeout=60), ref.result(timeout=60)) for f, ref in futures]
+        for runner in p.runners:  # every stage has closed every request (its statistics are in): none left behind
+            assert not runner.requests and not runner.unprefilled, runner.name
     for got, want in results:
         assert got.token_ids == want.token_ids
         assert got.finish_reason == "length"
@@ -84,6 +86,8 @@ def test_pre_drafting_under_random_delays_keeps_output_exact(agreement, target_a
     with LocalPipeline(config, link_factory=lambda peer: DelayLink(peer, 0.002, rng)) as p:
         futures = [(p.submit(**r), target_alone.submit(**r)) for r in requests()]
         results = [(f.result(timeout=60), ref.result(timeout=60)) for f, ref in futures]
+        for runner in p.runners:  # every stage has closed every request (its statistics are in): none left behind
+            assert not runner.requests and not runner.unprefilled, runner.name
     for got, want in results:
         assert got.token_ids == want.token_ids
     # a mock drafter ranks the target's token no higher than any other: branches grow, but rarely hit

@@ -42,12 +42,12 @@ def counter_key(seed: int, position: int, stream: int = 0) -> tuple[int, int]:
     return k, mix32(k ^ 0x5BD1E995)
 
 
-def uniform(seed: int, position: int, num: int, stream: int = 0, device="cpu") -> torch.Tensor:
+def uniform(seed: int, position: int, num: int, stream: int = 0, device: torch.device | str = "cpu") -> torch.Tensor:
     """[num] float64 uniforms in (0, 1), element i keyed by (seed, position, stream, i)."""
     return uniform_rows(seed, position, 1, num, stream, device)[0]
 
 
-def uniform_rows(seed: int, start: int, rows: int, num: int, stream: int = 0, device="cpu") -> torch.Tensor:
+def uniform_rows(seed: int, start: int, rows: int, num: int, stream: int = 0, device: torch.device | str = "cpu") -> torch.Tensor:
     """[rows, num] float64 uniforms: row r is `uniform(seed, start + r, num, stream)`, all rows in one pass."""
     if rows * num <= _FEW:  # a few dozen small tensor operations cost more than the same integers in Python
         values = [_uniforms(seed, start + r, num, stream) for r in range(rows)]
@@ -63,12 +63,12 @@ def uniform_rows(seed: int, start: int, rows: int, num: int, stream: int = 0, de
     return (bits.to(torch.float64) + 0.5) * (1.0 / (1 << 52))
 
 
-def gumbel(seed: int, position: int, num: int, stream: int = 0, device="cpu") -> torch.Tensor:
+def gumbel(seed: int, position: int, num: int, stream: int = 0, device: torch.device | str = "cpu") -> torch.Tensor:
     """[num] float64 standard Gumbel noise, element i keyed by (seed, position, stream, i)."""
     return gumbel_rows(seed, position, 1, num, stream, device)[0]
 
 
-def gumbel_rows(seed: int, start: int, rows: int, num: int, stream: int = 0, device="cpu") -> torch.Tensor:
+def gumbel_rows(seed: int, start: int, rows: int, num: int, stream: int = 0, device: torch.device | str = "cpu") -> torch.Tensor:
     """[rows, num] float64 standard Gumbel noise: row r is `gumbel(seed, start + r, num, stream)`, bit for bit.
     The logs run row by row, as a one-row call runs them: an element's bits cannot depend on how many rows
     were asked for, whatever the log kernel does with a tensor's length (on this CPU, measured: it does not)."""

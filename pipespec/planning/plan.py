@@ -10,9 +10,9 @@ verify costs included. The number of drafts one verification takes is what the r
 `PipelineConfig.window` of the candidate config. Rates are as a client sees whole requests
 (`client_rate`): the profile times the target alone in the runtime on its prompts (`Requests`), so each
 request's length and first delta (its prefill) count, and the target's step is its forward plus what the
-runtime adds to it (`Profile.host_s`), as is the step of every stage that shares a device; the target alone
-is predicted as it was timed. The fastest
-candidate is recommended, or, within 2% of it, the one on fewer devices (then with fewer stages).
+runtime adds to it (`Profile.host_s`), as is the step of every stage that shares a device; the target
+alone is predicted as it was timed. The fastest candidate is recommended, or, within 2% of it, the one on
+fewer devices (then with fewer stages).
 Synchronous speculative decoding with each drafter is shown beside it for reference (`sync_rate`; the
 model's drafter-and-target-on-one-device candidate with window gamma predicts exactly that).
 
@@ -138,7 +138,7 @@ def recommend(
     """Predict every valid chain on every placement on at most `devices.count` devices (None: a device per
     stage) at every grid of lookaheads; recommend the fastest (fewer devices, then stages, on a near tie)."""
     n = len(prof.stages)
-    alone = _seen(prof, 1.0 / _step_s(prof, len(prof.stages) - 1)[0])
+    alone = _seen(prof, 1.0 / _step_s(prof, n - 1)[0])
     chains: list[Candidate] = []
     for size in range(n):
         for drafters in itertools.combinations(range(n - 1), size):
@@ -157,8 +157,8 @@ def contenders(plan: Plan, count: int) -> list[Candidate]:
     """What to try in place, `count` in all: the recommended candidate, the fastest predicted on each other
     number of devices, then the fastest predicted of each next chain on each number of devices; then the
     target alone (no speculation), unless it is among them. Every number of devices is tried because
-    the model's error depends on the placement: on the demo models, with the requests timed, it put tiny
-    | target at 1.2-1.35x its trials and tiny+target on one core at 0.94-1.29x. On one of three runs the
+    the model's error depends on the placement: on the demo models, in the last three runs, it put tiny |
+    target at 1.09-1.33x its trials and tiny+target on one core at 0.88-1.09x. On one of three runs the
     one-core candidate ranked fourth and went untried, and the pick moved (experiments/results/plan/repeats.md)."""
 
     def key(c: Candidate) -> tuple[tuple[str, ...], int]:
@@ -258,9 +258,10 @@ def _best_sync(prof: Profile, i: int, grid: Sequence[int], alone: float) -> Cand
         return None
 
     draft_s = _step_s(prof, i, shares_device=True)[0]  # synchronous speculation: both on one device
+    target_s = _step_s(prof, len(prof.stages) - 1)
 
     def rate(gamma: int) -> float:
-        verify_s = forward_latency(*_step_s(prof, len(prof.stages) - 1), target.verify_tokens, gamma + 1)
+        verify_s = forward_latency(*target_s, target.verify_tokens, gamma + 1)
         return _seen(prof, sync_rate(alpha, gamma, draft_s, verify_s))
 
     gamma = max(grid, key=rate)
