@@ -77,30 +77,6 @@ def test_the_target_alone_is_predicted_as_it_was_timed_in_the_runtime_and_the_ch
     assert chain.tokens_per_s < untimed_chain.tokens_per_s * 0.9
 
 
-def test_a_stage_sharing_its_device_pays_the_runtime_step_cost_and_a_drafter_on_its_own_does_not():
-    """A device runs one step at a time, so on a shared one every step carries the runtime's per-step cost
-    (`Profile.host_s`); a drafter on a device of its own counts its forward alone."""
-    prof, raw = synthetic({"tiny": (1, 1), "target": (10, 10)}, {("tiny", "target"): 0.8})
-    timed = Requests(tokens=(40, 5), first_s=(0.06, 0.05), seconds=(0.06 + 39 * 0.013, 0.05 + 4 * 0.013))
-    prof = replace(prof, requests=timed)  # 3 ms a step besides the target's forward
-    plan = recommend(prof, raw, Devices(2, 1))
-    shared, apart = (next(c for c in plan.chains if len(c.stages) == 2 and c.devices == d) for d in (1, 2))
-
-    def seen(decoding: float) -> float:
-        return client_rate(decoding, timed.tokens, timed.first_s)
-
-    assert shared.tokens_per_s == pytest.approx(
-        seen(placed_rate([0.004, 0.013], [0.004, 0.013], 8, [0.8], shared.windows, (0, 0)))
-    )
-    assert apart.tokens_per_s == pytest.approx(seen(placed_rate([0.001, 0.013], [0.001, 0.013], 8, [0.8], apart.windows, (0, 1))))
-    untimed = next(
-        c for c in recommend(replace(prof, requests=None), raw, Devices(2, 1)).chains if c.placement == shared.placement
-    )
-    assert shared.tokens_per_s < untimed.tokens_per_s * 0.9
-    (sync,) = plan.synchronous  # synchronous speculation is the one-device pair: its drafter pays it too
-    assert sync.tokens_per_s == pytest.approx(seen(sync_rate(0.8, sync.lookaheads[0], 0.004, 0.013)))
-
-
 def test_profile_measures_acceptance_as_the_mocks_agree():
     """Per-token alpha of each pair is the drafter's agreement with the stage after it: a mock drafter
     is built for the chain it would sit in (tiny -> target gives 0.8, not tiny's 0.8 x mid's 0.9)."""

@@ -10,9 +10,8 @@ verify costs included. The number of drafts one verification takes is what the r
 `PipelineConfig.window` of the candidate config. Rates are as a client sees whole requests
 (`client_rate`): the profile times the target alone in the runtime on its prompts (`Requests`), so each
 request's length and first delta (its prefill) count, and the target's step is its forward plus what the
-runtime adds to it (`Profile.host_s`), as is the step of every stage that shares a device; the target
-alone is predicted as it was timed. The fastest candidate is recommended, or, within 2% of it, the one on
-fewer devices (then with fewer stages).
+runtime adds to it (`Profile.host_s`); the target alone is predicted as it was timed. The fastest
+candidate is recommended, or, within 2% of it, the one on fewer devices (then with fewer stages).
 Synchronous speculative decoding with each drafter is shown beside it for reference (`sync_rate`; the
 model's drafter-and-target-on-one-device candidate with window gamma predicts exactly that).
 
@@ -138,7 +137,7 @@ def recommend(
     """Predict every valid chain on every placement on at most `devices.count` devices (None: a device per
     stage) at every grid of lookaheads; recommend the fastest (fewer devices, then stages, on a near tie)."""
     n = len(prof.stages)
-    alone = _seen(prof, 1.0 / _step_s(prof, n - 1)[0])
+    alone = _seen(prof, 1.0 / _target_s(prof)[0])
     chains: list[Candidate] = []
     for size in range(n):
         for drafters in itertools.combinations(range(n - 1), size):
@@ -157,8 +156,8 @@ def contenders(plan: Plan, count: int) -> list[Candidate]:
     """What to try in place, `count` in all: the recommended candidate, the fastest predicted on each other
     number of devices, then the fastest predicted of each next chain on each number of devices; then the
     target alone (no speculation), unless it is among them. Every number of devices is tried because
-    the model's error depends on the placement: on the demo models, in the last three runs, it put tiny |
-    target at 1.09-1.33x its trials and tiny+target on one core at 0.88-1.09x. On one of three runs the
+    the model's error depends on the placement: on the demo models, with the requests timed, it put tiny
+    | target at 1.2-1.35x its trials and tiny+target on one core at 0.94-1.29x. On one of three runs the
     one-core candidate ranked fourth and went untried, and the pick moved (experiments/results/plan/repeats.md)."""
 
     def key(c: Candidate) -> tuple[tuple[str, ...], int]:
@@ -213,8 +212,9 @@ def _best_chain(
         config = load_config({**raw, "stages": placed_stages(raw, names, groups, devices)})
     except ConfigError:
         return None
-    steps = [_step_s(prof, i, placement.count(device) > 1) for i, device in zip(indices, placement)]
-    one_s, block_s = [one for one, _ in steps], [block for _, block in steps]
+    drafters = [prof.stages[i] for i in indices[:-1]]
+    target_one_s, target_block_s = _target_s(prof)
+    one_s, block_s = [s.forward_s for s in drafters] + [target_one_s], [s.verify_s for s in drafters] + [target_block_s]
     scored = []
     for combo in itertools.product(grid, repeat=len(indices) - 1):
         windows = _windows(config, combo)
@@ -225,16 +225,11 @@ def _best_chain(
     return Candidate(tuple(names), groups, tuple(combo), tuple(windows), rate, rate / alone)
 
 
-def _step_s(prof: Profile, i: int, shares_device: bool = False) -> tuple[float, float]:
-    """Stage i's seconds for a 1-token and a `verify_tokens`-token step in the runtime: its forwards, plus
-    what the runtime adds to each step (`Profile.host_s`) for the target and for a stage that shares its
-    device (a device runs one step at a time: no step's runtime work hides behind another's forward). A
-    drafter on a device of its own counts its forwards as profiled. On the demo models the one-core pair
-    tiny+target was predicted at 1.06-1.19x its trials without the drafter's share, 0.88-1.09x with it
-    (experiments/results/plan/repeats.md)."""
-    stage = prof.stages[i]
-    host = prof.host_s if shares_device or i == len(prof.stages) - 1 else 0.0
-    return stage.forward_s + host, stage.verify_s + host
+def _target_s(prof: Profile) -> tuple[float, float]:
+    """The target's seconds for a 1-token and a `verify_tokens`-token step in the runtime: its forwards
+    plus what the runtime adds to each step (`Profile.host_s`; the drafters' forwards count as profiled)."""
+    target = prof.stages[-1]
+    return target.forward_s + prof.host_s, target.verify_s + prof.host_s
 
 
 def _seen(prof: Profile, rate: float) -> float:
@@ -257,12 +252,9 @@ def _best_sync(prof: Profile, i: int, grid: Sequence[int], alone: float) -> Cand
     if alpha is None:
         return None
 
-    draft_s = _step_s(prof, i, shares_device=True)[0]  # synchronous speculation: both on one device
-    target_s = _step_s(prof, len(prof.stages) - 1)
-
     def rate(gamma: int) -> float:
-        verify_s = forward_latency(*target_s, target.verify_tokens, gamma + 1)
-        return _seen(prof, sync_rate(alpha, gamma, draft_s, verify_s))
+        verify_s = forward_latency(*_target_s(prof), target.verify_tokens, gamma + 1)
+        return _seen(prof, sync_rate(alpha, gamma, drafter.forward_s, verify_s))
 
     gamma = max(grid, key=rate)
     names = (drafter.name, target.name)

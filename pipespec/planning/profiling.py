@@ -112,10 +112,10 @@ class Profile:
     def host_s(self) -> float:
         """What the runtime adds to the target's forward per step (sampling, dispatch, the client's stream):
         its seconds per token in the runtime less its forward alone, never below 0; 0 when the requests
-        were not timed. The planner adds it to the target's forwards and to those of a stage that shares
-        its device (pipespec.planning.plan), not to a drafter on a device of its own: added there too (4 ms
-        to the tiny drafter's 0.7 on the demo models), the model held every drafter to its supply bound and
-        found every lookahead alike, where the trials measured 0.98x at lookahead 2 and 1.24-1.39x at 12-16."""
+        were not timed. The planner adds it to the target's forwards only: added to the drafters' too
+        (4 ms to the tiny drafter's 0.7 on the demo models), the model held every drafter to its supply
+        bound and found every lookahead alike, where the trials measured 0.98x at lookahead 2 and
+        1.24-1.39x at 12-16."""
         step = self.requests and self.requests.step_s
         return max(0.0, step - self.stages[-1].forward_s) if step else 0.0
 
