@@ -56,8 +56,7 @@ def test_uniform_prefix_does_not_depend_on_num():
 def test_a_few_uniforms_in_python_are_the_tensor_path_bit_for_bit(seed, position, stream):
     """Up to `_FEW` elements `uniform` computes in Python: every count on either side of it equals the
     tensor path's prefix exactly, and `scalar_uniform` is its first element."""
-    tensor_path = noise.uniform(seed, position, 4 * noise._FEW, stream)
-    assert noise._FEW < len(tensor_path)
+    tensor_path = noise.uniform(seed, position, 4 * noise._FEW, stream)  # past `_FEW`: the tensor path
     for num in range(1, 2 * noise._FEW + 2):
         assert torch.equal(noise.uniform(seed, position, num, stream), tensor_path[:num]), num
     assert noise.scalar_uniform(seed, position, stream) == float(tensor_path[0])
