@@ -237,7 +237,7 @@ def test_only_the_target_computes_them():
         session = stage.open(spec)
         plan = StepPlan("r", 0, 0, session.prompt_len - 1, (3,), 0, (), None)
         outcome = compute(stage, plan, session, spec, depth, False, 0.0)
-        decision, _ = outcome.result
+        decision, _, _ = outcome.result
         assert (decision.logprobs is not None) is expect, depth
     assert [x.token for x in decision.logprobs] == list(decision.tokens) and len(decision.logprobs[0].top_ids) == 2
 

@@ -9,6 +9,9 @@ import pytest
 import torch
 
 from pipespec import load_config
+from pipespec.engine.stage import KVLengthError
+from pipespec.protocol.messages import RequestSpec
+from pipespec.protocol.params import SamplingParams
 from pipespec.stages.build import load_stages
 
 N = 3000  # positions sampled per rate
@@ -51,3 +54,27 @@ def test_the_runner_up_rate_changes_no_agreement_and_no_verifier_logit():
     a, b = _rows(plain), _rows(betting)
     assert torch.equal((a == _rows(plain_target)).all(-1), (b == _rows(plain_target)).all(-1))
     assert torch.equal(a.argmax(-1), b.argmax(-1))  # only the second place moves
+
+
+def test_a_tree_forward_gives_each_side_the_row_of_its_own_line_and_keeps_only_the_main_line():
+    """forward_tree (pipespec.engine.stage.TreeSession): a side's row equals the last row of a session fed its
+    whole line; the cache afterwards is what forward(keep, tokens) leaves; a side past `keep` is refused."""
+    drafter, _ = _pair(0.6, 0.5)
+    prompt = (5, 9, 2, 7)
+
+    def opened():
+        return drafter.open(RequestSpec("r", prompt, SamplingParams(), max_new_tokens=8))
+
+    session = opened()
+    session.forward(3, [7, 11, 12, 13])  # context: 5 9 2 7 11 12 13
+    sides = [(1, (40, 41)), (5, (42,)), (0, (43,)), (6, (44, 45, 46))]
+    main, rows = session.forward_tree(6, [20, 21], sides)
+    plain = opened()
+    plain.forward(3, [7, 11, 12, 13])
+    assert torch.equal(main, plain.forward(6, [20, 21]))
+    assert session.context == plain.context
+    for (base, side), row in zip(sides, rows):
+        line = [5, 9, 2, 7, 11, 12, 13][:base] + list(side)
+        assert torch.equal(row, opened().forward(0, line)[-1]), (base, side)
+    with pytest.raises(KVLengthError):
+        session.forward_tree(2, [9], [(3, (1,))])

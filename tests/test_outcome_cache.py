@@ -23,6 +23,7 @@ from pipespec.engine.outcome_cache import OutcomeCache
 from pipespec.engine.runner import StageRunner
 from pipespec.engine.scheduler import Done
 from pipespec.engine.stage import check_keep, check_length
+from pipespec.engine.step import StepPlan
 from pipespec.protocol.messages import Close, Draft, Open, RequestSpec, Verdict
 from pipespec.protocol.params import SamplingParams
 from tests.fixtures.recorder import Sent
@@ -56,24 +57,43 @@ class WholeContextSession:
         self.context = []
 
 
+class WholeContextTreeSession(WholeContextSession):
+    """The same, growing side lines in its forward (pipespec.engine.stage.TreeSession): a side's row is a function
+    of its whole line, so a side fed from the wrong base, or missing a token, changes it."""
+
+    def forward_tree(
+        self, keep: int, tokens: Sequence[int], sides: Sequence[tuple[int, Sequence[int]]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        for base, _ in sides:
+            check_keep("mock", base, keep)
+        rows = [logits_after(self.context[:base] + list(side)) for base, side in sides]
+        return self.forward(keep, tokens), torch.stack(rows)
+
+
 class WholeContextStage:
-    """A mock stage (for protocol tests): WholeContextSession per request."""
+    """A mock stage (for protocol tests): a WholeContextSession per request (`tree`: a WholeContextTreeSession)."""
 
     name = "mock"
     vocab_size = VOCAB
     eos_token_ids: frozenset[int] = frozenset()
 
+    def __init__(self, tree: bool = False):
+        self.tree = tree
+
     def open(self, request: RequestSpec) -> WholeContextSession:
-        return WholeContextSession(request.prompt_token_ids)
+        return (WholeContextTreeSession if self.tree else WholeContextSession)(request.prompt_token_ids)
 
 
-def pump(runner: StageRunner) -> None:
-    """Let the runner do all it wants to, on this thread: each forward run at once, its result taken."""
+def pump(runner: StageRunner) -> int:
+    """Let the runner do all it wants to, on this thread: each forward run at once, its result taken.
+    -> the branches grown beside those forwards (riders)."""
+    riders = 0
     while True:
         runner._flush()
         batch = runner.next_batch()
         if batch is None:
-            return
+            return riders
+        riders += sum(len(plan.riders) for plan in batch.plans if isinstance(plan, StepPlan))
         future: Future = Future()
         future.set_result(runner.launch(batch)())
         runner.scheduler.running = runner
@@ -86,20 +106,22 @@ def expected(line: Sequence[int], position: int, params: SamplingParams) -> int:
     return decide(row[None], (), None, params, position, 1).tokens[0]
 
 
+@pytest.mark.parametrize("tree", [False, True], ids=["one-line", "tree"])
 @pytest.mark.parametrize("seed", range(6))
-def test_random_verdicts_never_get_a_stale_draft(seed):
+def test_random_verdicts_never_get_a_stale_draft(seed, tree):
+    """`tree`: branches grow beside every step (riders); else one forward a token, at the lookahead bound."""
     rng = random.Random(seed)
     params = SamplingParams() if seed % 2 == 0 else SamplingParams(temperature=1.0, seed=seed)
-    runner = StageRunner(WholeContextStage(), name="drafter", depth=1, max_lookahead=rng.randint(2, 6), predraft=3)
+    runner = StageRunner(WholeContextStage(tree), name="drafter", depth=1, max_lookahead=rng.randint(2, 6), predraft=3)
     verifier, coordinator = Sent(), Sent()
     runner.connect(downstream=verifier, coordinator=coordinator)
     spec = RequestSpec("r", PROMPT, params, max_new_tokens=80)
     runner._receive(Open(spec))
     line: list[int] = []  # the drafter's tokens as the verifier knows them
-    epoch = verified = 0
+    epoch = verified = riders = 0
     try:
         while verified < spec.max_new_tokens:
-            pump(runner)
+            riders += pump(runner)
             for message in verifier.sent:
                 if isinstance(message, Draft) and message.epoch == epoch:
                     assert message.start <= len(line), "a gap in the drafts"
@@ -125,6 +147,7 @@ def test_random_verdicts_never_get_a_stale_draft(seed):
             runner._receive(Verdict("r", epoch, p, token))
         stats = runner.requests["r"].stats
         assert stats.predraft_forwards > 0 and stats.predraft_hits > 0 and stats.predraft_tokens > 0, stats
+        assert (riders > 0) == tree, riders
     finally:
         runner._receive(Close("r"))
         runner.scheduler.shutdown(wait=True)

@@ -3,14 +3,16 @@
 A drafter at its lookahead bound has nothing to do until its verifier answers, and the answer is a
 verdict: the verifier's token t at some position p. Either it rejected our draft at p (t is another
 token) or it accepted all we sent and t is its bonus token right after. Either way our next work is a
-continuation after (p, t), one forward per token, while the verifier waits for it. So a waiting drafter
-drafts those continuations ahead ("branches"), for the outcomes it finds likeliest:
+continuation after (p, t), one forward per token, while the verifier waits for it. So a drafter drafts
+those continuations ahead ("branches"), for the outcomes it finds likeliest:
 
 - a rejection at a position we drafted, with the token we ranked next there;
 - full acceptance: after our last token, the token we would draft next ourselves;
 
 each as likely as our own probabilities make it (a rejection at p: every token before p accepted, ours
-at p not), the likeliest first.
+at p not), the likeliest first. Where a forward costs a forward whatever it feeds (a GPU's, a few lines at
+once), every branch grows one token beside each forward of the drafter (`riders`: a tree forward,
+pipespec.engine.stage.TreeSession); elsewhere only a waiting drafter grows them, one forward a token.
 
 A verdict that matches a branch is answered at once: the branch's tokens become ours and go downstream
 in the same turn of the event loop, and the cache entries its forwards wrote become the request's (no
@@ -68,9 +70,23 @@ class OutcomeCache:
     def to_grow(self, length: int, verified: int, fed: int, prompt_len: int) -> Branch | None:
         """The branch to grow next for a request holding `length` tokens, `verified` of them confirmed, `fed`
         context tokens of its main line in the cache; None if there is nothing worth drafting."""
-        for branch in self.branches:
-            if not branch.done:
-                return branch
+        growing = next((b for b in self.branches if not b.done), None)
+        return growing or self._open(length, verified, fed, prompt_len, ahead=True)
+
+    def riders(self, length: int, verified: int, fed: int, prompt_len: int, beside: Branch | None) -> list[Branch]:
+        """The branches to grow one token each beside a forward of `beside` (None: of the main line), in a
+        tree forward (pipespec.engine.stage.TreeSession): every one still growing, and new ones up to `fanout`.
+        Beside the main line, no full-acceptance branch: the main line is drafting it."""
+        riders = [b for b in self.branches if not b.done and b is not beside]
+        while (
+            len(self.branches) < self.fanout
+            and (new := self._open(length, verified, fed, prompt_len, beside is not None)) is not None
+        ):
+            riders.append(new)
+        return riders
+
+    def _open(self, length: int, verified: int, fed: int, prompt_len: int, ahead: bool) -> Branch | None:
+        """A new branch for the likeliest outcome no branch holds yet (`ahead`: full acceptance is one)."""
         if len(self.branches) >= self.fanout:
             return None
         held = {b.position for b in self.branches}
@@ -79,7 +95,8 @@ class OutcomeCache:
             chosen_p = self.doubts.get(p, (0, 1.0))[1]
             likely[p] = reach * (1.0 - chosen_p)  # all before p accepted, p rejected
             reach *= chosen_p
-        likely[length] = reach  # all accepted
+        if ahead:
+            likely[length] = reach  # all accepted
         candidates = [p for p in likely if p not in held and (p == length or p in self.doubts)]
         if not candidates:
             return None

@@ -50,12 +50,12 @@ from pipespec.engine.choice import Decision
 from pipespec.engine.early_mail import EarlyMail
 from pipespec.engine.handoff import prefill_message, step_message
 from pipespec.engine.link_protocol import LinkProtocol
-from pipespec.engine.outcome_cache import OutcomeCache
+from pipespec.engine.outcome_cache import Branch, OutcomeCache
 from pipespec.engine.patience import Patience
 from pipespec.engine.request_state import NOTHING_TOUCHED, FeatureInbox, RequestState, VerifierSide
 from pipespec.engine.scheduler import Batch, DeviceScheduler, Done, Priority
-from pipespec.engine.stage import Stage, unfed_tail
-from pipespec.engine.step import Outcome, Prefill, StepPlan, compute
+from pipespec.engine.stage import Stage, TreeSession, unfed_tail
+from pipespec.engine.step import Outcome, Prefill, Rider, StepPlan, compute
 from pipespec.engine.trace import StageTrace
 from pipespec.protocol.links import InProcessLink, Link
 from pipespec.protocol.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
@@ -310,7 +310,8 @@ class StageRunner(LinkProtocol):
         feed = unfed_tail(req.session.last_prompt_token, req.prompt_len, req.fed, req.tokens)
         up = req.up
         if up is None:  # the first stage: no drafts, it generates one token
-            return StepPlan(rid, req.rev, 0, req.fed, feed, start, (), None, doubts=req.outcomes is not None)
+            riders = self._riders(req, req.fed, None)
+            return StepPlan(rid, req.rev, 0, req.fed, feed, start, (), None, doubts=req.outcomes is not None, riders=riders)
         room = min(self.verify_window, self.drafter_lookahead, limit - start - 1)
         n = min(len(up.pending), room)
         if self.upstream is not None and self._wait(up, n, room, req.spec.stop_token_ids):
@@ -322,12 +323,35 @@ class StageRunner(LinkProtocol):
         """A forward that grows a pre-drafted branch (pipespec.engine.outcome_cache); None if none is worth it."""
         prompt_len = req.prompt_len
         while (branch := req.outcomes.to_grow(len(req.tokens), req.down.verified, req.fed, prompt_len)) is not None:
-            line = req.tokens[: branch.position] + ([] if branch.token is None else [branch.token]) + branch.tokens
-            if len(line) < req.spec.max_new_tokens and not (line and line[-1] in req.spec.stop_token_ids):
+            if (line := self._branch_line(req, branch)) is not None:
                 keep = max(branch.fed, min(req.fed, prompt_len + branch.position))
                 feed = unfed_tail(req.session.last_prompt_token, prompt_len, keep, line)
-                return StepPlan(rid, req.rev, 0, keep, feed, len(line), (), None, branch=branch)
-            branch.done = True  # it reached the request's end
+                return StepPlan(
+                    rid, req.rev, 0, keep, feed, len(line), (), None, branch=branch, riders=self._riders(req, keep, branch)
+                )
+        return None
+
+    def _riders(self, req: RequestState, keep: int, beside: Branch | None) -> tuple[Rider, ...]:
+        """The branches to grow in the same forward as a step of `beside` (None: of the main line) that keeps
+        `keep` context tokens, if the session runs tree forwards (pipespec.engine.stage.TreeSession)."""
+        if req.outcomes is None or not req.tree or self.downstream is None:
+            return ()
+        prompt_len, riders = req.prompt_len, []
+        apart = len(req.tokens) if beside is None else beside.position  # the step's line leaves the main line there
+        for branch in req.outcomes.riders(len(req.tokens), req.down.verified, req.fed, prompt_len, beside):
+            if (line := self._branch_line(req, branch)) is not None:  # shared: at most up to where either line parts
+                base = min(keep, prompt_len + min(apart, branch.position), prompt_len + len(line) - 1)
+                riders.append(Rider(branch, base, unfed_tail(req.session.last_prompt_token, prompt_len, base, line), len(line)))
+        return tuple(riders)
+
+    @staticmethod
+    def _branch_line(req: RequestState, branch: Branch) -> list[int] | None:
+        """`branch`'s generated tokens, the main line's before it; None (and the branch done) once it reached the
+        request's end."""
+        line = req.tokens[: branch.position] + ([] if branch.token is None else [branch.token]) + branch.tokens
+        if len(line) < req.spec.max_new_tokens and not (line and line[-1] in req.spec.stop_token_ids):
+            return line
+        branch.done = True
         return None
 
     def _wait(self, up: VerifierSide, pending: int, room: int, stop_token_ids: frozenset[int]) -> bool:
@@ -355,8 +379,6 @@ class StageRunner(LinkProtocol):
         up = VerifierSide(PairStats(self.drafter_name, self.name)) if self.drafter_name is not None else None
         features = FeatureInbox() if self.reads_features else None
         req = RequestState(spec, StageStats(self.name), up, features)
-        if self.predraft:
-            req.outcomes = OutcomeCache(self.predraft, depth=max(1, self.max_lookahead // 2))
         self.requests[rid] = req
         self.unprefilled[rid] = None
         if spec.committed:  # a rejoin: the committed tokens are ours already; the first step feeds them
@@ -449,6 +471,11 @@ class StageRunner(LinkProtocol):
             return
         if isinstance(plan, Prefill):
             req.session = outcome.result
+            req.tree = isinstance(req.session, TreeSession)
+            if self.predraft:  # branches grown beside our steps reach our bound; one forward a token, half of it
+                req.outcomes = OutcomeCache(
+                    self.predraft, depth=self.max_lookahead if req.tree else max(1, self.max_lookahead // 2)
+                )
             del self.unprefilled[rid]
             req.fed = req.session.prompt_len - 1
             req.stats.forwards += 1
@@ -456,7 +483,7 @@ class StageRunner(LinkProtocol):
                 self._send(self.upstream, prefill_message, rid, req.session.prefill_features)
                 req.session.prefill_features = None  # sent: the target itself never needs them
             return
-        decision, hidden = outcome.result
+        decision, hidden, grown = outcome.result
         seconds = outcome.timing.ended - outcome.timing.started
         per_token = seconds / len(decision.tokens)
         self.token_s = per_token if self.token_s is None else 0.8 * self.token_s + 0.2 * per_token
@@ -464,8 +491,12 @@ class StageRunner(LinkProtocol):
         req.stats.tokens_fed += len(plan.feed) + len(plan.drafts)
         req.stats.compute_s += seconds
         self.patience.observe_forward(seconds)
+        if plan.branch is not None or plan.riders:
+            req.stats.predraft_forwards += 1
+        for rider, rode in zip(plan.riders, grown):
+            self._grow(req, plan.rev, rider.branch, rider.start, max(rider.base, rider.branch.fed), rode)  # the forward kept both
         if plan.branch is not None:
-            self._grow(req, plan, decision)
+            self._grow(req, plan.rev, plan.branch, plan.start, plan.keep + len(plan.feed), decision)
             return
         if plan.rev != req.rev:  # a verdict changed our tokens meanwhile: keep only the valid cache
             # (or what a pre-drafted branch the verdict took holds: the forward wrote past both)
@@ -473,15 +504,15 @@ class StageRunner(LinkProtocol):
             return
         self._apply(req, plan, decision, hidden)
 
-    def _grow(self, req: RequestState, plan: StepPlan, decision: Decision) -> None:
-        """A branch's forward came back: its token joins the branch, unless a verdict dropped the branch meanwhile."""
-        req.stats.predraft_forwards += 1
-        if plan.rev != req.rev or not req.outcomes.holds(plan.branch):
+    def _grow(self, req: RequestState, rev: int, branch: Branch, start: int, fed: int, decision: Decision) -> None:
+        """A forward grew `branch` by the token it decided at `start` (the cache now holds `fed` context tokens of
+        the branch's line): the token joins the branch, unless a verdict dropped the branch meanwhile."""
+        if rev != req.rev or not req.outcomes.holds(branch):
             return
         token = decision.tokens[0]
-        full = token in req.spec.stop_token_ids or plan.start + 1 >= req.spec.max_new_tokens
+        full = token in req.spec.stop_token_ids or start + 1 >= req.spec.max_new_tokens
         prob = decision.probs[0] if decision.probs is not None else None
-        req.outcomes.grown(plan.branch, token, prob, plan.keep + len(plan.feed), full)
+        req.outcomes.grown(branch, token, prob, fed, full)
 
     def _apply(self, req: RequestState, plan: StepPlan, decision: Decision, hidden: torch.Tensor | None) -> None:
         tokens = decision.tokens

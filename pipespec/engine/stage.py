@@ -13,7 +13,8 @@ After every call `cache_len == keep + len(tokens)` holds, and stages assert it.
 Stages run on the runner's compute thread, never on the event loop.
 
 Optional capabilities are protocols of their own: a `TargetStage` tells the front door its context
-limit and end-of-sequence tokens; between a target and the DREAM drafter right before it, the
+limit and end-of-sequence tokens; a `TreeSession` grows side lines in the same forward (a drafter's
+pre-drafted branches, pipespec.engine.outcome_cache); between a target and the DREAM drafter right before it, the
 target's sessions are `FeatureSource`s and the drafter's `FeatureReader`s (pipespec.engine.handoff). Which
 kind has which is said by the table of stage kinds (pipespec.stages.kinds).
 """
@@ -51,6 +52,21 @@ class TargetStage(Stage, Protocol):
 
     max_context: int | None  # most context tokens (prompt + generated); None: no limit
     eos_token_ids: frozenset[int]  # tokens that end a generation
+
+
+@runtime_checkable
+class TreeSession(Session, Protocol):
+    """A session whose forward also feeds side lines at the cost of one forward: a tree (or small batch) of
+    lines over one cache, as a GPU runs a few at the price of one. The mock stages have it (emulating that
+    device); the Hugging Face stages do not yet (a tree attention mask over their cache: not built)."""
+
+    def forward_tree(
+        self, keep: int, tokens: Sequence[int], sides: Sequence[tuple[int, Sequence[int]]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward(keep, tokens)`, and for each side (base, side_tokens): the logits after the cache's first
+        `base` context tokens (base <= keep) followed by side_tokens, which the cache does not keep.
+        -> ([len(tokens), V], [len(sides), V]) float32 logits."""
+        ...
 
 
 @runtime_checkable

@@ -39,6 +39,17 @@ class StepPlan:
     features: tuple[TargetFeatures, ...] = ()  # applied to the session before the forward (taken at launch)
     doubts: bool = False  # also rank each decided position: our runner-up there (pipespec.engine.outcome_cache)
     branch: Branch | None = None  # a forward of this pre-drafted branch, not of the main line
+    riders: tuple[Rider, ...] = ()  # branches grown one token each in the same (tree) forward
+
+
+@dataclass(frozen=True)
+class Rider:
+    """A pre-drafted branch fed beside a step's line in one tree forward (pipespec.engine.stage.TreeSession)."""
+
+    branch: Branch
+    base: int  # context tokens of the cache the branch's line shares (<= the step's keep)
+    feed: tuple[int, ...]  # the branch's line after them
+    start: int  # position of the token its forward decides
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,7 @@ class Outcome:
     """What the compute thread made of one plan: a result or the error it raised, and when (pipespec.engine.trace).
 
     result: the Session (a prefill), or (decision, our hidden states [F + n, H] when our drafter reads
-    them, else None) (a step)."""
+    them, else None, one decision per rider) (a step)."""
 
     result: object
     error: BaseException | None
@@ -94,22 +105,33 @@ def _open(stage: Stage, spec: RequestSpec, sends_features: bool) -> Session:
 
 def _step(
     plan: StepPlan, session: Session, spec: RequestSpec, depth: int, sends_features: bool
-) -> tuple[Decision, torch.Tensor | None]:
-    """One forward over our unfed tokens and the drafts, then decide (the target: and the logprobs asked for)."""
+) -> tuple[Decision, torch.Tensor | None, tuple[Decision, ...]]:
+    """One forward over our unfed tokens and the drafts (and the riders' lines), then decide (the target:
+    and the logprobs asked for)."""
     for features in plan.features:
         session.add_features(features)
-    logits = session.forward(plan.keep, plan.feed + plan.drafts)  # [F + n, V]
+    if plan.riders:
+        sides = [(r.base, r.feed) for r in plan.riders]
+        logits, side_rows = session.forward_tree(plan.keep, plan.feed + plan.drafts, sides)  # [F + n, V], [R, V]
+        grown = tuple(
+            _cpu(decide(side_rows[i : i + 1], (), None, spec.params, r.start, depth)) for i, r in enumerate(plan.riders)
+        )
+    else:
+        logits, grown = session.forward(plan.keep, plan.feed + plan.drafts), ()  # [F + n, V]
     rows = logits[len(plan.feed) - 1 :]  # [n + 1, V]: positions start .. start + n
-    decision = decide(rows, plan.drafts, plan.draft_probs, spec.params, plan.start, depth)
-    if decision.probs is not None:
-        decision = replace(decision, probs=decision.probs.cpu())
+    decision = _cpu(decide(rows, plan.drafts, plan.draft_probs, spec.params, plan.start, depth))
     if plan.doubts:
         decision = replace(decision, doubts=_doubts(rows[: len(decision.tokens)], decision.tokens))
     if depth == 0 and spec.logprobs is not None:  # rows of the tokens decided: positions start .. start + accepted
         lp = token_logprobs(rows[: len(decision.tokens)], decision.tokens, spec.params, spec.logprobs)
         decision = replace(decision, logprobs=lp)
     hidden = session.hidden.cpu() if sends_features else None
-    return decision, hidden
+    return decision, hidden, grown
+
+
+def _cpu(decision: Decision) -> Decision:
+    """`decision` with its p' rows on the CPU (they leave the stage)."""
+    return decision if decision.probs is None else replace(decision, probs=decision.probs.cpu())
 
 
 def _doubts(rows: torch.Tensor, tokens: tuple[int, ...]) -> tuple[tuple[int, float], ...]:

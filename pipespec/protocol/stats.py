@@ -101,7 +101,7 @@ class StageStats:
     predraft_hits: int = 0  # verdicts that changed our tokens and a pre-drafted branch foresaw (pipespec.engine.outcome_cache)
     predraft_misses: int = 0  # ... that no branch foresaw (while pre-drafting is on)
     predraft_tokens: int = 0  # tokens sent from branches, without a forward
-    predraft_forwards: int = 0  # forwards spent growing branches (included in `forwards`)
+    predraft_forwards: int = 0  # forwards that grew branches, their own or beside our line (a tree forward; in `forwards`)
 
     def merge(self, other: StageStats) -> None:
         """Add `other`'s counts and seconds (the same stage's, for another request) to ours."""

@@ -73,7 +73,7 @@ class Metrics:
                 "pipespec:predraft_tokens", "Draft tokens sent from pre-drafted branches.", ("stage",), registry=registry
             ),
             "predraft_forwards": Counter(
-                "pipespec:predraft_forwards", "Forwards spent growing branches.", ("stage",), registry=registry
+                "pipespec:predraft_forwards", "Forwards that grew pre-drafted branches.", ("stage",), registry=registry
             ),
         }
         self.running = Gauge("pipespec:num_requests_running", "Requests streaming now.", registry=registry)

@@ -51,8 +51,8 @@ class MockOptions:
     otherwise they are independent random logits, in which, with probability `runner_up` (another
     hash), the next stage's token ranks second: how often a real drafter's runner-up is its verifier's
     token where the two disagree (experiments/draft_ranks.py measures it), which is what pre-drafting
-    (pipespec.engine.outcome_cache) bets on. `latency_ms` is slept per forward call on the compute
-    thread, plus `per_token_ms` per fed token.
+    (pipespec.engine.outcome_cache) bets on. A forward call on the compute thread lasts `latency_ms`,
+    plus `per_token_ms` per fed token: the mock's own arithmetic, then a sleep for the rest.
     """
 
     agreement: float = 0.8

@@ -2,7 +2,8 @@
 
 Labelled as what they are: *not* real models. They exist for protocol tests (rollback storms at
 chosen agreement rates) and for scaling experiments past the hardware at hand (per-forward latencies
-of, say, 1B / 8B / 70B models). Their "KV cache" is the list of context tokens, held to the same
+of, say, 1B / 8B / 70B models): a forward lasts its emulated latency, the arithmetic of its logits
+included, and a tree of lines costs one forward as on a GPU (pipespec.engine.stage.TreeSession). Their "KV cache" is the list of context tokens, held to the same
 length invariant as a real cache, so rollback bugs show up here first.
 
 The world: at context index t with previous tokens (a, b), the stage `level` hops above the target
@@ -46,42 +47,74 @@ class MockStage:
         self._ids = np.arange(self.vocab_size, dtype=np.int64)
 
     def open(self, request: RequestSpec) -> MockSession:
+        began = time.perf_counter()
         session = MockSession(self, request.text_prompt)
-        self.sleep(len(session.context))
+        self.sleep(len(session.context), began)
         return session
 
-    def sleep(self, fed: int) -> None:
-        delay = (self.options.latency_ms + self.options.per_token_ms * fed) / 1000.0
+    def sleep(self, fed: int, began: float) -> None:
+        """Sleep out the emulated forward that began at `began` (perf_counter) and fed `fed` tokens: the
+        emulated device's time is its latency, the arithmetic that stands in for the model's included."""
+        delay = (self.options.latency_ms + self.options.per_token_ms * fed) / 1000.0 - (time.perf_counter() - began)
         if delay > 0:
             time.sleep(delay)
 
     def row(self, prev2: int, prev1: int, index: int) -> torch.Tensor:
         """[V] float32 logits for context index `index` after tokens (prev2, prev1)."""
-        context = noise.mix32((prev2 + 1) * 0x10001 ^ noise.mix32(prev1 + 1))
-        return torch.from_numpy(self._row(0, context, index))
+        return self.rows([(prev2, prev1, index)])[0]
 
-    def _row(self, hop: int, context: int, index: int) -> np.ndarray:
-        """The logits of the stage `hop` hops after this one in the chain (0: this one)."""
+    def rows(self, keys: Sequence[tuple[int, int, int]]) -> torch.Tensor:
+        """[len(keys), V] float32: `row` of each (prev2, prev1, index), the levels' own logits drawn together."""
+        recipes = [self._recipe(0, noise.mix32((p2 + 1) * 0x10001 ^ noise.mix32(p1 + 1)), i) for p2, p1, i in keys]
+        owns = self._owns(list(dict.fromkeys(key for recipe in recipes for key in _own_keys(recipe))))
+        return torch.from_numpy(np.stack([self._cook(recipe, owns) for recipe in recipes]))
+
+    def _recipe(self, hop: int, context: int, index: int) -> Recipe:
+        """How the row of the stage `hop` hops after this one in the chain (0: this one) is made."""
         options, level = self.chain[hop], len(self.chain) - 1 - hop
         if level == 0:
-            return self._own(level, context, index)
+            return (level, context, index), None
         if noise.scalar_uniform(self.world_seed, index, context ^ (level << 24) ^ 0xA5) < options.agreement:
-            return self._row(hop + 1, context, index)
-        own = self._own(level, context, index)
-        if options.runner_up and noise.scalar_uniform(self.world_seed, index, context ^ (level << 24) ^ 0x5A) < options.runner_up:
-            theirs = int(self._row(hop + 1, context, index).argmax())
-            top = int(own.argmax())
-            if theirs != top:  # their token just under our choice
-                runner = np.partition(own, -2)[-2]
-                own[theirs] = runner + 0.5 * (own[top] - runner)
+            return self._recipe(hop + 1, context, index)
+        ranks_theirs = (
+            options.runner_up and noise.scalar_uniform(self.world_seed, index, context ^ (level << 24) ^ 0x5A) < options.runner_up
+        )
+        return (level, context, index), self._recipe(hop + 1, context, index) if ranks_theirs else None
+
+    def _cook(self, recipe: Recipe, owns: dict[tuple[int, int, int], np.ndarray]) -> np.ndarray:
+        """The row `recipe` says, from the own logits `owns` (not changed)."""
+        key, below = recipe
+        if below is None:
+            return owns[key]
+        own = owns[key].copy()
+        theirs, top = int(self._cook(below, owns).argmax()), int(own.argmax())
+        if theirs != top:  # their token just under our choice
+            runner = np.partition(own, -2)[-2]
+            own[theirs] = runner + 0.5 * (own[top] - runner)
         return own
 
-    def _own(self, level: int, context: int, index: int) -> np.ndarray:
-        """[V] float32: level `level`'s own random logits (Gumbel-shaped, `scale` wide)."""
-        k1, k2 = noise.counter_key(self.world_seed + level * 7919, index, context)
-        h = noise.mix32(noise.mix32(self._ids ^ k1) ^ k2)  # numpy: cheaper than torch at this size
+    def _owns(self, keys: Sequence[tuple[int, int, int]]) -> dict[tuple[int, int, int], np.ndarray]:
+        """Each (level, context, index) -> [V] float32: that level's own random logits (Gumbel-shaped, `scale`
+        wide), all in one pass (numpy: cheaper than torch at this size)."""
+        k = np.array(
+            [noise.counter_key(self.world_seed + level * 7919, index, context) for level, context, index in keys]
+        )  # [K, 2]
+        h = noise.mix32(noise.mix32(self._ids[None, :] ^ k[:, :1]) ^ k[:, 1:])  # [K, V]
         u = (h.astype(np.float64) + 0.5) * (1.0 / (1 << 32))
-        return (-self.chain[0].scale * np.log(-np.log(u))).astype(np.float32)
+        return dict(zip(keys, (-self.chain[0].scale * np.log(-np.log(u))).astype(np.float32)))
+
+
+Recipe = tuple[tuple[int, int, int], "Recipe | None"]  # (own logits' (level, context, index), the row to rank second or None)
+
+
+def _own_keys(recipe: Recipe) -> list[tuple[int, int, int]]:
+    key, below = recipe
+    return [key] + (_own_keys(below) if below is not None else [])
+
+
+def _key(line: Sequence[int], i: int, index: int) -> tuple[int, int, int]:
+    """`MockStage.rows`' key of the row after line[i], which sits at context index `index`."""
+    return (line[i - 1] if index >= 1 else -1), line[i], index + 1
 
 
 class MockSession:
@@ -92,16 +125,27 @@ class MockSession:
         self.last_prompt_token = prompt[-1]
 
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
+        return self.forward_tree(keep, tokens, ())[0]
+
+    def forward_tree(
+        self, keep: int, tokens: Sequence[int], sides: Sequence[tuple[int, Sequence[int]]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sleep for the main line and its sides: an emulated device runs a tree of lines as one forward
+        (pipespec.engine.stage.TreeSession), paying `per_token_ms` for every token fed."""
+        began = time.perf_counter()
         check_keep(self.stage.name, keep, len(self.context))
+        keys = []
+        for base, side in sides:  # on the cache before this forward writes past keep (base <= keep)
+            check_keep(self.stage.name, base, keep)
+            line = self.context[max(base - 2, 0) : base] + list(side)  # the side's last two context tokens at least
+            keys.append(_key(line, len(line) - 1, base + len(side) - 1))
         del self.context[keep:]
         self.context.extend(tokens)
         check_length(self.stage.name, len(self.context), keep + len(tokens))
-        rows = []
-        for i in range(keep, keep + len(tokens)):
-            prev2 = self.context[i - 1] if i >= 1 else -1
-            rows.append(self.stage.row(prev2, self.context[i], i + 1))
-        self.stage.sleep(len(tokens))
-        return torch.stack(rows)
+        keys += [_key(self.context, i, i) for i in range(keep, keep + len(tokens))]
+        rows = self.stage.rows(keys)  # [S + n, V]
+        self.stage.sleep(len(tokens) + sum(len(side) for _, side in sides), began)
+        return rows[len(sides) :], rows[: len(sides)]
 
     def close(self) -> None:
         self.context = []
