@@ -233,3 +233,26 @@ def test_residual_is_normalised_positive_part():
     torch.testing.assert_close(choice.residual(p, q), torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
     assert math.isclose(float(choice.residual(q, p).sum()), 1.0)
     torch.testing.assert_close(choice.residual(p, p), p)  # nothing left: fall back to p
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        GREEDY,
+        SamplingParams(temperature=0.9, seed=5, verify=VerifyMode.COUPLED),
+        SamplingParams(temperature=0.9, seed=5, verify=VerifyMode.REJECTION),
+    ],
+    ids=["greedy", "coupled", "rejection"],
+)
+def test_generate_each_is_decide_on_each_line(params):
+    """choice.generate_each (pre-drafted branches grown together): each row's decision is decide's, at its own position."""
+    rows = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
+    rows[2, 7] = rows[2, 9] = rows[2].max() + 1.0  # a tie: the first index, as decide takes it
+    starts = [4, 17, 9, 0, 30, 5]
+    got = choice.generate_each(rows, starts, params, depth=1)
+    for row, start, decision in zip(rows, starts, got):
+        want = decide(row[None], (), None, params, start, 1)
+        assert decision.tokens == want.tokens and decision.accepted == 0
+        assert (decision.probs is None) == (want.probs is None)
+        if want.probs is not None:
+            assert torch.equal(decision.probs, want.probs)

@@ -97,3 +97,11 @@ def decide(
         return Decision(i, tuple(drafts[:i]) + (token,), p[: i + 1])
     token = _sample(p[n], params.seed, start + n, s_sample)
     return Decision(n, tuple(drafts) + (token,), p)
+
+
+def generate_each(rows: torch.Tensor, starts: Sequence[int], params: SamplingParams, depth: int) -> list[Decision]:
+    """rows [R, V] of R lines, each at its own position starts[i] -> `decide` with no drafts on each: the token
+    each line generates next (greedy: one argmax for all)."""
+    if params.greedy:
+        return [Decision(0, (token,), None) for token in torch.argmax(rows.to(torch.float32), dim=-1).tolist()]
+    return [decide(rows[i : i + 1], (), None, params, start, depth) for i, start in enumerate(starts)]

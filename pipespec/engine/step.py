@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from pipespec.engine.choice import Decision, decide
+from pipespec.engine.choice import Decision, decide, generate_each
 from pipespec.engine.outcome_cache import Branch
 from pipespec.engine.sampling import token_logprobs
 from pipespec.engine.stage import Session, Stage
@@ -113,9 +113,7 @@ def _step(
     if plan.riders:
         sides = [(r.base, r.feed) for r in plan.riders]
         logits, side_rows = session.forward_tree(plan.keep, plan.feed + plan.drafts, sides)  # [F + n, V], [R, V]
-        grown = tuple(
-            _cpu(decide(side_rows[i : i + 1], (), None, spec.params, r.start, depth)) for i, r in enumerate(plan.riders)
-        )
+        grown = tuple(map(_cpu, generate_each(side_rows, [r.start for r in plan.riders], spec.params, depth)))
     else:
         logits, grown = session.forward(plan.keep, plan.feed + plan.drafts), ()  # [F + n, V]
     rows = logits[len(plan.feed) - 1 :]  # [n + 1, V]: positions start .. start + n
