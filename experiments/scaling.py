@@ -24,10 +24,13 @@ One device per pipeline stage. Two sweeps, each next to the analytical chain mod
    windows and the per-token acceptance alpha MEASURED in the run (and, beside it, the configured
    latencies and rates).
    The gap quoted is measured / predicted - 1. With --predraft N the first drafter pre-drafts N
-   branches (pipespec.engine.outcome_cache); where an emulated drafter disagrees with the next model,
-   it ranks that model's token second with probability `runner_up` (0.5, ASSUMED: the demo's drafters
-   measure 0.49 and 0.51), which is what a rejection branch bets on. The chain model has no term for
-   pre-drafting: a row's gap shows what it adds.
+   branches (pipespec.engine.outcome_cache), each grown a token beside every step it takes (a mock
+   runs a tree of lines as one forward, as a GPU does: pipespec.engine.stage.TreeSession; a mock
+   forward lasts its latency, the arithmetic standing in for the model's included). Where an emulated
+   drafter disagrees with the next model, it ranks that model's token second with probability
+   `runner_up` (0.5, ASSUMED: the demo's drafters measure 0.49 and 0.51), which is what a rejection
+   branch bets on. The chain model takes the first pair's measured hit rate: a rejection a branch
+   foresaw costs its drafter no lag (`pipespec.planning.analytical.drafter_bound`).
 
 2. REAL (this machine): the shipped demo models (`models/demo`) on a local Ray, one actor per
    device (a CPU core here, a GPU where the cluster has them): d = 1 the target alone, d = 2
@@ -124,10 +127,12 @@ class ScalingRow:
         return {**asdict(self), "gap": self.gap, "speedup_gap": self.speedup_gap}
 
 
-def predicted_tokens_per_s(latencies_s: Sequence[float], alphas: Sequence[float], windows: Sequence[int]) -> float:
+def predicted_tokens_per_s(
+    latencies_s: Sequence[float], alphas: Sequence[float], windows: Sequence[int], foreseen: Sequence[float] = ()
+) -> float:
     """The target's rate in the chain model; `windows[i]`: most drafts of stage i one step of stage
-    i + 1 verifies (the model's gamma)."""
-    return chain_rates(latencies_s, alphas, windows)[-1]
+    i + 1 verifies (the model's gamma); `foreseen[i]`: stage i's share of rejections a branch answered."""
+    return chain_rates(latencies_s, alphas, windows, foreseen)[-1]
 
 
 def verify_windows(config: PipelineConfig) -> list[int]:
@@ -241,7 +246,8 @@ def emulated_sweep(
         # a sleep lasts a little longer than asked (timer slack, wake-up), and the runtime adds its host work to
         # each step: the model takes the steps as they ran
         step_s = [f / time_scale for f in run.step_s]
-        predicted = predicted_tokens_per_s(step_s, run.alphas, windows)
+        hit_rate = run.first.predraft_hit_rate if predraft and d > 1 else None
+        predicted = predicted_tokens_per_s(step_s, run.alphas, windows, [hit_rate or 0.0])  # the first stage's branches
         configured = predicted_tokens_per_s(latencies_s, [m.agreement for m in models[:-1]], windows)
         tps = run.tokens_per_s * time_scale
         base = rows[0] if rows else None
@@ -261,7 +267,7 @@ def emulated_sweep(
                 sync_predicted_tokens_per_s=run.sync.predicted_tokens_per_s if run.sync else None,
                 sync_best=run.sync.label if run.sync else None,
                 step_ms=tuple(1e3 * f for f in step_s),
-                predraft_hit_rate=run.first.predraft_hit_rate if predraft and d > 1 else None,
+                predraft_hit_rate=hit_rate,
             )
         )
         log.info("emulated %s: %.2f tok/s measured, %.2f predicted", rows[-1].chain, tps, predicted)

@@ -46,8 +46,9 @@ class StageSpec:
     resources: Mapping[str, float] = field(default_factory=lambda: {"num_cpus": 1})  # its Ray actor's; on cuda, a GPU too
     device_group: str | None = None  # stages naming the same group share one device: one actor, one compute thread
     options: MockOptions | NgramOptions | ModelOptions | None = None  # the kind's own keys (KINDS[kind].options)
-    # branches a waiting drafter pre-drafts per request for the verdicts it expects (pipespec.engine.outcome_cache);
-    # 0: none. Only a chain's first stage pre-drafts: a later one's own tokens must stay its drafter's drafts
+    # branches a drafter pre-drafts per request for the verdicts it expects (pipespec.engine.outcome_cache);
+    # 0: none. Only a chain's first stage pre-drafts: a later one's own tokens must stay its drafter's drafts (a Verdict
+    # carries one token, so a middle stage cannot hand its drafter a branch)
     predraft: int = 0
 
     @property

@@ -82,6 +82,17 @@ def test_a_drafter_supplies_one_forward_per_token_and_a_verdicts_lag_per_rejecti
     assert drafter_bound(0.007, 1.0, 0.016) == pytest.approx(1 / 0.007)  # no rejection: its forwards alone
 
 
+def test_a_rejection_a_branch_foresaw_costs_its_drafter_no_lag():
+    """Half the rejections foreseen (pipespec.engine.outcome_cache): 7 + 0.5 * 0.2 * 1.25 * 16 = 9 ms a token;
+    all foreseen: the drafter's forwards alone; only the pair whose branches they are gains."""
+    assert drafter_bound(0.007, 0.8, 0.016, foreseen=0.5) == pytest.approx(1 / 0.009)
+    assert drafter_bound(0.007, 0.8, 0.016, foreseen=1.0) == pytest.approx(1 / 0.007)
+    assert chain_rates([0.007, 0.016], [0.8], [3], [0.5])[-1] == pytest.approx(1 / 0.009)
+    three = [0.002, 0.007, 0.016], [0.8, 0.8], [3, 3]
+    assert chain_rates(*three, [1.0])[1] > chain_rates(*three)[1]
+    assert chain_rates(*three, [0.0, 0.5])[1] == chain_rates(*three)[1]
+
+
 def test_the_drafter_bound_leaves_a_fast_drafter_and_a_slow_one_to_the_verifier():
     # a 1 ms drafter supplies 1 / (0.001 + 0.3 * 1.25 * 0.016) = 143 tok/s: the verifier's window binds first
     fast = chain_rates([0.001, 0.016], [0.7], [4])[-1]

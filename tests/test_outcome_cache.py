@@ -25,7 +25,7 @@ from pipespec.engine.scheduler import Done
 from pipespec.engine.stage import check_keep, check_length
 from pipespec.engine.step import StepPlan
 from pipespec.protocol.messages import Close, Draft, Open, RequestSpec, Verdict
-from pipespec.protocol.params import SamplingParams
+from pipespec.protocol.params import SamplingParams, VerifyMode
 from tests.fixtures.recorder import Sent
 
 VOCAB = 12
@@ -100,10 +100,12 @@ def pump(runner: StageRunner) -> int:
         runner._receive(Done(batch, future))
 
 
-def expected(line: Sequence[int], position: int, params: SamplingParams) -> int:
-    """The drafter's own token at `position` after `line` (generated tokens), as its steps decide it."""
+def expected(line: Sequence[int], position: int, params: SamplingParams) -> tuple[int, torch.Tensor | None]:
+    """The drafter's own token at `position` after `line` (generated tokens), as its steps decide it, and its
+    p' there (rejection sampling; else None)."""
     row = logits_after(PROMPT + tuple(line[:position]))
-    return decide(row[None], (), None, params, position, 1).tokens[0]
+    decision = decide(row[None], (), None, params, position, 1)
+    return decision.tokens[0], None if decision.probs is None else decision.probs[0]
 
 
 @pytest.mark.parametrize("tree", [False, True], ids=["one-line", "tree"])
@@ -111,7 +113,12 @@ def expected(line: Sequence[int], position: int, params: SamplingParams) -> int:
 def test_random_verdicts_never_get_a_stale_draft(seed, tree):
     """`tree`: branches grow beside every step (riders); else one forward a token, at the lookahead bound."""
     rng = random.Random(seed)
-    params = SamplingParams() if seed % 2 == 0 else SamplingParams(temperature=1.0, seed=seed)
+    modes = (
+        SamplingParams(),
+        SamplingParams(temperature=1.0, seed=seed),
+        SamplingParams(temperature=1.0, seed=seed, verify=VerifyMode.REJECTION),
+    )
+    params = modes[seed % 3]
     runner = StageRunner(WholeContextStage(tree), name="drafter", depth=1, max_lookahead=rng.randint(2, 6), predraft=3)
     verifier, coordinator = Sent(), Sent()
     runner.connect(downstream=verifier, coordinator=coordinator)
@@ -130,12 +137,14 @@ def test_random_verdicts_never_get_a_stale_draft(seed, tree):
                         if at < len(line):
                             assert token == line[at], f"a re-sent draft differs at {at}"
                         else:
-                            assert token == expected(line, at, params), f"a stale draft at {at}: {message}"
+                            want, q = expected(line, at, params)
+                            assert token == want, f"a stale draft at {at}: {message}"
+                            assert q is None or torch.equal(message.probs[i], q), f"a stale q row at {at}"
                             line.append(token)
             verifier.sent.clear()
             p = rng.randint(verified, len(line))
             if p == len(line):  # full acceptance, and our bonus token
-                token = expected(line, p, params) if rng.random() < 0.6 else rng.randrange(VOCAB)
+                token = expected(line, p, params)[0] if rng.random() < 0.6 else rng.randrange(VOCAB)
             else:
                 runner_up = logits_after(PROMPT + tuple(line[:p])).topk(2).indices.tolist()
                 choice = rng.random()

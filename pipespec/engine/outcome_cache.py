@@ -1,10 +1,10 @@
-"""Outcome-cached pre-drafting: what a drafter drafts while it waits, for the verdicts it expects.
+"""Outcome-cached pre-drafting: what a drafter drafts ahead, for the verdicts it expects.
 
-A drafter at its lookahead bound has nothing to do until its verifier answers, and the answer is a
-verdict: the verifier's token t at some position p. Either it rejected our draft at p (t is another
-token) or it accepted all we sent and t is its bonus token right after. Either way our next work is a
-continuation after (p, t), one forward per token, while the verifier waits for it. So a drafter drafts
-those continuations ahead ("branches"), for the outcomes it finds likeliest:
+Whatever a drafter drafts, its verifier answers with a verdict: the verifier's token t at some position
+p. Either it rejected our draft at p (t is another token) or it accepted all we sent and t is its bonus
+token right after. Either way our next work is a continuation after (p, t), one forward per token, while
+the verifier waits for it. So a drafter drafts those continuations ahead ("branches"), for the outcomes
+it finds likeliest:
 
 - a rejection at a position we drafted, with the token we ranked next there;
 - full acceptance: after our last token, the token we would draft next ourselves;
@@ -18,11 +18,14 @@ A verdict that matches a branch is answered at once: the branch's tokens become 
 in the same turn of the event loop, and the cache entries its forwards wrote become the request's (no
 forward). A verdict that matches none costs what it cost before. Exactness is untouched: a branch holds
 the tokens our own steps would produce after (p, t) (the same forwards, the same choice at the same
-positions), and the verifier verifies them like any draft.
+positions: a tree forward's side lines are decided as its own steps would), and the verifier verifies them
+like any draft.
 
 One KV cache holds all lines of a request: the main line and the branches share the context before their
 position. Each line knows how many of its context tokens the cache holds (`fed`); a forward that keeps
 `keep` entries overwrites the rest, so every other line's count drops to at most `keep` (`overwritten`).
+A branch grown beside a step keeps nothing in the cache: its line is fed from what it shares with the
+step's (pipespec.engine.step.Rider), and the token after a hit feeds the branch's tokens first.
 """
 
 from __future__ import annotations

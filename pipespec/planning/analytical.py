@@ -48,7 +48,7 @@ def expected_accepted(alpha: float, n: float) -> float:
 VERDICT_LAG = 1.25  # verifier steps from a draft to its verdict reaching the drafter (`drafter_bound`)
 
 
-def drafter_bound(drafter_s: float, alpha: float, verifier_s: float) -> float:
+def drafter_bound(drafter_s: float, alpha: float, verifier_s: float, foreseen: float = 0.0) -> float:
     """Most tokens a second an asynchronous verifier's sequence grows through its drafter's drafts.
 
     `drafter_s`: the drafter's seconds per token it yields; `verifier_s`: the verifier's seconds per step.
@@ -61,19 +61,22 @@ def drafter_bound(drafter_s: float, alpha: float, verifier_s: float) -> float:
     contention; experiments.pair_model: 18 pairs) this puts every measured rate within -6% to +12% of the
     model, where they fell up to 37% below PipeSpec's formula (it predicted up to 1.58x what ran): a drafter
     a quarter of its verifier's cost or more is the bottleneck of an asynchronous pair, and its rejections
-    are what that costs.
+    are what that costs. A rejection a pre-drafted branch foresaw (a share `foreseen` of them:
+    pipespec.engine.outcome_cache) costs no lag: the branch's tokens go out as the verdict comes.
     """
-    return 1.0 / (drafter_s + (1.0 - alpha) * VERDICT_LAG * verifier_s)
+    return 1.0 / (drafter_s + (1.0 - alpha) * (1.0 - foreseen) * VERDICT_LAG * verifier_s)
 
 
-def linked_rate(step_rate: float, drafter_rate: float, alpha: float, one_s: float, step_s: float) -> float:
+def linked_rate(step_rate: float, drafter_rate: float, alpha: float, one_s: float, step_s: float, foreseen: float = 0.0) -> float:
     """An asynchronous verifier's rate: what its steps yield (`step_rate`), held to what its drafter can
-    supply (`drafter_bound`); that bound is never taken below generating alone (1 / `one_s`: a verifier
-    never idles for want of drafts)."""
-    return min(step_rate, max(1.0 / one_s, drafter_bound(1.0 / drafter_rate, alpha, step_s)))
+    supply (`drafter_bound`, `foreseen` its share of rejections a branch answers); that bound is never
+    taken below generating alone (1 / `one_s`: a verifier never idles for want of drafts)."""
+    return min(step_rate, max(1.0 / one_s, drafter_bound(1.0 / drafter_rate, alpha, step_s, foreseen)))
 
 
-def chain_rates(latencies_s: Sequence[float], alphas: Sequence[float], lookaheads: Sequence[int]) -> list[float]:
+def chain_rates(
+    latencies_s: Sequence[float], alphas: Sequence[float], lookaheads: Sequence[int], foreseen: Sequence[float] = ()
+) -> list[float]:
     """Predicted tokens per second that each stage of an asynchronous chain yields, upstream first.
 
     latencies_s[i]: stage i's seconds per forward (the last is the target); alphas[i]: per-token
@@ -85,14 +88,16 @@ def chain_rates(latencies_s: Sequence[float], alphas: Sequence[float], lookahead
     probability rho(alpha, n) a step verifies and yields expected_accepted(alpha, n) tokens, otherwise
     one. So rate_{i+1} = ((1 - rho) + rho * expected_accepted(alpha, n)) / T_{i+1}; with ample supply
     this is PipeSpec's E[N] / T_target. Each rate is then held within `linked_rate`: no more than the
-    drafter supplies through its rejections, no less than the stage generating alone.
+    drafter supplies through its rejections (less those its pre-drafted branches foresaw: `foreseen[i]`,
+    stage i's share, 0 where not given), no less than the stage generating alone.
     """
     assert len(latencies_s) == len(alphas) + 1 == len(lookaheads) + 1, "one alpha and one lookahead per drafter"
     rates = [1.0 / latencies_s[0]]
-    for alpha, gamma, t in zip(alphas, lookaheads, latencies_s[1:]):
+    for i, (alpha, gamma, t) in enumerate(zip(alphas, lookaheads, latencies_s[1:])):
         n = min(float(gamma), rates[-1] * t)
         rho = alpha / (1 - alpha ** (n + 1) + alpha) if alpha > 0 else 0.0
-        rates.append(linked_rate(((1 - rho) + rho * expected_accepted(alpha, n)) / t, rates[-1], alpha, t, t))
+        h = foreseen[i] if i < len(foreseen) else 0.0
+        rates.append(linked_rate(((1 - rho) + rho * expected_accepted(alpha, n)) / t, rates[-1], alpha, t, t, h))
     return rates
 
 
