@@ -138,7 +138,10 @@ def test_text_drafters_in_front_equal_the_target_alone(zoo, reference, names):
     pairs = [pair for g in generations for pair in g.stats.pairs]
     for i in range(len(names) - 1):  # every verifier accepted drafts, and rollbacks happened
         assert sum(p.num_accepted_tokens for p in pairs if p.drafter == names[i]) > 0, names[i]
-    assert sum(p.num_rejections for p in pairs) > 0
+    # a rollback is a rejected draft, or a verdict that contradicted what a drafter had run ahead to; which of
+    # the two a run shows depends on its timing (one loaded suite run rejected no draft: qwen2_vl, k2)
+    rollbacks = sum(s.rollbacks for g in generations for s in g.stats.stages)
+    assert sum(p.num_rejections for p in pairs) + rollbacks > 0
 
 
 def test_drafters_see_text_tokens_only(zoo):

@@ -103,5 +103,5 @@ def generate_each(rows: torch.Tensor, starts: Sequence[int], params: SamplingPar
     """rows [R, V] of R lines, each at its own position starts[i] -> `decide` with no drafts on each: the token
     each line generates next (greedy: one argmax for all)."""
     if params.greedy:
-        return [Decision(0, (token,), None) for token in torch.argmax(rows.to(torch.float32), dim=-1).tolist()]
+        return [Decision(0, (token,), None) for token in torch.argmax(scores(rows, params, 0), dim=-1).tolist()]
     return [decide(rows[i : i + 1], (), None, params, start, depth) for i, start in enumerate(starts)]

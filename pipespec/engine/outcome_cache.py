@@ -80,7 +80,7 @@ class OutcomeCache:
         """The branches to grow one token each beside a forward of `beside` (None: of the main line), in a
         tree forward (pipespec.engine.stage.TreeSession): every one still growing, and new ones up to `fanout`.
         Beside the main line, no full-acceptance branch: the main line is drafting it."""
-        riders = [b for b in self.branches if not b.done and b is not beside]
+        riders = [b for b in self.branches if not b.done and b is not beside and (beside is not None or b.position < length)]
         while (
             len(self.branches) < self.fanout
             and (new := self._open(length, verified, fed, prompt_len, beside is not None)) is not None

@@ -493,7 +493,7 @@ class StageRunner(LinkProtocol):
         self.patience.observe_forward(seconds)
         if plan.branch is not None or plan.riders:
             req.stats.predraft_forwards += 1
-        for rider, rode in zip(plan.riders, grown):
+        for rider, rode in zip(plan.riders, grown, strict=True):  # a tree forward answers every side
             self._grow(req, plan.rev, rider.branch, rider.start, max(rider.base, rider.branch.fed), rode)  # the forward kept both
         if plan.branch is not None:
             self._grow(req, plan.rev, plan.branch, plan.start, plan.keep + len(plan.feed), decision)

@@ -14,9 +14,9 @@ Stages run on the runner's compute thread, never on the event loop.
 
 Optional capabilities are protocols of their own: a `TargetStage` tells the front door its context
 limit and end-of-sequence tokens; a `TreeSession` grows side lines in the same forward (a drafter's
-pre-drafted branches, pipespec.engine.outcome_cache); between a target and the DREAM drafter right before it, the
-target's sessions are `FeatureSource`s and the drafter's `FeatureReader`s (pipespec.engine.handoff). Which
-kind has which is said by the table of stage kinds (pipespec.stages.kinds).
+pre-drafted branches, pipespec.engine.outcome_cache); between a target and the DREAM drafter right
+before it, the target's sessions are `FeatureSource`s and the drafter's `FeatureReader`s
+(pipespec.engine.handoff). Which kind has which is said by the table of stage kinds (pipespec.stages.kinds).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 Labelled as what they are: *not* real models. They exist for protocol tests (rollback storms at
 chosen agreement rates) and for scaling experiments past the hardware at hand (per-forward latencies
 of, say, 1B / 8B / 70B models): a forward lasts its emulated latency, the arithmetic of its logits
-included, and a tree of lines costs one forward as on a GPU (pipespec.engine.stage.TreeSession). Their "KV cache" is the list of context tokens, held to the same
-length invariant as a real cache, so rollback bugs show up here first.
+included, and a tree of lines costs one forward, as on a GPU (pipespec.engine.stage.TreeSession). Their
+"KV cache" is the list of context tokens, held to the same length invariant as a real cache, so rollback
+bugs show up here first.
 
 The world: at context index t with previous tokens (a, b), the stage `level` hops above the target
 agrees with the level below with probability `agreement` (a hash of (a, b, t, level) decides); the
