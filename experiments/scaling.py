@@ -23,13 +23,13 @@ One device per pipeline stage. Two sweeps, each next to the analytical chain mod
    a little longer than asked, and the runtime adds its dispatch and handoff), the drafters' verify
    windows and the per-token acceptance alpha MEASURED in the run (and, beside it, the configured
    latencies and rates).
-   The gap quoted is measured / predicted - 1. With --predraft N the first drafter pre-drafts N
+   The gap quoted is measured / predicted - 1. With --predraft N every drafter pre-drafts N
    branches (pipespec.engine.outcome_cache), each grown a token beside every step it takes (a mock
    runs a tree of lines as one forward, as a GPU does: pipespec.engine.stage.TreeSession; a mock
    forward lasts its latency, the arithmetic standing in for the model's included). Where an emulated
    drafter disagrees with the next model, it ranks that model's token second with probability
    `runner_up` (0.5, ASSUMED: the demo's drafters measure 0.49 and 0.51), which is what a rejection
-   branch bets on. The chain model takes the first pair's measured hit rate: a rejection a branch
+   branch bets on. The chain model takes each pair's measured hit rate: a rejection a branch
    foresaw costs its drafter no lag (`pipespec.planning.analytical.drafter_bound`).
 
 2. REAL (this machine): the shipped demo models (`models/demo`) on a local Ray, one actor per
@@ -111,7 +111,8 @@ class ScalingRow:
     sync_predicted_tokens_per_s: float | None = None
     sync_best: str | None = None  # "1B, window 4"
     step_ms: tuple[float, ...] = ()  # emulated: per stage, measured ms per step on the emulated clock (the model's)
-    predraft_hit_rate: float | None = None  # emulated, pre-drafting on: the first stage's changed verdicts a branch foresaw
+    predraft_hit_rates: tuple[float, ...] | None = None  # emulated, pre-drafting on: per drafter, upstream first, the
+    # changed verdicts a branch foresaw
 
     @property
     def gap(self) -> float:
@@ -146,13 +147,13 @@ def verify_windows(config: PipelineConfig) -> list[int]:
 def emulated_config(
     models: Sequence[EmulatedModel], time_scale: float, lookahead: int, predraft: int = 0, vocab: int = 256
 ) -> PipelineConfig:
-    """`predraft`: branches the first drafter pre-drafts (pipespec.engine.outcome_cache)."""
+    """`predraft`: branches each drafter pre-drafts (pipespec.engine.outcome_cache)."""
     stages = [
         {
             "name": m.name, "kind": "mock", "agreement": m.agreement if i < len(models) - 1 else 1.0,
             "runner_up": m.runner_up if i < len(models) - 1 else 0.0,
             "latency_ms": m.latency_ms * time_scale, "max_lookahead": lookahead if i < len(models) - 1 else 0,
-            "vocab_size": vocab, "predraft": predraft if i == 0 and len(models) > 1 else 0,
+            "vocab_size": vocab, "predraft": predraft if i < len(models) - 1 else 0,
         }
         for i, m in enumerate(models)
     ]  # fmt: skip
@@ -199,7 +200,7 @@ class ChainRun:
     sync: SyncBest | None  # None for the target alone
     outputs: list[list[int]]  # committed token ids per prompt
     step_s: tuple[float, ...]  # per stage, wall seconds per decode step as traced in the timed runs (pipespec.engine.trace)
-    first: StageStats  # the first stage's statistics over the timed runs (its pre-drafting)
+    drafters: tuple[StageStats, ...]  # the drafters' statistics over the timed runs (their pre-drafting), upstream first
 
 
 def run_chain(
@@ -216,8 +217,8 @@ def run_chain(
         latencies = {m.name: m.latency_ms for m in models}  # the prediction is on the emulated clock
         sync = best_sync(target, drafters, latencies, tokens, runs) if drafters else None
     alphas = tuple(statistics.median(t.alphas[i] for t in timed) for i in range(len(models) - 1))
-    [first] = merged_stages([t.stages[0]] for t in timed)
-    return ChainRun(config, statistics.median(t.tokens_per_s for t in timed), alphas, sync, outputs, step_s, first)
+    stats = tuple(merged_stages([t.stages[i]] for t in timed)[0] for i in range(len(models) - 1))
+    return ChainRun(config, statistics.median(t.tokens_per_s for t in timed), alphas, sync, outputs, step_s, stats)
 
 
 def emulated_sweep(
@@ -230,7 +231,7 @@ def emulated_sweep(
     predraft: int = 0,
 ) -> list[ScalingRow]:
     """d = 1 .. devices: the last d models of CHAIN as an asynchronous pipeline, measured and predicted;
-    `predraft`: branches the first drafter pre-drafts."""
+    `predraft`: branches each drafter pre-drafts."""
     if not 1 <= devices <= len(CHAIN):
         raise ValueError(f"--devices: the emulated chain has {len(CHAIN)} models, got {devices}")
     if time_scale <= 0:
@@ -246,8 +247,8 @@ def emulated_sweep(
         # a sleep lasts a little longer than asked (timer slack, wake-up), and the runtime adds its host work to
         # each step: the model takes the steps as they ran
         step_s = [f / time_scale for f in run.step_s]
-        hit_rate = run.first.predraft_hit_rate if predraft and d > 1 else None
-        predicted = predicted_tokens_per_s(step_s, run.alphas, windows, [hit_rate or 0.0])  # the first stage's branches
+        hit_rates = tuple(s.predraft_hit_rate for s in run.drafters) if predraft and d > 1 else None
+        predicted = predicted_tokens_per_s(step_s, run.alphas, windows, hit_rates or ())
         configured = predicted_tokens_per_s(latencies_s, [m.agreement for m in models[:-1]], windows)
         tps = run.tokens_per_s * time_scale
         base = rows[0] if rows else None
@@ -267,7 +268,7 @@ def emulated_sweep(
                 sync_predicted_tokens_per_s=run.sync.predicted_tokens_per_s if run.sync else None,
                 sync_best=run.sync.label if run.sync else None,
                 step_ms=tuple(1e3 * f for f in step_s),
-                predraft_hit_rate=hit_rate,
+                predraft_hit_rates=hit_rates,
             )
         )
         log.info("emulated %s: %.2f tok/s measured, %.2f predicted", rows[-1].chain, tps, predicted)
@@ -379,7 +380,7 @@ def markdown(rows: Sequence[ScalingRow], settings: dict[str, Any]) -> str:
         "",
         "| sweep | devices | chain | tok/s measured | tok/s predicted | gap | predicted (configured alpha) "
         "| speedup measured | speedup predicted | alpha per pair (measured) | sync best tok/s (predicted; drafter, window) "
-        "| async / sync | pre-drafted hits | exact |",
+        "| async / sync | pre-drafted hits per pair | exact |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -393,7 +394,7 @@ def markdown(rows: Sequence[ScalingRow], settings: dict[str, Any]) -> str:
             f"| {_opt(r.configured_tokens_per_s)} | {r.speedup:.2f}x | {r.predicted_speedup:.2f}x "
             f"| {' / '.join(f'{a:.2f}' for a in r.alphas) or '-'} | {sync} "
             f"| {'-' if r.sync_tokens_per_s is None else format(r.tokens_per_s / r.sync_tokens_per_s, '.2f') + 'x'} "
-            f"| {_opt(r.predraft_hit_rate, '.0%')} | {'yes' if r.exact else 'NO'} |"
+            f"| {' / '.join(f'{h:.0%}' for h in r.predraft_hit_rates or ()) or '-'} | {'yes' if r.exact else 'NO'} |"
         )
     for sweep in ("emulated", "real"):
         mine = [r for r in rows if r.sweep == sweep]
@@ -472,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lookahead", type=int, default=8, help="emulated drafters' max_lookahead (verify window: half)")
     parser.add_argument("--tokens", type=int, default=64, help="emulated: new tokens per prompt")
     parser.add_argument("--runs", type=int, default=3, help="emulated: median of this many runs")
-    parser.add_argument("--predraft", type=int, default=0, help="emulated: branches the first drafter pre-drafts (0: none)")
+    parser.add_argument("--predraft", type=int, default=0, help="emulated: branches each drafter pre-drafts (0: none)")
     parser.add_argument("--real", action=argparse.BooleanOptionalAction, default=True, help="also sweep the demo models on Ray")
     parser.add_argument("--models", type=Path, default=DEMO_MODELS)
     parser.add_argument("--real-prompts", type=int, default=4)

@@ -47,8 +47,7 @@ class StageSpec:
     device_group: str | None = None  # stages naming the same group share one device: one actor, one compute thread
     options: MockOptions | NgramOptions | ModelOptions | None = None  # the kind's own keys (KINDS[kind].options)
     # branches a drafter pre-drafts per request for the verdicts it expects (pipespec.engine.outcome_cache);
-    # 0: none. Only a chain's first stage pre-drafts: a later one's own tokens must stay its drafter's drafts (a Verdict
-    # carries one token, so a middle stage cannot hand its drafter a branch)
+    # 0: none. A middle stage hands its own drafter a branch it took in its Verdict (`after`)
     predraft: int = 0
 
     @property

@@ -3,7 +3,8 @@
 A first-stage drafter's runner is driven by hand, turn by turn, against a scripted verifier: random
 verdicts at random positions (rejections with the token the drafter ranked next, which its branches
 foresee, or with any other token; confirmations; full acceptance with its own likeliest next token or
-another). Its model is a labelled mock whose logits depend on the whole context it was fed, so a cache
+another), half of them with tokens after the verdict's own (a branch the verifier took: its drafter's own
+continuation or random tokens). Its model is a labelled mock whose logits depend on the whole context it was fed, so a cache
 entry a branch's forward left where the runner believes another line's is changes the next token. Every
 draft of the verifier's current epoch must be exactly what the drafter's own steps give on the line the
 verifier knows; the branches must have been used (hits, tokens served without a forward).
@@ -11,6 +12,7 @@ verifier knows; the branches must have been used (hits, tokens served without a 
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -108,6 +110,17 @@ def expected(line: Sequence[int], position: int, params: SamplingParams) -> tupl
     return decision.tokens[0], None if decision.probs is None else decision.probs[0]
 
 
+def _branch(rng: random.Random, line: list[int], max_new_tokens: int, params: SamplingParams) -> list[int]:
+    """What a verifier's own pre-drafted branch puts after `line` in a verdict (pipespec.messages.Verdict.after): nothing
+    half the time; else a few tokens, the drafter's own continuation (its branch there agrees) or random ones."""
+    if rng.random() < 0.5:
+        return []
+    own, tokens = rng.random() < 0.5, []
+    for _ in range(min(rng.randint(1, 4), max_new_tokens - len(line))):
+        tokens.append(expected(line + tokens, len(line) + len(tokens), params)[0] if own else rng.randrange(VOCAB))
+    return tokens
+
+
 @pytest.mark.parametrize("tree", [False, True], ids=["one-line", "tree"])
 @pytest.mark.parametrize("seed", range(6))
 def test_random_verdicts_never_get_a_stale_draft(seed, tree):
@@ -149,11 +162,13 @@ def test_random_verdicts_never_get_a_stale_draft(seed, tree):
                 runner_up = logits_after(PROMPT + tuple(line[:p])).topk(2).indices.tolist()
                 choice = rng.random()
                 token = line[p] if choice < 0.2 else runner_up[runner_up[0] == line[p]] if choice < 0.7 else rng.randrange(VOCAB)
-                epoch += token != line[p]
-            if p == len(line) or token != line[p]:  # else a confirmation: the drafter keeps its tokens
-                line[p:] = [token]
-            verified = p + 1
-            runner._receive(Verdict("r", epoch, p, token))
+            after = _branch(rng, line[:p] + [token], spec.max_new_tokens, params)  # the verifier's own, sometimes
+            told, held = [token, *after], line[p : p + 1 + len(after)]
+            epoch += told[: len(held)] != held  # the verifier contradicts a draft: a new epoch
+            if told != held:  # else a confirmation: the drafter keeps its tokens
+                line[p:] = told
+            verified = p + 1 + len(after)
+            runner._receive(Verdict("r", epoch, p, token, tuple(after)))
         stats = runner.requests["r"].stats
         assert stats.predraft_forwards > 0 and stats.predraft_hits > 0 and stats.predraft_tokens > 0, stats
         assert (riders > 0) == tree, riders
@@ -180,3 +195,47 @@ def test_branches_follow_the_likeliest_verdicts_and_drop_with_them():
     assert first.fed == 5 and full.fed == 5
     assert cache.verdict(1, 1, changed=False) is None and 1 not in [b.position for b in cache.branches]  # confirmed
     assert cache.verdict(4, 9, changed=True) is full and cache.branches == [] and cache.doubts == {}
+
+
+def test_a_middle_stage_hands_its_drafter_the_branch_it_took():
+    """A verifier that drafts (a chain's middle stage) pre-drafts too: when its verifier's verdict takes one of
+    its branches, its own drafter hears the verdict's token and the branch's tokens in one Verdict (`after`),
+    and the branch goes downstream at once."""
+    runner = StageRunner(
+        WholeContextStage(tree=True), name="middle", depth=1, max_lookahead=6,
+        drafter_name="drafter", drafter_lookahead=8, verify_window=4, predraft=2,
+    )  # fmt: skip
+    runner.loop = asyncio.new_event_loop()  # its clock, for patience; never run: this test turns the runner by hand
+    drafter, verifier, coordinator = Sent(), Sent(), Sent()
+    runner.connect(upstream=drafter, downstream=verifier, coordinator=coordinator)
+    spec = RequestSpec("r", PROMPT, SamplingParams(), max_new_tokens=40)
+    line: list[int] = []
+    for _ in range(6):
+        line.append(expected(line, len(line), spec.params)[0])
+    try:
+        runner._receive(Open(spec))
+        pump(runner)
+        runner._receive(Draft("r", 0, 0, tuple(line[:4])))  # what the middle stage itself would decide: all accepted
+        pump(runner)
+        runner._receive(Draft("r", 0, 5, (line[5],)))
+        pump(runner)  # at its lookahead bound now: it grows its branches
+        req = runner.requests["r"]
+        assert req.tokens == line and req.outcomes.branches, req.outcomes
+        branch = max(req.outcomes.branches, key=lambda b: len(b.tokens))
+        assert branch.token is not None and branch.tokens, branch
+        drafter.sent.clear(), verifier.sent.clear()
+        runner._receive(Verdict("r", 1, branch.position, branch.token))
+        runner._flush()
+        want = line[: branch.position] + [branch.token]
+        while len(want) < branch.position + 1 + len(branch.tokens):
+            want.append(expected(want, len(want), spec.params)[0])
+        [told] = drafter.sent
+        assert (told.epoch, told.position, told.token) == (1, branch.position, branch.token)
+        assert list(told.after) == want[branch.position + 1 :]  # its own continuation, as its steps decide it
+        [draft] = verifier.sent
+        assert (draft.epoch, draft.start, list(draft.tokens)) == (1, branch.position + 1, want[branch.position + 1 :])
+        assert (req.stats.predraft_hits, req.stats.predraft_tokens) == (1, len(told.after))
+    finally:
+        runner._receive(Close("r"))
+        runner.scheduler.shutdown(wait=True)
+        runner.loop.close()

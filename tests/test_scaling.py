@@ -59,8 +59,10 @@ def test_pipeline_commits_exactly_the_target_alone(predraft):
     assert [len(ids) for ids in alone] == [TOKENS] * len(alone)
     assert run.outputs == alone
     assert len(set(map(tuple, alone))) == len(alone)  # the prompts lead to different answers
-    assert run.config.stages[0].predraft == predraft and all(s.predraft == 0 for s in run.config.stages[1:])
-    assert (run.first.predraft_hits + run.first.predraft_misses > 0) == (predraft > 0)  # verdicts met with the cache
+    *drafters, target = run.config.stages
+    assert all(s.predraft == predraft for s in drafters) and target.predraft == 0
+    for stats in run.drafters:  # the middle stage too: its branches reach its drafter in its verdicts
+        assert (stats.predraft_hits + stats.predraft_misses > 0) == (predraft > 0)  # verdicts met with the cache
 
 
 def test_predicted_rate_by_hand():

@@ -6,9 +6,10 @@ sends them back, on the state it keeps per request (pipespec.engine.request_stat
 - As a verifier of its drafter: a draft of an older epoch is dropped on arrival; drafts extend the
   pending ones; a draft that contradicts a token of ours bumps the epoch and our last token goes
   back as a verdict ("conflict").
-- As a drafter of its verifier: a verdict confirms what came before its position; one that
-  contradicts our token there truncates our tokens (a rollback), and if we had already drafted on
-  them, our own drafter hears of it in turn.
+- As a drafter of its verifier: a verdict confirms what came before its position; where its tokens
+  (the verifier's there, then those a branch of the verifier's own supplied) contradict ours, it
+  truncates our tokens there and ours become its (a rollback), and if we had already drafted on them,
+  our own drafter hears of it in turn, all the tokens it may not hold in one verdict.
 - Either way, what downstream has not seen is published: a Draft to our verifier, or a Commit (target),
   with the logprobs of its tokens when the request asks for them.
 
@@ -84,7 +85,7 @@ class LinkProtocol:
             position = draft.start + i
             if position < known:  # the drafter had not yet heard of our token there
                 if token != req.tokens[position]:
-                    self._conflict(req)
+                    self._conflict(req, position)
                     return
             elif position >= end:
                 up.pending.append(token)
@@ -99,53 +100,60 @@ class LinkProtocol:
         req = self.requests.get(verdict.request_id)
         if req is None:
             return
-        p, t = verdict.position, verdict.token
-        length = len(req.tokens)
+        p, told = verdict.position, (verdict.token, *verdict.after)  # the verifier's tokens at p..
+        length, end = len(req.tokens), verdict.position + 1 + len(verdict.after)
         down = req.down
         if verdict.epoch < down.epoch:  # verdicts come in order: a correct verifier never sends one
             self._ignore(verdict, f"epoch {verdict.epoch} is older than ours ({down.epoch})")
             return
         if not 0 <= p <= length:
             raise self._violation(verdict, f"position {p} is not within 0..{length}, the length of our tokens")
-        rollback = p < length and req.tokens[p] != t
-        changed = rollback or p == length
+        if p + len(verdict.after) > req.spec.max_new_tokens:
+            raise self._violation(
+                verdict, f"{len(verdict.after)} tokens after position {p} pass max_new_tokens ({req.spec.max_new_tokens})"
+            )
+        # the first position where the verifier's tokens are not ours (none: it confirms them all)
+        q = next((p + i for i, t in enumerate(told) if p + i >= length or req.tokens[p + i] != t), None)
+        changed, rollback = q is not None, q is not None and q < length
         if changed:
-            del req.tokens[p:], req.probs[p:]
-            req.tokens.append(t)
-            req.probs.append(None)
+            del req.tokens[q:], req.probs[q:]
+            req.tokens.extend(told[q - p :])
+            req.probs.extend([None] * (end - q))
             req.rev += 1
-            req.touched = min(req.touched, p)
+            req.touched = min(req.touched, q)
             if req.session is not None:
-                req.fed = min(req.fed, req.prompt_len + p)
+                req.fed = min(req.fed, req.prompt_len + q)
             req.stats.rollbacks += rollback
-        down.sent = p + 1 if changed or verdict.epoch > down.epoch else max(down.sent, p + 1)
+        down.sent = end if changed or verdict.epoch > down.epoch else max(down.sent, end)
         down.epoch = verdict.epoch
-        down.verified = max(down.verified, p + 1)
+        down.verified = max(down.verified, end)
         req.probs_kept_from = min(req.probs_kept_from, len(req.probs))
-        while req.probs_kept_from <= p:  # a re-send after this verdict starts at p + 1 or later
+        while req.probs_kept_from < end:  # a re-send after this verdict starts at `end` or later
             req.probs[req.probs_kept_from] = None
             req.probs_kept_from += 1
         if req.outcomes is not None:
-            self._foreseen(req, req.outcomes.verdict(p, t, changed), changed)
+            at = end - 1 if q is None else q
+            branch = req.outcomes.verdict(at, told[at - p], changed)
+            if changed:
+                self._foreseen(req, branch, told[at - p + 1 :])
         if changed and self.upstream is not None:
             if rollback:
-                self._conflict(req)
-            elif self._absorb(req):
-                self._verdict(req)
+                self._conflict(req, q)
+            elif (unheard := self._absorb(req)) is not None:
+                self._verdict(req, unheard)
         self._publish(req)
 
-    def _foreseen(self, req: RequestState, branch: Branch | None, changed: bool) -> None:
-        """A verdict changed our tokens (`changed`), and `branch` foresaw it (or none did): its tokens become
-        ours, and so do the cache entries its forwards wrote; `_publish` sends them on at once."""
-        if not changed:
-            return
-        if branch is None:
+    def _foreseen(self, req: RequestState, branch: Branch | None, after: tuple[int, ...]) -> None:
+        """A verdict changed our tokens, and `branch` foresaw it (None: none did), where the verifier also holds
+        `after` after its token (from a branch of its own): the branch's tokens past those become ours, with the
+        cache entries its forwards wrote, when the two agree; `_publish` sends them on at once."""
+        if branch is None or branch.tokens[: len(after)] != list(after[: len(branch.tokens)]):
             req.stats.predraft_misses += 1
             return
         req.stats.predraft_hits += 1
-        req.stats.predraft_tokens += len(branch.tokens)
-        req.tokens.extend(branch.tokens)
-        req.probs.extend(branch.probs)
+        req.stats.predraft_tokens += max(0, len(branch.tokens) - len(after))
+        req.tokens.extend(branch.tokens[len(after) :])
+        req.probs.extend(branch.probs[len(after) :])
         if req.session is not None:
             req.fed = max(req.fed, branch.fed)
 
@@ -163,27 +171,30 @@ class LinkProtocol:
     def _ignore(self, message: Draft | Verdict, problem: str) -> None:
         log.error("stage %s: ignored %s", self.name, self._violation(message, problem))
 
-    def _conflict(self, req: RequestState) -> None:
-        """Our last token contradicts the drafter: new epoch, tell it."""
+    def _conflict(self, req: RequestState, start: int) -> None:
+        """Our token at `start` contradicts the drafter: new epoch, tell it our tokens from there."""
         req.up.epoch += 1
         req.up.clear_from(len(req.tokens))
-        self._verdict(req)
+        self._verdict(req, start)
 
-    def _absorb(self, req: RequestState) -> bool:
-        """Match pending drafts against tokens we now hold; False if one conflicted."""
+    def _absorb(self, req: RequestState) -> int | None:
+        """Match pending drafts against tokens we now hold -> where the drafter's tokens may end being ours (our
+        last at most); None if a draft conflicted."""
         up, known = req.up, len(req.tokens)
         while up.pending and up.start < known:
             if up.pending[0] != req.tokens[up.start]:
-                self._conflict(req)
-                return False
+                self._conflict(req, up.start)
+                return None
             up.drop_pending(1)
+        unheard = min(up.start, known - 1)
         if not up.pending:
             up.start = known
-        return True
+        return unheard
 
-    def _verdict(self, req: RequestState) -> None:
-        position = len(req.tokens) - 1
-        self._send(self.upstream, Verdict(req.spec.request_id, req.up.epoch, position, req.tokens[position]))
+    def _verdict(self, req: RequestState, start: int) -> None:
+        """Tell our drafter our tokens from `start` on (more than one only when a branch of ours supplied them)."""
+        tokens = req.tokens
+        self._send(self.upstream, Verdict(req.spec.request_id, req.up.epoch, start, tokens[start], tuple(tokens[start + 1 :])))
 
     def _publish(self, req: RequestState) -> None:
         """Send what downstream has not seen: a Draft to our verifier, or a Commit (target)."""

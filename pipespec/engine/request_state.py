@@ -98,7 +98,7 @@ class RequestState:
     fed: int = 0  # context tokens (prompt + generated) in the cache still valid for `tokens`
     rev: int = 0  # bumped whenever a verdict changes `tokens`
     touched: int = NOTHING_TOUCHED  # smallest position a verdict changed since the step in flight began
-    outcomes: OutcomeCache | None = None  # branches pre-drafted for expected verdicts (a first stage that pre-drafts)
+    outcomes: OutcomeCache | None = None  # branches pre-drafted for expected verdicts (a drafter that pre-drafts)
     tree: bool = False  # the session grows branches beside its steps (pipespec.engine.stage.TreeSession)
 
     @property

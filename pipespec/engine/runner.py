@@ -101,8 +101,8 @@ class StageRunner(LinkProtocol):
         self.drafter_name = drafter_name
         self.drafter_lookahead = drafter_lookahead
         self.verify_window = verify_window
-        # only a first stage that drafts pre-drafts: a later one's own tokens must stay its drafter's drafts
-        self.predraft = predraft if depth > 0 and drafter_name is None and not sends_features else 0
+        # every drafter may pre-draft (a middle stage tells its own drafter a branch it took in its verdict)
+        self.predraft = predraft if depth > 0 and not sends_features else 0
         self.patience = patience or Patience()
         self.token_s: float | None = None  # our compute seconds per produced token (EMA), told to our verifier
         self.drafter_token_s: float | None = None  # what our drafter last told us of its own
@@ -308,16 +308,16 @@ class StageRunner(LinkProtocol):
         if start >= limit:  # at our bound: nothing to draft but what we expect the verdict to need
             return self._branch_plan(rid, req) if req.outcomes is not None and self.downstream is not None else None
         feed = unfed_tail(req.session.last_prompt_token, req.prompt_len, req.fed, req.tokens)
-        up = req.up
-        if up is None:  # the first stage: no drafts, it generates one token
-            riders = self._riders(req, req.fed, None)
-            return StepPlan(rid, req.rev, 0, req.fed, feed, start, (), None, doubts=req.outcomes is not None, riders=riders)
-        room = min(self.verify_window, self.drafter_lookahead, limit - start - 1)
-        n = min(len(up.pending), room)
-        if self.upstream is not None and self._wait(up, n, room, req.spec.stop_token_ids):
-            return None
-        probs = torch.stack(up.pending_probs[:n]) if n and req.spec.params.rejection else None
-        return StepPlan(rid, req.rev, up.epoch, req.fed, feed, start, tuple(up.pending[:n]), probs)
+        up, drafts, probs = req.up, (), None
+        if up is not None:  # a verifier: the drafts it checks in this step (the first stage generates one token)
+            room = min(self.verify_window, self.drafter_lookahead, limit - start - 1)
+            n = min(len(up.pending), room)
+            if self.upstream is not None and self._wait(up, n, room, req.spec.stop_token_ids):
+                return None
+            drafts = tuple(up.pending[:n])
+            probs = torch.stack(up.pending_probs[:n]) if n and req.spec.params.rejection else None
+        epoch, riders = up.epoch if up is not None else 0, self._riders(req, req.fed, None)
+        return StepPlan(rid, req.rev, epoch, req.fed, feed, start, drafts, probs, doubts=req.outcomes is not None, riders=riders)
 
     def _branch_plan(self, rid: str, req: RequestState) -> StepPlan | None:
         """A forward that grows a pre-drafted branch (pipespec.engine.outcome_cache); None if none is worth it."""
@@ -539,9 +539,9 @@ class StageRunner(LinkProtocol):
             req.up.clear_from(len(req.tokens))
         elif self.upstream is not None:
             if decision.accepted < len(plan.drafts) and len(tokens) == len(decision.tokens):
-                self._conflict(req)  # rejection: our token at plan.start + accepted, our last
-            elif self._absorb(req):
-                self._verdict(req)
+                self._conflict(req, len(req.tokens) - 1)  # rejection: our token at plan.start + accepted, our last
+            elif (unheard := self._absorb(req)) is not None:
+                self._verdict(req, unheard)
         self._publish(req)
 
     # ---- upstream / downstream ----------------------------------------------------------------

@@ -4,7 +4,8 @@ Positions are absolute indices into a request's generated sequence (0 = first ge
 
     coordinator -> every stage   Open, Close
     drafter     -> verifier      Draft    "my tokens at positions start.. are these"
-    verifier    -> drafter       Verdict  "I agree with all you sent before `position`; there my token is `token`"
+    verifier    -> drafter       Verdict  "I agree with all you sent before `position`; there my token is `token`
+                                           (and after it, `after`: a branch I had pre-drafted)"
     target      -> coordinator   Commit   "positions start.. are committed"
     target      -> dream drafter TargetFeatures  "my last-layer hidden states at context positions start.."
     every stage -> coordinator   Closed (statistics), Failed (an error in this request)
@@ -88,10 +89,15 @@ class Draft:
 
 @dataclass(frozen=True)
 class Verdict:
+    """Verifier -> its drafter: the verifier holds `token` at `position`, then `after` (which a pre-drafted
+    branch of its own supplied: pipespec.engine.outcome_cache), and everything before `position` as the drafter
+    sent it."""
+
     request_id: str
     epoch: int
     position: int
     token: int
+    after: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
