@@ -1,0 +1,108 @@
+"""Which drafters of an emulated chain should pre-draft: none, the first, the last (next to the target), or all.
+
+    python -m experiments.predraft_placement [--depth 3] [--time-scale 0.1] [--rounds 4] [--predraft 8] [--tokens 64]
+
+The chain is the last `--depth` models of experiments.scaling's CHAIN (mock stages, in this process, tree
+forwards: pipespec.engine.stage.TreeSession). Each side runs in a fresh LocalPipeline over
+experiments.bench_engine's PROMPTS after one warm-up request; the sides alternate, their order reversed every
+other round. Prints a markdown row per side: the median tokens per second on the emulated clock (wall rate x
+time scale), each round's, each drafter's share of changed verdicts a branch foresaw, and whether its outputs
+equal the first side's (pre-drafting changes no token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from experiments.bench_engine import PROMPTS
+from experiments.scaling import CHAIN, emulated_config
+from pipespec import LocalPipeline
+from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.config import PipelineConfig
+from pipespec.protocol.stats import merged_stages
+
+
+@dataclass(frozen=True)
+class Side:
+    name: str
+    rounds: tuple[float, ...]  # tokens per second on the emulated clock
+    hit_rates: tuple[float, ...]  # per drafter, upstream first, over every round
+    outputs: tuple[tuple[int, ...], ...]
+
+
+def placements(depth: int) -> dict[str, tuple[int, ...]]:
+    """Side name -> the indices of the drafters that pre-draft."""
+    drafters = tuple(range(depth - 1))
+    return {"none": (), "first": drafters[:1], "last": drafters[-1:], "all": drafters}
+
+
+def config_for(depth: int, time_scale: float, predraft: int, which: Sequence[int]) -> PipelineConfig:
+    base = emulated_config(CHAIN[-depth:], time_scale, lookahead=8)
+    return replace(base, stages=tuple(replace(s, predraft=predraft if i in which else 0) for i, s in enumerate(base.stages)))
+
+
+def measure(depth: int, time_scale: float, rounds: int, predraft: int, tokens: int) -> list[Side]:
+    sides = placements(depth)
+    rates: dict[str, list[float]] = {name: [] for name in sides}
+    stats: dict[str, list] = {name: [] for name in sides}
+    outputs: dict[str, tuple[tuple[int, ...], ...]] = {}
+    for r in range(rounds):
+        for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
+            with LocalPipeline(config_for(depth, time_scale, predraft, sides[name])) as pipe:
+                pipe.generate(prompt_token_ids=PROMPTS[0], max_new_tokens=tokens)  # warm-up
+                start, answers = time.perf_counter(), []
+                for prompt in PROMPTS:
+                    answers.append(pipe.generate(prompt_token_ids=prompt, max_new_tokens=tokens))
+                rates[name].append(sum(len(a.token_ids) for a in answers) / (time.perf_counter() - start) * time_scale)
+            stats[name] += [a.stats.stages for a in answers]
+            outputs[name] = tuple(tuple(a.token_ids) for a in answers)
+    return [
+        Side(name, tuple(rates[name]), tuple(s.predraft_hit_rate for s in merged_stages(stats[name])[:-1]), outputs[name])
+        for name in sides
+    ]
+
+
+def table(sides: Sequence[Side], depth: int, time_scale: float) -> str:
+    chain = " -> ".join(m.name for m in CHAIN[-depth:])
+    lines = [
+        f"{chain}, time scale {time_scale}:",
+        "",
+        "| pre-drafting | tok/s (median) | x none | rounds | hit rate per drafter | same outputs |",
+        "|---|---|---|---|---|---|",
+    ]
+    none = statistics.median(sides[0].rounds)
+    for side in sides:
+        tps = statistics.median(side.rounds)
+        hits = " / ".join(f"{h:.0%}" for h in side.hit_rates)
+        same = "yes" if side.outputs == sides[0].outputs else "NO"
+        lines.append(
+            f"| {side.name} | {tps:.2f} | {tps / none:.2f}x | {', '.join(f'{x:.2f}' for x in side.rounds)} | {hits} | {same} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--depth", type=int, default=3, help="models of the emulated chain, the target included (2-4)")
+    parser.add_argument("--time-scale", type=float, default=0.1)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--predraft", type=int, default=8, help="branches each pre-drafting drafter holds")
+    parser.add_argument("--tokens", type=int, default=64)
+    add_log_level(parser)
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    if not 2 <= args.depth <= len(CHAIN):
+        parser.error(f"--depth: the emulated chain has 2..{len(CHAIN)} models, got {args.depth}")
+    if args.time_scale <= 0 or args.rounds < 1 or args.predraft < 1 or args.tokens < 1:
+        parser.error("--time-scale must be > 0 (rates are rescaled by it); --rounds, --predraft and --tokens >= 1")
+    sides = measure(args.depth, args.time_scale, args.rounds, args.predraft, args.tokens)
+    print(table(sides, args.depth, args.time_scale))  # a CLI entry point: its output is the table
+    return 0 if all(side.outputs == sides[0].outputs for side in sides) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
