@@ -6,8 +6,8 @@ The chain is the last `--depth` models of experiments.scaling's CHAIN (mock stag
 forwards: pipespec.engine.stage.TreeSession). Each side runs in a fresh LocalPipeline over
 experiments.bench_engine's PROMPTS after one warm-up request; the sides alternate, their order reversed every
 other round. Prints a markdown row per side: the median tokens per second on the emulated clock (wall rate x
-time scale), each round's, each drafter's share of changed verdicts a branch foresaw, and whether its outputs
-equal the first side's (pre-drafting changes no token).
+time scale), each round's, each pre-drafting drafter's share of changed verdicts a branch foresaw, and whether
+its outputs, every round's, equal those of the side without pre-drafting (pre-drafting changes no token).
 """
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ from pipespec.protocol.stats import merged_stages
 
 @dataclass(frozen=True)
 class Side:
+    """One placement of pre-drafting, measured."""
+
     name: str
     rounds: tuple[float, ...]  # tokens per second on the emulated clock
-    hit_rates: tuple[float, ...]  # per drafter, upstream first, over every round
-    outputs: tuple[tuple[int, ...], ...]
+    hit_rates: tuple[float | None, ...]  # per drafter, upstream first, over every round; None: it did not pre-draft
+    outputs: tuple[tuple[tuple[int, ...], ...], ...]  # per round, the token ids of each prompt
 
 
 def placements(depth: int) -> dict[str, tuple[int, ...]]:
@@ -41,15 +43,17 @@ def placements(depth: int) -> dict[str, tuple[int, ...]]:
 
 
 def config_for(depth: int, time_scale: float, predraft: int, which: Sequence[int]) -> PipelineConfig:
+    """The emulated chain of `depth` models, the drafters `which` holding `predraft` branches each."""
     base = emulated_config(CHAIN[-depth:], time_scale, lookahead=8)
     return replace(base, stages=tuple(replace(s, predraft=predraft if i in which else 0) for i, s in enumerate(base.stages)))
 
 
 def measure(depth: int, time_scale: float, rounds: int, predraft: int, tokens: int) -> list[Side]:
+    """Every placement, `rounds` times, alternating (see the module docstring)."""
     sides = placements(depth)
     rates: dict[str, list[float]] = {name: [] for name in sides}
     stats: dict[str, list] = {name: [] for name in sides}
-    outputs: dict[str, tuple[tuple[int, ...], ...]] = {}
+    outputs: dict[str, list[tuple[tuple[int, ...], ...]]] = {name: [] for name in sides}
     for r in range(rounds):
         for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
             with LocalPipeline(config_for(depth, time_scale, predraft, sides[name])) as pipe:
@@ -59,11 +63,22 @@ def measure(depth: int, time_scale: float, rounds: int, predraft: int, tokens: i
                     answers.append(pipe.generate(prompt_token_ids=prompt, max_new_tokens=tokens))
                 rates[name].append(sum(len(a.token_ids) for a in answers) / (time.perf_counter() - start) * time_scale)
             stats[name] += [a.stats.stages for a in answers]
-            outputs[name] = tuple(tuple(a.token_ids) for a in answers)
+            outputs[name].append(tuple(tuple(a.token_ids) for a in answers))
     return [
-        Side(name, tuple(rates[name]), tuple(s.predraft_hit_rate for s in merged_stages(stats[name])[:-1]), outputs[name])
-        for name in sides
+        Side(
+            name,
+            tuple(rates[name]),
+            tuple(s.predraft_hit_rate if i in which else None for i, s in enumerate(merged_stages(stats[name])[:-1])),
+            tuple(outputs[name]),
+        )
+        for name, which in sides.items()
     ]
+
+
+def exact(sides: Sequence[Side]) -> bool:
+    """Every round of every side gave the same tokens as the first round without pre-drafting."""
+    reference = sides[0].outputs[0]
+    return all(out == reference for side in sides for out in side.outputs)
 
 
 def table(sides: Sequence[Side], depth: int, time_scale: float) -> str:
@@ -77,8 +92,8 @@ def table(sides: Sequence[Side], depth: int, time_scale: float) -> str:
     none = statistics.median(sides[0].rounds)
     for side in sides:
         tps = statistics.median(side.rounds)
-        hits = " / ".join(f"{h:.0%}" for h in side.hit_rates)
-        same = "yes" if side.outputs == sides[0].outputs else "NO"
+        hits = " / ".join("-" if h is None else f"{h:.0%}" for h in side.hit_rates)
+        same = "yes" if exact([sides[0], side]) else "NO"
         lines.append(
             f"| {side.name} | {tps:.2f} | {tps / none:.2f}x | {', '.join(f'{x:.2f}' for x in side.rounds)} | {hits} | {same} |"
         )
@@ -97,11 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level)
     if not 2 <= args.depth <= len(CHAIN):
         parser.error(f"--depth: the emulated chain has 2..{len(CHAIN)} models, got {args.depth}")
-    if args.time_scale <= 0 or args.rounds < 1 or args.predraft < 1 or args.tokens < 1:
-        parser.error("--time-scale must be > 0 (rates are rescaled by it); --rounds, --predraft and --tokens >= 1")
+    if args.time_scale <= 0:
+        parser.error(f"--time-scale: must be > 0 (rates are rescaled by it), got {args.time_scale}")
+    for flag, value in (("--rounds", args.rounds), ("--predraft", args.predraft), ("--tokens", args.tokens)):
+        if value < 1:
+            parser.error(f"{flag}: must be >= 1, got {value}")
     sides = measure(args.depth, args.time_scale, args.rounds, args.predraft, args.tokens)
     print(table(sides, args.depth, args.time_scale))  # a CLI entry point: its output is the table
-    return 0 if all(side.outputs == sides[0].outputs for side in sides) else 1
+    return 0 if exact(sides) else 1
 
 
 if __name__ == "__main__":

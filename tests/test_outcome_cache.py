@@ -3,7 +3,7 @@
 A first-stage drafter's runner is driven by hand, turn by turn, against a scripted verifier: random
 verdicts at random positions (rejections with the token the drafter ranked next, which its branches
 foresee, or with any other token; confirmations; full acceptance with its own likeliest next token or
-another), half of them with tokens after the verdict's own (a branch the verifier took: its drafter's own
+another), a third of them with tokens after the verdict's own (a branch the verifier took: its drafter's own
 continuation or random tokens). Its model is a labelled mock whose logits depend on the whole context it was fed, so a cache
 entry a branch's forward left where the runner believes another line's is changes the next token. Every
 draft of the verifier's current epoch must be exactly what the drafter's own steps give on the line the
@@ -26,7 +26,7 @@ from pipespec.engine.runner import StageRunner
 from pipespec.engine.scheduler import Done
 from pipespec.engine.stage import check_keep, check_length
 from pipespec.engine.step import StepPlan
-from pipespec.protocol.messages import Close, Draft, Open, RequestSpec, Verdict
+from pipespec.protocol.messages import Close, Draft, Failed, Open, RequestSpec, Verdict
 from pipespec.protocol.params import SamplingParams, VerifyMode
 from tests.fixtures.recorder import Sent
 
@@ -112,11 +112,11 @@ def expected(line: Sequence[int], position: int, params: SamplingParams) -> tupl
 
 def _branch(rng: random.Random, line: list[int], max_new_tokens: int, params: SamplingParams) -> list[int]:
     """What a verifier's own pre-drafted branch puts after `line` in a verdict (pipespec.messages.Verdict.after): nothing
-    half the time; else a few tokens, the drafter's own continuation (its branch there agrees) or random ones."""
-    if rng.random() < 0.5:
+    most of the time; else a few tokens, the drafter's own continuation (its branch there agrees) or random ones."""
+    if rng.random() < 0.7:
         return []
-    own, tokens = rng.random() < 0.5, []
-    for _ in range(min(rng.randint(1, 4), max_new_tokens - len(line))):
+    own, tokens = rng.random() < 0.5, []  # own: short, so that a branch of the drafter's can hold more
+    for _ in range(min(rng.randint(1, 2 if own else 4), max_new_tokens - len(line))):
         tokens.append(expected(line + tokens, len(line) + len(tokens), params)[0] if own else rng.randrange(VOCAB))
     return tokens
 
@@ -139,6 +139,7 @@ def test_random_verdicts_never_get_a_stale_draft(seed, tree):
     runner._receive(Open(spec))
     line: list[int] = []  # the drafter's tokens as the verifier knows them
     epoch = verified = riders = 0
+    stats = runner.requests["r"].stats
     try:
         while verified < spec.max_new_tokens:
             riders += pump(runner)
@@ -155,7 +156,7 @@ def test_random_verdicts_never_get_a_stale_draft(seed, tree):
                             assert q is None or torch.equal(message.probs[i], q), f"a stale q row at {at}"
                             line.append(token)
             verifier.sent.clear()
-            p = rng.randint(verified, len(line))
+            p = rng.randint(verified, min(len(line), spec.max_new_tokens - 1))
             if p == len(line):  # full acceptance, and our bonus token
                 token = expected(line, p, params)[0] if rng.random() < 0.6 else rng.randrange(VOCAB)
             else:
@@ -169,7 +170,6 @@ def test_random_verdicts_never_get_a_stale_draft(seed, tree):
                 line[p:] = told
             verified = p + 1 + len(after)
             runner._receive(Verdict("r", epoch, p, token, tuple(after)))
-        stats = runner.requests["r"].stats
         assert stats.predraft_forwards > 0 and stats.predraft_hits > 0 and stats.predraft_tokens > 0, stats
         assert (riders > 0) == tree, riders
     finally:
@@ -239,3 +239,46 @@ def test_a_middle_stage_hands_its_drafter_the_branch_it_took():
         runner._receive(Close("r"))
         runner.scheduler.shutdown(wait=True)
         runner.loop.close()
+
+
+def test_a_verdict_going_on_after_a_stop_token_fails_its_request_naming_it():
+    runner = StageRunner(WholeContextStage(), name="drafter", depth=1, max_lookahead=4)
+    verifier, coordinator = Sent(), Sent()
+    runner.connect(downstream=verifier, coordinator=coordinator)
+    runner._receive(Open(RequestSpec("r", PROMPT, SamplingParams(), max_new_tokens=20, stop_token_ids=frozenset({11}))))
+    try:
+        runner._receive(Verdict("r", 0, 0, 3, (11, 4)))
+        runner._flush()
+        [failed] = [m for m in coordinator.sent if isinstance(m, Failed)]
+        assert "its tokens go on after the stop token 11 at position 1" in failed.error
+        assert "r" not in runner.requests
+    finally:
+        runner.scheduler.shutdown(wait=True)
+
+
+def test_a_drafter_takes_its_branch_past_the_tokens_its_verifier_took():
+    """A verdict whose `after` (its verifier's own branch) agrees with the start of the drafter's branch for that
+    outcome: the drafter's branch serves what it holds past them, with its q rows, at once."""
+    params = SamplingParams(temperature=1.0, seed=5, verify=VerifyMode.REJECTION)
+    runner = StageRunner(WholeContextStage(tree=True), name="drafter", depth=1, max_lookahead=6, predraft=2)
+    verifier, coordinator = Sent(), Sent()
+    runner.connect(downstream=verifier, coordinator=coordinator)
+    spec = RequestSpec("r", PROMPT, params, max_new_tokens=40)
+    try:
+        runner._receive(Open(spec))
+        pump(runner)  # drafts to its bound, its branches riding beside
+        req = runner.requests["r"]
+        branch = max((b for b in req.outcomes.branches if b.token is not None), key=lambda b: len(b.tokens))
+        assert len(branch.tokens) >= 2, req.outcomes.branches
+        line = req.tokens[: branch.position] + [branch.token] + branch.tokens
+        verifier.sent.clear()
+        runner._receive(Verdict("r", 1, branch.position, branch.token, tuple(branch.tokens[:1])))
+        runner._flush()
+        [draft] = verifier.sent
+        assert (draft.start, list(draft.tokens)) == (branch.position + 2, line[branch.position + 2 :])
+        for i, at in enumerate(range(draft.start, len(line))):
+            assert torch.equal(draft.probs[i], expected(line, at, params)[1]), f"a stale q row at {at}"
+        assert (req.stats.predraft_hits, req.stats.predraft_tokens) == (1, len(branch.tokens) - 1)
+    finally:
+        runner._receive(Close("r"))
+        runner.scheduler.shutdown(wait=True)

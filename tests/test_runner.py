@@ -21,7 +21,7 @@ from pipespec.protocol.params import SamplingParams
 from pipespec.stages.build_context import BuildContext
 
 
-def mock_config(agreements, lookahead=4, latencies=None, predraft=0):
+def mock_config(agreements, lookahead=4, latencies=None, predraft=0, runner_up=0.0):
     latencies = latencies or [0.0] * len(agreements)
     return load_config(
         {
@@ -34,6 +34,7 @@ def mock_config(agreements, lookahead=4, latencies=None, predraft=0):
                     "max_lookahead": lookahead,
                     "vocab_size": 50,
                     "predraft": predraft,
+                    "runner_up": runner_up if i < len(agreements) - 1 else 0.0,
                 }
                 for i, (a, lat) in enumerate(zip(agreements, latencies))
             ]
@@ -84,7 +85,8 @@ def test_pre_drafting_under_random_delays_keeps_output_exact(agreement, k, targe
     correctness, hits included: tests/test_outcome_cache.py)."""
     rng = random.Random(f"predraft-{agreement}-{k}")
     latencies = [0.2, 1.0, 3.0][-k:]
-    config = mock_config([agreement] * (k - 1) + [1.0], lookahead=rng.randint(2, 6), latencies=latencies, predraft=3)
+    agreements = [agreement] * (k - 1) + [1.0]
+    config = mock_config(agreements, lookahead=rng.randint(2, 6), latencies=latencies, predraft=3, runner_up=0.5)
     with LocalPipeline(config, link_factory=lambda peer: DelayLink(peer, 0.002, rng)) as p:
         futures = [(p.submit(**r), target_alone.submit(**r)) for r in requests()]
         results = [(f.result(timeout=60), ref.result(timeout=60)) for f, ref in futures]
@@ -95,6 +97,9 @@ def test_pre_drafting_under_random_delays_keeps_output_exact(agreement, k, targe
     for i in range(k - 1):
         assert sum(got.stats.stages[i].predraft_forwards for got, _ in results) > 0, f"m{i} never pre-drafted"
     assert all(got.stats.stages[-1].predraft_forwards == 0 for got, _ in results)
+    if agreement == 0.5:  # rejections enough that the stage next to the target (the middle one of 3) served
+        # branches, which its drafter heard of in its Verdicts
+        assert sum(got.stats.stages[-2].predraft_tokens for got, _ in results) > 0
 
 
 def test_emulated_latency_pipeline_speculates(target_alone):

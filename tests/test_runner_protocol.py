@@ -61,7 +61,7 @@ CASES = {
         "m0", lambda o: [o, Verdict(rid(o), 0, 5, 1)], r"Verdict .*: position 5 is not within 0\.\.0"
     ),
     "a verdict past max_new_tokens": Case(
-        "m0", lambda o: [o, Verdict(rid(o), 0, 0, 1, (2,) * 31)], r"31 tokens after position 0 pass max_new_tokens \(30\)"
+        "m0", lambda o: [o, Verdict(rid(o), 0, 0, 1, (2,) * 30)], r"its tokens reach position 30, past max_new_tokens \(30\)"
     ),
     "a verdict at a negative position": Case("m0", lambda o: [o, Verdict(rid(o), 0, -1, 1)], r"position -1 is not within"),
     "a verdict beyond our tokens, before its Open": Case(

@@ -4,7 +4,7 @@ A `StageRunner` is a `LinkProtocol`: these are its handlers of its neighbours' m
 sends them back, on the state it keeps per request (pipespec.engine.request_state).
 
 - As a verifier of its drafter: a draft of an older epoch is dropped on arrival; drafts extend the
-  pending ones; a draft that contradicts a token of ours bumps the epoch and our last token goes
+  pending ones; a draft that contradicts a token of ours bumps the epoch and our tokens from there go
   back as a verdict ("conflict").
 - As a drafter of its verifier: a verdict confirms what came before its position; where its tokens
   (the verifier's there, then those a branch of the verifier's own supplied) contradict ours, it
@@ -108,10 +108,13 @@ class LinkProtocol:
             return
         if not 0 <= p <= length:
             raise self._violation(verdict, f"position {p} is not within 0..{length}, the length of our tokens")
-        if p + len(verdict.after) > req.spec.max_new_tokens:
+        if end > req.spec.max_new_tokens:
             raise self._violation(
-                verdict, f"{len(verdict.after)} tokens after position {p} pass max_new_tokens ({req.spec.max_new_tokens})"
+                verdict, f"its tokens reach position {end - 1}, past max_new_tokens ({req.spec.max_new_tokens})"
             )
+        stop = next((i for i, t in enumerate(told[:-1]) if t in req.spec.stop_token_ids), None)
+        if stop is not None:
+            raise self._violation(verdict, f"its tokens go on after the stop token {told[stop]} at position {p + stop}")
         # the first position where the verifier's tokens are not ours (none: it confirms them all)
         q = next((p + i for i, t in enumerate(told) if p + i >= length or req.tokens[p + i] != t), None)
         changed, rollback = q is not None, q is not None and q < length
@@ -146,8 +149,10 @@ class LinkProtocol:
     def _foreseen(self, req: RequestState, branch: Branch | None, after: tuple[int, ...]) -> None:
         """A verdict changed our tokens, and `branch` foresaw it (None: none did), where the verifier also holds
         `after` after its token (from a branch of its own): the branch's tokens past those become ours, with the
-        cache entries its forwards wrote, when the two agree; `_publish` sends them on at once."""
-        if branch is None or branch.tokens[: len(after)] != list(after[: len(branch.tokens)]):
+        cache entries its forwards wrote, when the two agree; `_publish` sends them on at once. A branch that
+        adds nothing past `after` saved nothing: a miss."""
+        agrees = branch is not None and branch.tokens[: len(after)] == list(after[: len(branch.tokens)])
+        if not agrees or (after and len(branch.tokens) <= len(after)):
             req.stats.predraft_misses += 1
             return
         req.stats.predraft_hits += 1
@@ -178,8 +183,8 @@ class LinkProtocol:
         self._verdict(req, start)
 
     def _absorb(self, req: RequestState) -> int | None:
-        """Match pending drafts against tokens we now hold -> where the drafter's tokens may end being ours (our
-        last at most); None if a draft conflicted."""
+        """Match pending drafts against tokens we now hold -> the first position of ours the drafter may not hold
+        (our last at most: it hears that one again); None if a draft conflicted (`_conflict` told it)."""
         up, known = req.up, len(req.tokens)
         while up.pending and up.start < known:
             if up.pending[0] != req.tokens[up.start]:
@@ -192,7 +197,8 @@ class LinkProtocol:
         return unheard
 
     def _verdict(self, req: RequestState, start: int) -> None:
-        """Tell our drafter our tokens from `start` on (more than one only when a branch of ours supplied them)."""
+        """Tell our drafter our tokens from `start` on: our last, or all that changed at once (a branch of ours, or
+        one of our verifier's, supplied them)."""
         tokens = req.tokens
         self._send(self.upstream, Verdict(req.spec.request_id, req.up.epoch, start, tokens[start], tuple(tokens[start + 1 :])))
 

@@ -14,9 +14,13 @@ at p not), the likeliest first. Where a forward costs a forward whatever it feed
 once), every branch grows one token beside each forward of the drafter (`riders`: a tree forward,
 pipespec.engine.stage.TreeSession); elsewhere only a waiting drafter grows them, one forward a token.
 
+(A verdict may carry more tokens after t, a branch the verifier itself took: `Verdict.after`. Then (p, t)
+is where they first differ from ours, and a branch of ours there serves what it holds past them.)
+
 A verdict that matches a branch is answered at once: the branch's tokens become ours and go downstream
 in the same turn of the event loop, and the cache entries its forwards wrote become the request's (no
-forward). A verdict that matches none costs what it cost before. Exactness is untouched: a branch holds
+forward); a middle stage hands them to its own drafter in its Verdict. A verdict that matches none costs
+what it cost before. Exactness is untouched: a branch holds
 the tokens our own steps would produce after (p, t) (the same forwards, the same choice at the same
 positions: a tree forward's side lines are decided as its own steps would), and the verifier verifies them
 like any draft.
