@@ -217,8 +217,8 @@ def run_chain(
         latencies = {m.name: m.latency_ms for m in models}  # the prediction is on the emulated clock
         sync = best_sync(target, drafters, latencies, tokens, runs) if drafters else None
     alphas = tuple(statistics.median(t.alphas[i] for t in timed) for i in range(len(models) - 1))
-    stats = tuple(merged_stages([t.stages[i]] for t in timed)[0] for i in range(len(models) - 1))
-    return ChainRun(config, statistics.median(t.tokens_per_s for t in timed), alphas, sync, outputs, step_s, stats)
+    *stats, _ = merged_stages(t.stages for t in timed)  # the drafters'; the target's last
+    return ChainRun(config, statistics.median(t.tokens_per_s for t in timed), alphas, sync, outputs, step_s, tuple(stats))
 
 
 def emulated_sweep(
