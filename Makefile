@@ -24,8 +24,9 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/pipespec demo
 
+# two workers (pytest-xdist): the Ray modules on one, one after another, the others beside them (tests/conftest.py)
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 bench: setup
 	$(PY) -m experiments.bench_engine --json experiments/results/bench_engine.json

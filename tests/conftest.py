@@ -89,12 +89,35 @@ def llava_dream_zoo(tmp_path_factory) -> dict[str, str]:
     return paths
 
 
+def pytest_configure(config):
+    """On an xdist worker (`make test`), torch gets the worker's share of the cores: two workers with a thread
+    per core each would run four threads on two cores, and torch's threads spin while they wait."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    if config.pluginmanager.hasplugin("xdist"):
+        _group_for_workers(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if item.get_closest_marker("gpu") is not None:  # not `keywords`: a test id holding "gpu" is no marker
             item.add_marker(skip)
+
+
+def _group_for_workers(items) -> None:
+    """`make test` runs on two worker processes (pytest-xdist, `--dist loadgroup`): each module on one worker, so
+    its module fixtures (loaded models, a pipeline, a Ray session) are built once; every `ray` module on the same
+    worker, one after another, because two Ray clusters starting together on two cores time out (a head's
+    dashboard modules did, in a trial with a module per worker)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = "ray" if item.get_closest_marker("ray") is not None else item.module.__name__
+            item.add_marker(pytest.mark.xdist_group(group))

@@ -8,9 +8,11 @@ stops the job and the cluster.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,13 +31,15 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def head(tmp_path_factory):
+def head():
     from pipespec.cluster.pipeline import RAY_ENV
 
     env = {**os.environ, **RAY_ENV}
     ray = str(Path(sys.executable).with_name("ray"))
     gcs, dashboard = free_port(), free_port()
-    temp = tmp_path_factory.mktemp("ray")
+    # a short path: the head's sockets live under it, and an AF_UNIX path has at most 107 bytes (pytest's own
+    # temporary directories, one per xdist worker, left the dashboard's sockets longer than that)
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     subprocess.run(
         [ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}", "--num-cpus=2",
          "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
@@ -46,6 +50,7 @@ def head(tmp_path_factory):
         yield ray, f"http://127.0.0.1:{dashboard}", env
     finally:
         subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_ray_job_submit_serves_a_pipeline(head, tmp_path):
