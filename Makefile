@@ -26,7 +26,7 @@ demo: setup
 
 # two workers (pytest-xdist): the Ray modules on one, one after another, the others beside them (tests/conftest.py)
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadgroup
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: setup
 	$(PY) -m experiments.bench_engine --json experiments/results/bench_engine.json

@@ -102,8 +102,6 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    if config.pluginmanager.hasplugin("xdist"):
-        _group_for_workers(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
@@ -112,12 +110,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def _group_for_workers(items) -> None:
-    """`make test` runs on two worker processes (pytest-xdist, `--dist loadgroup`): each module on one worker, so
-    its module fixtures (loaded models, a pipeline, a Ray session) are built once; every `ray` module on the same
-    worker, one after another, because two Ray clusters starting together on two cores time out (a head's
-    dashboard modules did, in a trial with a module per worker)."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            group = "ray" if item.get_closest_marker("ray") is not None else item.module.__name__
-            item.add_marker(pytest.mark.xdist_group(group))
+if importlib.util.find_spec("xdist") is not None:  # a hook of xdist's: pytest refuses it where xdist is not installed
+
+    def pytest_xdist_make_scheduler(config, log):
+        """`make test` runs on two worker processes (`-n 2 --dist loadfile`): each module whole on one worker, so its
+        module fixtures (loaded models, a pipeline, a Ray session) are built once, and, beyond loadfile, every module
+        that starts Ray on the same worker, one after another. Two Ray sessions at once on two cores slow both, and
+        tests/test_job_submit.py ends its head with `ray stop --force`, which stops every Ray on the machine."""
+        from xdist.scheduler import LoadFileScheduling
+
+        if config.getvalue("dist") != "loadfile":
+            return None
+
+        class RayModulesTogether(LoadFileScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                module = super()._split_scope(nodeid)
+                return "ray" if module.rpartition("/")[2] in _RAY_MODULES else module
+
+        return RayModulesTogether(config, log)
+
+
+# the test modules with a `ray` test (the marker's contract: it starts a Ray session), by name
+_RAY_MODULES = frozenset(p.name for p in Path(__file__).parent.glob("test_*.py") if "pytest.mark.ray" in p.read_text())
