@@ -122,7 +122,7 @@ if importlib.util.find_spec("xdist") is not None:  # a hook of xdist's: pytest r
         if config.getvalue("dist") != "loadfile":
             return None
 
-        class RayModulesTogether(LoadFileScheduling):
+        class RayModulesTogether(LoadFileScheduling):  # tests/test_conftest.py checks it in a real run
             def _split_scope(self, nodeid: str) -> str:
                 module = super()._split_scope(nodeid)
                 return "ray" if module.rpartition("/")[2] in _RAY_MODULES else module
