@@ -24,7 +24,7 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/pipespec demo
 
-# two workers (pytest-xdist): the Ray modules on one, one after another, the others beside them (tests/conftest.py)
+# two workers (pytest-xdist): the Ray modules on one, one after another, the others beside them (tests/xdist_scheduling.py)
 test: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile
 

@@ -22,6 +22,9 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # as every command's default l
 # Eager forwards unless a test asks for compiled ones (compile: true): compiling costs seconds per model.
 os.environ.setdefault("PIPESPEC_COMPILE", "0")
 
+# `make test`'s two workers (tests/xdist_scheduling.py), where xdist is installed
+pytest_plugins = ["tests.xdist_scheduling"] if importlib.util.find_spec("xdist") is not None else []
+
 if importlib.util.find_spec("ray") is None:  # e.g. the GPU machine: the modules that need Ray are left out, not errors
     _NEEDS_RAY = re.compile(r"^\s*(import ray|from ray|from pipespec\.cluster|import pipespec\.cluster)", re.M)
     collect_ignore = [p.name for p in Path(__file__).parent.glob("test_*.py") if _NEEDS_RAY.search(p.read_text())]
@@ -89,14 +92,16 @@ def llava_dream_zoo(tmp_path_factory) -> dict[str, str]:
     return paths
 
 
-def pytest_configure(config):
-    """On an xdist worker (`make test`), torch gets the worker's share of the cores: two workers with a thread
-    per core each would run four threads on two cores, and torch's threads spin while they wait."""
+def pytest_configure(config: pytest.Config) -> None:
+    """On an xdist worker (`make test`), torch in this process gets the worker's share of the cores: two workers
+    with a thread per core each would run four threads on two cores, and torch's threads spin while they wait.
+    (The processes a test starts, Ray actors and commands, set their own.)"""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
         import torch
 
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(max(1, cores // workers))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -108,27 +113,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:  # not `keywords`: a test id holding "gpu" is no marker
             item.add_marker(skip)
-
-
-if importlib.util.find_spec("xdist") is not None:  # a hook of xdist's: pytest refuses it where xdist is not installed
-
-    def pytest_xdist_make_scheduler(config, log):
-        """`make test` runs on two worker processes (`-n 2 --dist loadfile`): each module whole on one worker, so its
-        module fixtures (loaded models, a pipeline, a Ray session) are built once, and, beyond loadfile, every module
-        that starts Ray on the same worker, one after another. Two Ray sessions at once on two cores slow both, and
-        tests/test_job_submit.py ends its head with `ray stop --force`, which stops every Ray on the machine."""
-        from xdist.scheduler import LoadFileScheduling
-
-        if config.getvalue("dist") != "loadfile":
-            return None
-
-        class RayModulesTogether(LoadFileScheduling):  # tests/test_conftest.py checks it in a real run
-            def _split_scope(self, nodeid: str) -> str:
-                module = super()._split_scope(nodeid)
-                return "ray" if module.rpartition("/")[2] in _RAY_MODULES else module
-
-        return RayModulesTogether(config, log)
-
-
-# the test modules with a `ray` test (the marker's contract: it starts a Ray session), by name
-_RAY_MODULES = frozenset(p.name for p in Path(__file__).parent.glob("test_*.py") if "pytest.mark.ray" in p.read_text())

@@ -40,13 +40,13 @@ def head():
     # a short path: the head's sockets live under it, and an AF_UNIX path has at most 107 bytes (pytest's own
     # temporary directories, one per xdist worker, left the dashboard's sockets longer than that)
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    subprocess.run(
-        [ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}", "--num-cpus=2",
-         "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-         f"--temp-dir={temp}", "--disable-usage-stats"],
-        env=env, check=True, capture_output=True, timeout=180,
-    )  # fmt: skip
-    try:
+    try:  # a head that failed half-way is stopped too
+        subprocess.run(
+            [ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}", "--num-cpus=2",
+             "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+             f"--temp-dir={temp}", "--disable-usage-stats"],
+            env=env, check=True, capture_output=True, timeout=180,
+        )  # fmt: skip
         yield ray, f"http://127.0.0.1:{dashboard}", env
     finally:
         subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
