@@ -97,8 +97,8 @@ def test_pre_drafting_under_random_delays_keeps_output_exact(agreement, k, targe
     for i in range(k - 1):
         assert sum(got.stats.stages[i].predraft_forwards for got, _ in results) > 0, f"m{i} never pre-drafted"
     assert all(got.stats.stages[-1].predraft_forwards == 0 for got, _ in results)
-    if agreement == 0.5:  # rejections enough that the stage next to the target (the middle one of 3) served
-        # branches, which its drafter heard of in its Verdicts
+    if agreement == 0.5:  # rejections enough that the stage next to the target served branches (with k = 3, the
+        # middle stage, whose drafter heard of them in its Verdicts)
         assert sum(got.stats.stages[-2].predraft_tokens for got, _ in results) > 0
 
 

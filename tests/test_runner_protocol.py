@@ -63,6 +63,11 @@ CASES = {
     "a verdict past max_new_tokens": Case(
         "m0", lambda o: [o, Verdict(rid(o), 0, 0, 1, (2,) * 30)], r"its tokens reach position 30, past max_new_tokens \(30\)"
     ),
+    "a verdict going on after a stop token": Case(
+        "m0",
+        lambda o: [replace(o, request=replace(o.request, stop_token_ids=frozenset({7}))), Verdict(rid(o), 0, 0, 7, (4,))],
+        r"its tokens go on after the stop token 7 at position 0",
+    ),
     "a verdict at a negative position": Case("m0", lambda o: [o, Verdict(rid(o), 0, -1, 1)], r"position -1 is not within"),
     "a verdict beyond our tokens, before its Open": Case(
         "m0", lambda o: [Verdict(rid(o), 0, 5, 1), o], r"position 5 is not within"

@@ -101,7 +101,7 @@ class LinkProtocol:
         if req is None:
             return
         p, told = verdict.position, (verdict.token, *verdict.after)  # the verifier's tokens at p..
-        length, end = len(req.tokens), verdict.position + 1 + len(verdict.after)
+        length, end = len(req.tokens), p + len(told)
         down = req.down
         if verdict.epoch < down.epoch:  # verdicts come in order: a correct verifier never sends one
             self._ignore(verdict, f"epoch {verdict.epoch} is older than ours ({down.epoch})")

@@ -20,10 +20,9 @@ is where they first differ from ours, and a branch of ours there serves what it 
 A verdict that matches a branch is answered at once: the branch's tokens become ours and go downstream
 in the same turn of the event loop, and the cache entries its forwards wrote become the request's (no
 forward); a middle stage hands them to its own drafter in its Verdict. A verdict that matches none costs
-what it cost before. Exactness is untouched: a branch holds
-the tokens our own steps would produce after (p, t) (the same forwards, the same choice at the same
-positions: a tree forward's side lines are decided as its own steps would), and the verifier verifies them
-like any draft.
+what it cost before. Exactness is untouched: a branch holds the tokens our own steps would produce after
+(p, t) (the same forwards, the same choice at the same positions: a tree forward's side lines are decided as
+its own steps would), and the verifier verifies them like any draft.
 
 One KV cache holds all lines of a request: the main line and the branches share the context before their
 position. Each line knows how many of its context tokens the cache holds (`fed`); a forward that keeps
