@@ -10,7 +10,9 @@ verify costs included. The number of drafts one verification takes is what the r
 `PipelineConfig.window` of the candidate config. Rates are as a client sees whole requests
 (`client_rate`): the profile times the target alone in the runtime on its prompts (`Requests`), so each
 request's length and first delta (its prefill) count, and the target's step is its forward plus what the
-runtime adds to it (`Profile.host_s`); the target alone is predicted as it was timed. The fastest
+runtime adds to it (`Profile.host_s`); the target alone is predicted as it was timed. So is each drafter that
+can run alone: its step is its forward plus what the runtime added to it alone (`StageProfile.host_s`; a DREAM
+drafter, which cannot, counts its forward). The fastest
 candidate is recommended, or, within 2% of it, the one on fewer devices (then with fewer stages).
 Synchronous speculative decoding with each drafter is shown beside it for reference (`sync_rate`; the
 model's drafter-and-target-on-one-device candidate with window gamma predicts exactly that).
@@ -214,7 +216,8 @@ def _best_chain(
         return None
     drafters = [prof.stages[i] for i in indices[:-1]]
     target_one_s, target_block_s = _target_s(prof)
-    one_s, block_s = [s.forward_s for s in drafters] + [target_one_s], [s.verify_s for s in drafters] + [target_block_s]
+    one_s = [s.forward_s + s.host_s for s in drafters] + [target_one_s]
+    block_s = [s.verify_s + s.host_s for s in drafters] + [target_block_s]
     scored = []
     for combo in itertools.product(grid, repeat=len(indices) - 1):
         windows = _windows(config, combo)
@@ -227,7 +230,8 @@ def _best_chain(
 
 def _target_s(prof: Profile) -> tuple[float, float]:
     """The target's seconds for a 1-token and a `verify_tokens`-token step in the runtime: its forwards
-    plus what the runtime adds to each step (`Profile.host_s`; the drafters' forwards count as profiled)."""
+    plus what the runtime adds to each step (`Profile.host_s`; a drafter's steps are its forwards plus its own
+    `StageProfile.host_s`)."""
     target = prof.stages[-1]
     return target.forward_s + prof.host_s, target.verify_s + prof.host_s
 
@@ -254,7 +258,7 @@ def _best_sync(prof: Profile, i: int, grid: Sequence[int], alone: float) -> Cand
 
     def rate(gamma: int) -> float:
         verify_s = forward_latency(*_target_s(prof), target.verify_tokens, gamma + 1)
-        return _seen(prof, sync_rate(alpha, gamma, drafter.forward_s, verify_s))
+        return _seen(prof, sync_rate(alpha, gamma, drafter.forward_s + drafter.host_s, verify_s))
 
     gamma = max(grid, key=rate)
     names = (drafter.name, target.name)
@@ -393,7 +397,15 @@ def format_plan(plan: Plan, top: int = 12) -> str:
         "",
         f"{'stage':<16}{'kind':<11}{'1-token fwd':>13}{f'{k}-token fwd':>14}",
     ]
-    lines += [f"{s.name:<16}{s.kind:<11}{s.forward_s * 1e3:>10.2f} ms{s.verify_s * 1e3:>11.2f} ms" for s in prof.stages]
+    lines += [
+        f"{s.name:<16}{s.kind:<11}{s.forward_s * 1e3:>10.2f} ms{s.verify_s * 1e3:>11.2f} ms"
+        + (
+            f"   alone in the runtime: {s.step_s * 1e3:.2f} ms a token, {s.host_s * 1e3:.2f} ms besides the forward"
+            if s.step_s
+            else ""
+        )
+        for s in prof.stages
+    ]
     if prof.requests is not None:
         timed = prof.requests
         lines.append(

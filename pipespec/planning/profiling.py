@@ -25,7 +25,7 @@ import os
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,16 @@ class StageProfile:
     forward_s: float  # median seconds of a 1-token forward after the prefill
     verify_s: float  # median seconds of a `verify_tokens`-token forward
     verify_tokens: int
+    step_s: float | None = None  # a drafter alone in the runtime: seconds per token after its first (`Requests.step_s`);
+    # None: not timed (the target's requests are `Profile.requests`; a stage that reads its verifier's features
+    # cannot run alone)
+
+    @property
+    def host_s(self) -> float:
+        """What the runtime adds to this drafter's forward per step (dispatch, handoff, its decision, the event
+        loop's work on its core): its `step_s` less its forward, never below 0; 0 when not timed. On the demo's tiny
+        drafter on 2 cores: 1.8-2.5 ms a token in the runtime against 0.9-1.5 ms for its forward."""
+        return max(0.0, self.step_s - self.forward_s) if self.step_s else 0.0
 
 
 @dataclass(frozen=True)
@@ -112,10 +122,10 @@ class Profile:
     def host_s(self) -> float:
         """What the runtime adds to the target's forward per step (sampling, dispatch, the client's stream):
         its seconds per token in the runtime less its forward alone, never below 0; 0 when the requests
-        were not timed. The planner adds it to the target's forwards only: added to the drafters' too
-        (4 ms to the tiny drafter's 0.7 on the demo models), the model held every drafter to its supply
-        bound and found every lookahead alike, where the trials measured 0.98x at lookahead 2 and
-        1.24-1.39x at 12-16."""
+        were not timed. The target's only: each drafter's is its own (`StageProfile.host_s`), timed alone.
+        Charged the target's instead (4 ms to the tiny drafter's 0.7 on the demo models), the model held
+        every drafter to its supply bound and found every lookahead alike, where the trials measured 0.98x
+        at lookahead 2 and 1.24-1.39x at 12-16."""
         step = self.requests and self.requests.step_s
         return max(0.0, step - self.stages[-1].forward_s) if step else 0.0
 
@@ -159,7 +169,12 @@ def profile(
     stages = tuple(
         _profile_stage(pipeline.stages, i, config, requests[0], verify_tokens, repeats) for i in range(len(config.stages))
     )
-    timed = _time_requests(config, raw, pipeline.stages[-1], prompts, picture, max_new_tokens, torch_threads)
+    last = len(config.stages) - 1
+    timed = _time_requests(raw, last, pipeline.stages[-1], prompts, picture, max_new_tokens, torch_threads)
+    stages = tuple(
+        replace(s, step_s=_drafter_step_s(raw, i, pipeline.stages[i], prompts, max_new_tokens, torch_threads)) if i < last else s
+        for i, s in enumerate(stages)
+    )
     valid = pipeline.entrance.tokenizer_size
     pairs = tuple(
         _profile_pair(pipeline.stages, [s.name for s in config.stages], raw, i, j, requests, gamma, valid)
@@ -169,20 +184,21 @@ def profile(
 
 
 def _time_requests(
-    config: PipelineConfig,
     raw: Mapping[str, Any],
-    target: Stage,
+    index: int,
+    stage: Stage,
     prompts: Sequence[str],
     picture: Any,
     max_new_tokens: int,
     torch_threads: int | None,
 ) -> Requests:
-    """The loaded `target` alone in the runtime, in this process: each prompt streamed, timed (`Requests`)."""
+    """The loaded stage `index` of `raw` alone in the runtime, in this process: each prompt streamed, timed
+    (`Requests`). ConfigError if that stage cannot run alone."""
     from pipespec.local import LocalPipeline
 
-    alone = sub_config(raw, [len(config.stages) - 1])
+    alone = sub_config(raw, [index])
     tokens, first_s, seconds = [], [], []
-    with LocalPipeline(alone, stages=[target], torch_threads=torch_threads) as pipeline:
+    with LocalPipeline(alone, stages=[stage], torch_threads=torch_threads) as pipeline:
         for prompt in prompts:
             start, first, count = time.perf_counter(), None, 0
             for delta in pipeline.stream(**request_keywords(alone, prompt, picture, max_new_tokens)):
@@ -193,12 +209,25 @@ def _time_requests(
             seconds.append(time.perf_counter() - start)
     timed = Requests(tuple(tokens), tuple(first_s), tuple(seconds))
     log.info(
-        "target alone in the runtime: %.1f tok/s, %s tokens, first deltas %s ms",
+        "%s alone in the runtime: %.1f tok/s, %s tokens, first deltas %s ms",
+        alone.target.name,
         timed.tokens_per_s,
         tokens,
         [round(f * 1e3) for f in first_s],
     )
     return timed
+
+
+def _drafter_step_s(
+    raw: Mapping[str, Any], index: int, stage: Stage, prompts: Sequence[str], max_new_tokens: int, torch_threads: int | None
+) -> float | None:
+    """The drafter `index` alone in the runtime on the prompts' text (`_time_requests`): its seconds per token after
+    its first; None if it cannot run alone (a DREAM stage reads its verifier's features) or stopped at once."""
+    try:
+        return _time_requests(raw, index, stage, prompts, None, max_new_tokens, torch_threads).step_s
+    except ConfigError as e:
+        log.info("stage %s not timed alone in the runtime: %s", raw["stages"][index].get("name", index), e)
+        return None
 
 
 def _image(config: PipelineConfig, image: Any) -> tuple[Any, str | None]:
