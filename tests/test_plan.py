@@ -16,6 +16,7 @@ from pipespec.planning.analytical import (
     chain_rates,
     chain_rates_with_verify_cost,
     client_rate,
+    forward_latency,
     placed_rate,
     sync_rate,
     sync_speedup,
@@ -61,6 +62,8 @@ def test_profile_measures_the_emulated_latencies():
     assert timed.tokens == (12,) and 0 < timed.first_s[0] < timed.seconds[0]
     assert target.forward_s * 0.9 <= timed.step_s <= target.forward_s * 1.5 + 0.01
     assert prof.host_s == max(0.0, timed.step_s - target.forward_s)
+    assert tiny.forward_s * 0.9 <= tiny.step_s <= tiny.forward_s * 1.5 + 0.01  # the drafter alone in the runtime too
+    assert tiny.host_s == max(0.0, tiny.step_s - tiny.forward_s) and target.step_s is None  # the target's: prof.requests
 
 
 def test_the_target_alone_is_predicted_as_it_was_timed_in_the_runtime_and_the_chains_as_a_client_sees_them():
@@ -75,6 +78,24 @@ def test_the_target_alone_is_predicted_as_it_was_timed_in_the_runtime_and_the_ch
     assert chain.tokens_per_s == pytest.approx(client_rate(decoding, timed.tokens, timed.first_s))
     untimed_chain = next(c for c in untimed.chains if c.stages == ("tiny", "target") and c.lookaheads == chain.lookaheads)
     assert chain.tokens_per_s < untimed_chain.tokens_per_s * 0.9
+
+
+@pytest.mark.parametrize("devices", [None, Devices(1, 2)])  # a device each, or one shared (synchronous there)
+def test_a_drafters_step_is_its_forward_and_what_the_runtime_added_to_it_alone(devices):
+    prof, raw = synthetic({"tiny": (1, 2), "target": (10, 12)}, {("tiny", "target"): 0.8})
+    timed = replace(prof, stages=(replace(prof.stages[0], step_s=0.0025), prof.stages[1]))
+    assert timed.stages[0].host_s == pytest.approx(0.0015)
+    assert replace(prof.stages[0], step_s=0.0005).host_s == 0.0  # never below 0
+    plan = recommend(timed, raw, devices)
+    chain = next(c for c in plan.chains if c.stages == ("tiny", "target"))
+    placement = tuple(range(len(chain.placement))) if len(chain.placement) == 2 else (0, 0)
+    rate = placed_rate([0.0025, 0.010], [0.0035, 0.012], 8, [0.8], chain.windows, placement)  # 1.5 ms on each step
+    assert chain.tokens_per_s == pytest.approx(rate)
+    untimed = next(c for c in recommend(prof, raw, devices).chains if c.stages == ("tiny", "target"))
+    assert chain.tokens_per_s < untimed.tokens_per_s
+    (sync,) = plan.synchronous  # synchronous speculation pays it too, as the one-device candidate does
+    gamma = sync.lookaheads[0]
+    assert sync.tokens_per_s == pytest.approx(sync_rate(0.8, gamma, 0.0025, forward_latency(0.010, 0.012, 8, gamma + 1)))
 
 
 def test_profile_measures_acceptance_as_the_mocks_agree():
@@ -168,6 +189,8 @@ def test_plan_profiles_a_text_drafter_a_dream_drafter_and_a_vlm_target(llava_dre
         ("dream", "target", None),
     ]
     assert all(0 <= p.alpha <= 1 and p.num_draft_tokens > 0 for p in prof.pairs)
+    tiny, dream, _ = prof.stages  # the text drafter timed alone in the runtime; a DREAM stage cannot run alone
+    assert tiny.step_s is not None and tiny.step_s > 0 and dream.step_s is None and dream.host_s == 0.0
     plan = recommend(prof, raw)
     assert len(plan.chains) == 4
     assert load_config(recommended_config(raw, plan)).stages[-1].name == "target"
@@ -234,7 +257,7 @@ def test_a_costly_verification_can_make_the_target_alone_best(verify_ms, stages)
 
 
 def test_the_smallest_lookahead_within_a_hair_of_the_best_wins():
-    """A fast drafter: every longer window adds a little; a lookahead within 1% of the best is enough."""
+    """A fast drafter: every longer window adds a little; a lookahead within TIE of the best is enough."""
     prof, raw = synthetic({"d": (1, 1), "target": (40, 40)}, {("d", "target"): 0.6})
     plan = recommend(prof, raw)
     (chosen,) = plan.recommended.lookaheads
