@@ -17,11 +17,12 @@ candidate is recommended, or, within 2% of it, the one on fewer devices (then wi
 Synchronous speculative decoding with each drafter is shown beside it for reference (`sync_rate`; the
 model's drafter-and-target-on-one-device candidate with window gamma predicts exactly that).
 
-The model ranks; it does not know what a drafter's step costs inside the runtime. On the demo models on
-2 cores, from forwards alone it predicted 1.6-3.5x what the trials measured in three runs (the target
-alone 1.6-1.8x: its forward profiled alone took 10 ms, a token of a request in the runtime 16-18 ms,
-prefill and answers of 7-45 tokens included); timing the target's requests took the target alone to
-within -3% to +15% of its trial over nine runs (experiments/results/plan/repeats.md has the chains).
+The model ranks; it does not know what a link between two actors costs, nor a DREAM drafter's step inside the
+runtime. On the demo models on 2 cores, from forwards alone it predicted 1.6-3.5x what the trials measured in
+three runs (the target alone 1.6-1.8x: its forward profiled alone took 10 ms, a token of a request in the runtime
+16-18 ms, prefill and answers of 7-45 tokens included); timing the target's requests took the target alone to
+within -3% to +15% of its trial over nine runs, and timing the tiny drafter alone too took the one-core pair's
+speedup from 1.30x its trial to 0.93-1.13x over seven (experiments/results/plan/repeats.md has the chains).
 Holding each drafter to what it supplies through its rejections took the DREAM chains from 2.0-2.2x to
 1.5-1.7x the trials on one profile. So `pipespec plan` and `pipespec demo` then try candidates in
 place (pipespec.cli.trials runs them): the fastest predicted on each number of devices, the next
