@@ -63,9 +63,11 @@ class StageProfile:
 
     @property
     def host_s(self) -> float:
-        """What the runtime adds to this drafter's forward per step (dispatch, handoff, its decision, the event
-        loop's work on its core): its `step_s` less its forward, never below 0; 0 when not timed. On the demo's tiny
-        drafter on 2 cores: 1.8-2.5 ms a token in the runtime against 0.9-1.5 ms for its forward."""
+        """What the runtime adds to this drafter's forward per step: its `step_s` less its forward, never below 0; 0
+        when not timed. Alone, a drafter pays what it pays in a chain (dispatch to its compute thread, the hand-off
+        back, its choice, its event loop's work) and also its commit to the coordinator and the client's stream,
+        which it does not pay there. On the demo's tiny drafter on 2 cores: 1.4-2.5 ms a token in the runtime
+        against 0.7-1.7 ms for its forward (experiments/results/plan/repeats.md)."""
         return max(0.0, self.step_s - self.forward_s) if self.step_s else 0.0
 
 
@@ -219,7 +221,7 @@ def _time_requests(
 
 
 DRAFTER_ROUNDS = 5  # a drafter's step in the runtime is the median of this many rounds of the prompts: one round of
-# the demo's tiny drafter (35 tokens after the first) measured 0.3-1.4 ms besides its forward over six profiles
+# the demo's tiny drafter (35 tokens after the first) measured 0-1.4 ms besides its forward over six profiles
 
 
 def _drafter_step_s(
