@@ -58,8 +58,8 @@ class StageProfile:
     verify_s: float  # median seconds of a `verify_tokens`-token forward
     verify_tokens: int
     step_s: float | None = None  # a drafter alone in the runtime: seconds per token after its first (`Requests.step_s`);
-    # None: not timed (the target's requests are `Profile.requests`; a stage that reads its verifier's features
-    # cannot run alone)
+    # None: not timed (the target's requests are `Profile.requests`, its host cost `Profile.host_s`; a stage that
+    # reads its verifier's features cannot run alone)
 
     @property
     def host_s(self) -> float:
@@ -128,8 +128,7 @@ class Profile:
         Charged the target's instead (4 ms to the tiny drafter's 0.7 on the demo models), the model held
         every drafter to its supply bound and found every lookahead alike, where the trials measured 0.98x
         at lookahead 2 and 1.24-1.39x at 12-16."""
-        step = self.requests and self.requests.step_s
-        return max(0.0, step - self.stages[-1].forward_s) if step else 0.0
+        return replace(self.stages[-1], step_s=self.requests and self.requests.step_s).host_s
 
 
 def read_config(source: str | os.PathLike | Mapping[str, Any]) -> tuple[PipelineConfig, dict[str, Any]]:
