@@ -7,8 +7,9 @@ each prompt (greedy); the drafter is then fed that answer one token at a time, a
 (a DREAM drafter with the target's features of everything before, `FeaturedVerifier`: its best-informed
 case), and at every position we note the rank of the target's token in the drafter's logits. Rank 1 is
 acceptance; at the other positions (the rejections), the share of rank 2 is how often a branch keyed on
-the drafter's runner-up would be the right one, the most a rejection branch can hit. The mock stages'
-`runner_up` option (pipespec.stages.kinds.MockOptions) emulates this share.
+the drafter's runner-up would be the right one, and of ranks 2 and 3 the most two branches a position
+(pipespec.engine.outcome_cache.ALTERNATIVES) can hit. The mock stages' `runner_up` and `third` options
+(pipespec.stages.kinds.MockOptions) emulate these shares.
 
 Writes draft_ranks.json and draft_ranks.md under --out (default experiments/results/predraft).
 """

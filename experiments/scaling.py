@@ -28,9 +28,10 @@ One device per pipeline stage. Two sweeps, each next to the analytical chain mod
    runs a tree of lines as one forward, as a GPU does: pipespec.engine.stage.TreeSession; a mock
    forward lasts its latency, the arithmetic standing in for the model's included). Where an emulated
    drafter disagrees with the next model, it ranks that model's token second with probability
-   `runner_up` (0.5, ASSUMED: the demo's drafters measure 0.49 and 0.51), which is what a rejection
-   branch bets on. The chain model takes each pair's measured hit rate: a rejection a branch
-   foresaw costs its drafter no lag (`pipespec.planning.analytical.drafter_bound`).
+   `runner_up` (0.5, ASSUMED: the demo's drafters measure 0.49 and 0.51) and third with probability
+   `third` (0.22: they measure 0.24 and 0.20), which is what a rejection branch bets on. The chain
+   model takes each pair's measured hit rate: a rejection a branch foresaw costs its drafter no lag
+   (`pipespec.planning.analytical.drafter_bound`).
 
 2. REAL (this machine): the shipped demo models (`models/demo`) on a local Ray, one actor per
    device (a CPU core here, a GPU where the cluster has them): d = 1 the target alone, d = 2
@@ -82,6 +83,7 @@ class EmulatedModel:
     source: str  # where latency_ms comes from: "published" or "assumed"
     runner_up: float = 0.5  # where it disagrees, how often the next model's token is its second choice (the
     # demo's drafters: 0.49 and 0.51, experiments/results/predraft/draft_ranks.md); what pre-drafting bets on
+    third: float = 0.22  # ... and its third (the demo's drafters: 0.24 and 0.20)
 
 
 CHAIN: tuple[EmulatedModel, ...] = (
@@ -151,7 +153,7 @@ def emulated_config(
     stages = [
         {
             "name": m.name, "kind": "mock", "agreement": m.agreement if i < len(models) - 1 else 1.0,
-            "runner_up": m.runner_up if i < len(models) - 1 else 0.0,
+            "runner_up": m.runner_up if i < len(models) - 1 else 0.0, "third": m.third if i < len(models) - 1 else 0.0,
             "latency_ms": m.latency_ms * time_scale, "max_lookahead": lookahead if i < len(models) - 1 else 0,
             "vocab_size": vocab, "predraft": predraft if i < len(models) - 1 else 0,
         }

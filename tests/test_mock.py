@@ -1,5 +1,5 @@
-"""Mock stages (pipespec/stages/mock.py): they agree with their verifier, and rank its token second where
-they do not, at the configured rates."""
+"""Mock stages (pipespec/stages/mock.py): they agree with their verifier, and rank its token second or third
+where they do not, at the configured rates."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from pipespec import load_config
 from pipespec.engine import noise
 from pipespec.engine.stage import KVLengthError
+from pipespec.errors import ConfigError
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
 from pipespec.stages.build import load_stages
@@ -19,8 +20,8 @@ from pipespec.stages.build import load_stages
 N = 3000  # positions sampled per rate
 
 
-def _pair(agreement: float, runner_up: float):
-    drafter = {"name": "d", "kind": "mock", "agreement": agreement, "runner_up": runner_up, "vocab_size": 64}
+def _pair(agreement: float, runner_up: float, third: float = 0.0):
+    drafter = {"name": "d", "kind": "mock", "agreement": agreement, "runner_up": runner_up, "third": third, "vocab_size": 64}
     return load_stages(load_config({"stages": [drafter, {"name": "t", "kind": "mock", "vocab_size": 64}]}))
 
 
@@ -29,33 +30,43 @@ def _rows(stage) -> torch.Tensor:
     return torch.stack([stage.row(i % 61, (7 * i) % 64, i) for i in range(N)])
 
 
-def _within(count: int, p: float) -> bool:
-    """count of N is a plausible Binomial(N, p) draw (5 standard deviations)."""
-    return abs(count - N * p) <= 5 * math.sqrt(N * p * (1 - p)) + 1
+def _plausible(count: int, n: int, p: float) -> bool:
+    """count of n is a plausible Binomial(n, p) draw (5 standard deviations)."""
+    return abs(count - n * p) <= 5 * math.sqrt(n * p * (1 - p)) + 1
 
 
-@pytest.mark.parametrize("agreement, runner_up", [(0.8, 0.0), (0.6, 0.5), (0.7, 1.0)])
-def test_a_mock_agrees_and_ranks_its_verifiers_token_second_at_the_configured_rates(agreement, runner_up):
-    drafter, target = _pair(agreement, runner_up)
+@pytest.mark.parametrize(
+    "agreement, runner_up, third", [(0.8, 0.0, 0.0), (0.6, 0.5, 0.0), (0.7, 1.0, 0.0), (0.6, 0.5, 0.3), (0.7, 0.0, 1.0)]
+)
+def test_a_mock_agrees_and_ranks_its_verifiers_token_second_or_third_at_the_configured_rates(agreement, runner_up, third):
+    drafter, target = _pair(agreement, runner_up, third)
     ours, theirs = _rows(drafter), _rows(target)
     truth = theirs.argmax(-1)
     agreed = (ours == theirs).all(-1)
-    assert _within(int(agreed.sum()), agreement)
+    assert _plausible(int(agreed.sum()), N, agreement)
     assert (ours.argmax(-1) == truth)[agreed].all()
-    second = ours.topk(2, -1).indices[:, 1] == truth
-    disagreed = int((~agreed).sum())
-    # a random row ranks a given token first 1 time in 64 (then it stays first), second 1 time in 64
-    expected = runner_up * 63 / 64 + (1 - runner_up) / 64
-    assert abs(int(second[~agreed].sum()) - disagreed * expected) <= 5 * math.sqrt(disagreed * expected * (1 - expected)) + 1
+    ranked = ours.topk(3, -1).indices[~agreed]  # [disagreed, 3]
+    disagreed, mine = len(ranked), 1 - runner_up - third
+    # a random row ranks a given token first, second or third 1 time in 64 each; a token first by chance stays
+    # first, and one second by chance stays second when it is to go third
+    second = runner_up * 63 / 64 + (third + mine) / 64
+    assert _plausible(int((ranked[:, 1] == truth[~agreed]).sum()), disagreed, second)
+    assert _plausible(int((ranked[:, 2] == truth[~agreed]).sum()), disagreed, third * 62 / 64 + mine / 64)
 
 
-def test_the_runner_up_rate_changes_no_agreement_and_no_verifier_logit():
+@pytest.mark.parametrize("runner_up, third", [(1.0, 0.0), (0.0, 1.0)])
+def test_the_ranking_rates_change_no_agreement_and_no_verifier_logit(runner_up, third):
     plain, plain_target = _pair(0.7, 0.0)
-    betting, betting_target = _pair(0.7, 1.0)
+    betting, betting_target = _pair(0.7, runner_up, third)
     assert torch.equal(_rows(plain_target), _rows(betting_target))
     a, b = _rows(plain), _rows(betting)
     assert torch.equal((a == _rows(plain_target)).all(-1), (b == _rows(plain_target)).all(-1))
-    assert torch.equal(a.argmax(-1), b.argmax(-1))  # only the second place moves
+    assert torch.equal(a.argmax(-1), b.argmax(-1))  # only the second or third place moves
+
+
+def test_ranking_shares_over_one_are_refused_by_name():
+    with pytest.raises(ConfigError, match=r"runner_up \+ third.*1\.2"):
+        _pair(0.7, 0.6, 0.6)
 
 
 def test_a_tree_forward_gives_each_side_the_row_of_its_own_line_and_keeps_only_the_main_line():

@@ -1,8 +1,8 @@
 """Pre-drafted branches never send a stale token (pipespec.engine.outcome_cache, pipespec.engine.runner).
 
 A first-stage drafter's runner is driven by hand, turn by turn, against a scripted verifier: random
-verdicts at random positions (rejections with the token the drafter ranked next, which its branches
-foresee, or with any other token; confirmations; full acceptance with its own likeliest next token or
+verdicts at random positions (rejections with one of the tokens the drafter ranked next, which its
+branches foresee, or with any other token; confirmations; full acceptance with its own likeliest next token or
 another), a third of them with tokens after the verdict's own (a branch the verifier took: its drafter's own
 continuation or random tokens). Its model is a labelled mock whose logits depend on the whole context it was fed, so a cache
 entry a branch's forward left where the runner believes another line's is changes the next token. Every
@@ -21,11 +21,11 @@ import pytest
 import torch
 
 from pipespec.engine.choice import decide
-from pipespec.engine.outcome_cache import OutcomeCache
+from pipespec.engine.outcome_cache import ALTERNATIVES, Doubt, OutcomeCache
 from pipespec.engine.runner import StageRunner
 from pipespec.engine.scheduler import Done
 from pipespec.engine.stage import check_keep, check_length
-from pipespec.engine.step import StepPlan
+from pipespec.engine.step import StepPlan, _doubts
 from pipespec.protocol.messages import Close, Draft, Open, RequestSpec, Verdict
 from pipespec.protocol.params import SamplingParams, VerifyMode
 from tests.fixtures.recorder import Sent
@@ -132,7 +132,7 @@ def test_random_verdicts_never_get_a_stale_draft(seed, tree):
         SamplingParams(temperature=1.0, seed=seed, verify=VerifyMode.REJECTION),
     )
     params = modes[seed % 3]
-    runner = StageRunner(WholeContextStage(tree), name="drafter", depth=1, max_lookahead=rng.randint(2, 6), predraft=3)
+    runner = StageRunner(WholeContextStage(tree), name="drafter", depth=1, max_lookahead=rng.randint(2, 6), predraft=6)
     verifier, coordinator = Sent(), Sent()
     runner.connect(downstream=verifier, coordinator=coordinator)
     spec = RequestSpec("r", PROMPT, params, max_new_tokens=80)
@@ -160,9 +160,10 @@ def test_random_verdicts_never_get_a_stale_draft(seed, tree):
             if p == len(line):  # full acceptance, and our bonus token
                 token = expected(line, p, params)[0] if rng.random() < 0.6 else rng.randrange(VOCAB)
             else:
-                runner_up = logits_after(PROMPT + tuple(line[:p])).topk(2).indices.tolist()
+                ranked = logits_after(PROMPT + tuple(line[:p])).topk(ALTERNATIVES + 1).indices.tolist()
+                foreseen = [t for t in ranked if t != line[p]][:ALTERNATIVES]  # the tokens we ranked next
                 choice = rng.random()
-                token = line[p] if choice < 0.2 else runner_up[runner_up[0] == line[p]] if choice < 0.7 else rng.randrange(VOCAB)
+                token = line[p] if choice < 0.2 else rng.choice(foreseen) if choice < 0.7 else rng.randrange(VOCAB)
             after = _branch(rng, line[:p] + [token], spec.max_new_tokens, params)  # the verifier's own, sometimes
             told, held = [token, *after], line[p : p + 1 + len(after)]
             epoch += told[: len(held)] != held  # the verifier contradicts a draft: a new epoch
@@ -179,8 +180,9 @@ def test_random_verdicts_never_get_a_stale_draft(seed, tree):
 
 def test_branches_follow_the_likeliest_verdicts_and_drop_with_them():
     cache = OutcomeCache(fanout=3, depth=2)
-    cache.decided(0, [(10 + position, chosen_p) for position, chosen_p in enumerate([0.9, 0.4, 0.7, 0.95])])
-    # verified 1: a rejection at 1 is 0.6 likely, at 2: 0.4 * 0.3, at 3: 0.4 * 0.7 * 0.05, full acceptance 0.27
+    others = [((10, 0.05), (20, 0.03)), ((11, 0.35), (21, 0.2)), ((12, 0.2), (22, 0.05)), ((13, 0.03), (23, 0.01))]
+    cache.decided(0, [Doubt(c, o) for c, o in zip([0.9, 0.4, 0.7, 0.95], others)])
+    # verified 1: 11 at 1 is 0.35 likely, 21 at 1 0.2, 12 at 2 0.4 * 0.2, full acceptance 0.4 * 0.7 * 0.95
     first = cache.to_grow(length=4, verified=1, fed=8, prompt_len=5)
     assert (first.position, first.token, first.fed) == (1, 11, 6)
     cache.grown(first, 7, None, 7, full=False)
@@ -190,11 +192,20 @@ def test_branches_follow_the_likeliest_verdicts_and_drop_with_them():
     assert (full.position, full.token, full.fed) == (4, None, 8)
     cache.grown(full, 9, None, 9, full=True)
     assert full.token == 9 and full.tokens == [] and full.done
-    assert cache.to_grow(length=4, verified=1, fed=8, prompt_len=5).position == 2
+    second = cache.to_grow(length=4, verified=1, fed=8, prompt_len=5)  # our third choice at 1
+    assert (second.position, second.token) == (1, 21)
+    assert cache.to_grow(length=4, verified=1, fed=8, prompt_len=5) is second  # still growing; the fanout is reached
     cache.overwritten(5)
     assert first.fed == 5 and full.fed == 5
     assert cache.verdict(1, 1, changed=False) is None and 1 not in [b.position for b in cache.branches]  # confirmed
     assert cache.verdict(4, 9, changed=True) is full and cache.branches == [] and cache.doubts == {}
+    cache.decided(0, [Doubt(c, o) for c, o in zip([0.9, 0.3], others)])
+    opened = []  # verified 1: 11 at 1 is 0.35 likely, full acceptance 0.3, 21 at 1 0.2
+    for _ in range(3):
+        opened.append(cache.to_grow(length=2, verified=1, fed=6, prompt_len=5))
+        opened[-1].done = True
+    assert [(b.position, b.token) for b in opened] == [(1, 11), (2, None), (1, 21)]
+    assert cache.verdict(1, 21, changed=True) is opened[2]  # our third choice was the verifier's
 
 
 def test_a_middle_stage_hands_its_drafter_the_branch_it_took():
@@ -267,3 +278,16 @@ def test_a_drafter_takes_its_branch_past_the_tokens_its_verifier_took():
     finally:
         runner._receive(Close("r"))
         runner.scheduler.shutdown(wait=True)
+
+
+def test_a_step_doubts_each_decided_token_with_the_likeliest_others():
+    """pipespec.engine.step: per decided token, its probability and the ALTERNATIVES likeliest other tokens',
+    whether or not ours was the likeliest (sampling); a vocabulary of 2 has one other."""
+    rows = torch.tensor([[0.1, 0.5, 0.25, 0.15], [0.4, 0.3, 0.2, 0.1]]).log()
+    doubts = _doubts(rows, (1, 2))
+    assert ALTERNATIVES == 2
+    assert [(round(d.chosen_p, 6), [(t, round(q, 6)) for t, q in d.others]) for d in doubts] == [
+        (0.5, [(2, 0.25), (3, 0.15)]),
+        (0.2, [(0, 0.4), (1, 0.3)]),
+    ]
+    assert [t for t, _ in _doubts(torch.zeros(1, 2), (0,))[0].others] == [1]

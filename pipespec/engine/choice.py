@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from pipespec.engine import noise
+from pipespec.engine.outcome_cache import Doubt
 from pipespec.engine.sampling import log_processed
 from pipespec.protocol.logprobs import TokenLogprobs
 from pipespec.protocol.params import SamplingParams
@@ -36,7 +37,7 @@ class Decision:
     tokens: tuple[int, ...]  # drafts[:accepted] + (own token,)
     probs: torch.Tensor | None  # [accepted + 1, V] float64: this stage's p' at those positions (rejection only)
     logprobs: tuple[TokenLogprobs, ...] | None = None  # one per token: the target's, when the request asks (pipespec.engine.step)
-    doubts: tuple[tuple[int, float], ...] | None = None  # per token: (runner-up, our choice's probability), to pre-draft
+    doubts: tuple[Doubt, ...] | None = None  # per token: what we thought there, to pre-draft (pipespec.engine.outcome_cache)
 
 
 def rejection_streams(depth: int) -> tuple[int, int, int]:

@@ -6,11 +6,11 @@ token right after. Either way our next work is a continuation after (p, t), one 
 the verifier waits for it. So a drafter drafts those continuations ahead ("branches"), for the outcomes
 it finds likeliest:
 
-- a rejection at a position we drafted, with the token we ranked next there;
+- a rejection at a position we drafted, with one of the `ALTERNATIVES` tokens we ranked next there;
 - full acceptance: after our last token, the token we would draft next ourselves;
 
-each as likely as our own probabilities make it (a rejection at p: every token before p accepted, ours
-at p not), the likeliest first. Where a forward costs a forward whatever it feeds (a GPU's, a few lines at
+each as likely as our own probabilities make it (the verifier's token t at p: every token before p
+accepted, then t, as likely as we found t there), the likeliest first. Where a forward costs a forward whatever it feeds (a GPU's, a few lines at
 once), every branch grows one token beside each forward of the drafter (`riders`: a tree forward,
 pipespec.engine.stage.TreeSession); elsewhere only a waiting drafter grows them, one forward a token.
 
@@ -38,6 +38,21 @@ from dataclasses import dataclass, field
 
 import torch
 
+ALTERNATIVES = 2  # other tokens a doubt holds: ranks 2 and 3 hold 71-72% of the demo drafters' rejections, rank 2 alone
+# 49-51% (experiments/results/predraft/draft_ranks.md)
+
+
+@dataclass(frozen=True)
+class Doubt:
+    """What we thought at a position we drafted: our choice's probability there, and the likeliest other
+    tokens with theirs (the likeliest first): the verifier's tokens a rejection there may bring."""
+
+    chosen_p: float
+    others: tuple[tuple[int, float], ...]
+
+
+SURE = Doubt(1.0, ())  # a position we did not rank (a token our verifier gave us)
+
 
 @dataclass
 class Branch:
@@ -54,17 +69,16 @@ class Branch:
 
 @dataclass
 class OutcomeCache:
-    """One request's branches on one drafter, and its doubts: per position we drafted, the runner-up token
-    and the probability we gave our own choice."""
+    """One request's branches on one drafter, and its doubts: per position we drafted, what we thought there."""
 
     fanout: int  # most branches held at once
     depth: int  # most tokens per branch
     branches: list[Branch] = field(default_factory=list)
-    doubts: dict[int, tuple[int, float]] = field(default_factory=dict)
+    doubts: dict[int, Doubt] = field(default_factory=dict)
 
-    def decided(self, start: int, doubts: Sequence[tuple[int, float]]) -> None:
-        """Our main line decided tokens from `start` on, with these doubts (runner-up, our choice's probability):
-        a branch there would only repeat its forwards."""
+    def decided(self, start: int, doubts: Sequence[Doubt]) -> None:
+        """Our main line decided tokens from `start` on, with these doubts: a branch there would only repeat
+        its forwards."""
         self.branches = [b for b in self.branches if b.position < start]
         self.doubts.update((start + i, doubt) for i, doubt in enumerate(doubts))
 
@@ -95,22 +109,18 @@ class OutcomeCache:
         """A new branch for the likeliest outcome no branch holds yet (`ahead`: full acceptance is one)."""
         if len(self.branches) >= self.fanout:
             return None
-        held = {b.position for b in self.branches}
-        likely, reach = {}, 1.0  # outcome position -> how likely it is, by our own probabilities
+        held = {(b.position, b.token) for b in self.branches}
+        likely, reach = {}, 1.0  # (position, verifier's token) -> how likely, by our own probabilities
         for p in range(verified, length):
-            chosen_p = self.doubts.get(p, (0, 1.0))[1]
-            likely[p] = reach * (1.0 - chosen_p)  # all before p accepted, p rejected
-            reach *= chosen_p
-        if ahead:
-            likely[length] = reach  # all accepted
-        candidates = [p for p in likely if p not in held and (p == length or p in self.doubts)]
-        if not candidates:
+            doubt = self.doubts.get(p, SURE)
+            likely.update(((p, t), reach * q) for t, q in doubt.others if (p, t) not in held)  # all before p accepted, t at p
+            reach *= doubt.chosen_p
+        if ahead and not any(b.position == length for b in self.branches):
+            likely[(length, None)] = reach  # all accepted
+        if not likely:
             return None
-        p = max(candidates, key=likely.__getitem__)
-        if p == length:
-            branch = Branch(length, None, min(fed, prompt_len + length - 1))
-        else:
-            branch = Branch(p, self.doubts[p][0], min(fed, prompt_len + p))
+        p, token = max(likely, key=likely.__getitem__)
+        branch = Branch(p, token, min(fed, prompt_len + p - (token is None)))
         self.branches.append(branch)
         return branch
 

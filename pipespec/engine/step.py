@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from pipespec.engine.choice import Decision, decide, generate_each
-from pipespec.engine.outcome_cache import Branch
+from pipespec.engine.outcome_cache import ALTERNATIVES, Branch, Doubt
 from pipespec.engine.sampling import token_logprobs
 from pipespec.engine.stage import Session, Stage
 from pipespec.engine.trace import Timing
@@ -37,7 +37,7 @@ class StepPlan:
     drafts: tuple[int, ...]
     draft_probs: torch.Tensor | None  # [len(drafts), V]
     features: tuple[TargetFeatures, ...] = ()  # applied to the session before the forward (taken at launch)
-    doubts: bool = False  # also rank each decided position: our runner-up there (pipespec.engine.outcome_cache)
+    doubts: bool = False  # also rank each decided position: our likeliest other tokens there (pipespec.engine.outcome_cache)
     branch: Branch | None = None  # a forward of this pre-drafted branch, not of the main line
     riders: tuple[Rider, ...] = ()  # branches grown one token each in the same (tree) forward
 
@@ -132,11 +132,11 @@ def _cpu(decision: Decision) -> Decision:
     return decision if decision.probs is None else replace(decision, probs=decision.probs.cpu())
 
 
-def _doubts(rows: torch.Tensor, tokens: tuple[int, ...]) -> tuple[tuple[int, float], ...]:
-    """rows [n, V] of the decided tokens -> per token (the likeliest other token, the probability of the token)."""
+def _doubts(rows: torch.Tensor, tokens: tuple[int, ...]) -> tuple[Doubt, ...]:
+    """rows [n, V] of the decided tokens -> per token, our choice's probability and the likeliest others'."""
     probs = torch.softmax(rows.float(), dim=-1)  # [n, V]
-    chosen = torch.tensor(tokens, device=rows.device)
-    top = probs.topk(2, dim=-1).indices  # [n, 2]
-    runner_up = torch.where(top[:, 0] == chosen, top[:, 1], top[:, 0])
-    chosen_p = probs.gather(1, chosen[:, None])[:, 0]
-    return tuple(zip(runner_up.tolist(), chosen_p.tolist()))
+    chosen = torch.tensor(tokens, device=rows.device)[:, None]  # [n, 1]
+    chosen_p = probs.gather(1, chosen)[:, 0]  # [n]
+    others = probs.scatter(1, chosen, -1.0).topk(min(ALTERNATIVES, probs.shape[1] - 1), dim=-1)  # [n, k], ours left out
+    pairs = zip(others.indices.tolist(), others.values.tolist())
+    return tuple(Doubt(c, tuple(zip(t, q))) for c, (t, q) in zip(chosen_p.tolist(), pairs))

@@ -49,14 +49,15 @@ class MockOptions:
     Its logits at a position depend on the two previous context tokens and the position. With
     probability `agreement` (decided per position by a hash) they equal the next stage's logits;
     otherwise they are independent random logits, in which, with probability `runner_up` (another
-    hash), the next stage's token ranks second: how often a real drafter's runner-up is its verifier's
-    token where the two disagree (experiments/draft_ranks.py measures it), which is what pre-drafting
-    (pipespec.engine.outcome_cache) bets on. A forward call on the compute thread lasts `latency_ms`,
+    hash), the next stage's token ranks second, and with probability `third` third: how often a real
+    drafter ranks its verifier's token there where the two disagree (experiments/draft_ranks.py measures
+    it), which is what pre-drafting (pipespec.engine.outcome_cache) bets on. A forward call on the compute thread lasts `latency_ms`,
     plus `per_token_ms` per fed token: the mock's own arithmetic, then a sleep for the rest.
     """
 
     agreement: float = 0.8
     runner_up: float = 0.0
+    third: float = 0.0
     latency_ms: float = 0.0
     per_token_ms: float = 0.0
     vocab_size: int = 256
@@ -65,9 +66,11 @@ class MockOptions:
     seed: int = 0
 
     def check(self, where: str) -> None:
-        for name in ("agreement", "runner_up"):
+        for name in ("agreement", "runner_up", "third"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"{where}.{name}: must be in [0, 1], got {getattr(self, name)}")
+        if self.runner_up + self.third > 1.0:
+            raise ConfigError(f"{where}.runner_up + third: shares of one event, at most 1, got {self.runner_up + self.third}")
         if self.latency_ms < 0 or self.per_token_ms < 0:
             raise ConfigError(f"{where}.latency_ms / per_token_ms: must be >= 0")
         if self.vocab_size < 2:

@@ -10,8 +10,9 @@ bugs show up here first.
 The world: at context index t with previous tokens (a, b), the stage `level` hops above the target
 agrees with the level below with probability `agreement` (a hash of (a, b, t, level) decides); the
 first level that disagrees produces its own random logits, with the level below's token ranked second
-there with probability `runner_up` (another hash). Level 0 (the target) always produces its own. So
-the mock at level d reproduces the target's logits exactly where the whole chain agrees.
+there with probability `runner_up` and third with probability `third` (another hash). Level 0 (the
+target) always produces its own. So the mock at level d reproduces the target's logits exactly where
+the whole chain agrees.
 """
 
 from __future__ import annotations
@@ -74,24 +75,25 @@ class MockStage:
         """How the row of the stage `hop` hops after this one in the chain (0: this one) is made."""
         options, level = self.chain[hop], len(self.chain) - 1 - hop
         if level == 0:
-            return (level, context, index), None
+            return (level, context, index), 0, None
         if noise.scalar_uniform(self.world_seed, index, context ^ (level << 24) ^ 0xA5) < options.agreement:
             return self._recipe(hop + 1, context, index)
-        ranks_theirs = (
-            options.runner_up and noise.scalar_uniform(self.world_seed, index, context ^ (level << 24) ^ 0x5A) < options.runner_up
-        )
-        return (level, context, index), self._recipe(hop + 1, context, index) if ranks_theirs else None
+        rank = 0  # where their token ranks in ours (0: wherever our own logits put it)
+        if options.runner_up or options.third:
+            u = noise.scalar_uniform(self.world_seed, index, context ^ (level << 24) ^ 0x5A)
+            rank = 2 if u < options.runner_up else 3 if u < options.runner_up + options.third else 0
+        return (level, context, index), rank, self._recipe(hop + 1, context, index) if rank else None
 
     def _cook(self, recipe: Recipe, owns: dict[tuple[int, int, int], np.ndarray]) -> np.ndarray:
         """The row `recipe` says, from the own logits `owns` (not changed)."""
-        key, below = recipe
+        key, rank, below = recipe
         if below is None:
             return owns[key]
         own = owns[key].copy()
         theirs, top = int(self._cook(below, owns).argmax()), int(own.argmax())
-        if theirs != top:  # their token just under our choice
-            runner = np.partition(own, -2)[-2]
-            own[theirs] = runner + 0.5 * (own[top] - runner)
+        if theirs != top:  # their token just under our (rank - 1)th
+            over, under = np.partition(own, (-rank, -rank + 1))[[-rank + 1, -rank]]
+            own[theirs] = under + 0.5 * (over - under)
         return own
 
     def _owns(self, keys: Sequence[tuple[int, int, int]]) -> dict[tuple[int, int, int], np.ndarray]:
@@ -105,11 +107,12 @@ class MockStage:
         return dict(zip(keys, (-self.chain[0].scale * np.log(-np.log(u))).astype(np.float32)))
 
 
-Recipe = tuple[tuple[int, int, int], "Recipe | None"]  # (own logits' (level, context, index), the row to rank second or None)
+# (own logits' (level, context, index), where the row below's token ranks in ours, the row below or None)
+Recipe = tuple[tuple[int, int, int], int, "Recipe | None"]
 
 
 def _own_keys(recipe: Recipe) -> list[tuple[int, int, int]]:
-    key, below = recipe
+    key, _, below = recipe
     return [key] + (_own_keys(below) if below is not None else [])
 
 
