@@ -64,9 +64,12 @@ def test_the_ranking_rates_change_no_agreement_and_no_verifier_logit(runner_up, 
     assert torch.equal(a.argmax(-1), b.argmax(-1))  # only the second or third place moves
 
 
-def test_ranking_shares_over_one_are_refused_by_name():
+def test_ranking_shares_over_one_or_past_the_vocabulary_are_refused_by_name():
     with pytest.raises(ConfigError, match=r"runner_up \+ third.*1\.2"):
         _pair(0.7, 0.6, 0.6)
+    drafter = {"name": "d", "kind": "mock", "third": 0.2, "vocab_size": 2}
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.third: a vocabulary of 2 has no third place"):
+        load_config({"stages": [drafter, {"name": "t", "kind": "mock", "vocab_size": 2}]})
 
 
 def test_a_tree_forward_gives_each_side_the_row_of_its_own_line_and_keeps_only_the_main_line():

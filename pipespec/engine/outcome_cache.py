@@ -10,9 +10,10 @@ it finds likeliest:
 - full acceptance: after our last token, the token we would draft next ourselves;
 
 each as likely as our own probabilities make it (the verifier's token t at p: every token before p
-accepted, then t, as likely as we found t there), the likeliest first. Where a forward costs a forward whatever it feeds (a GPU's, a few lines at
-once), every branch grows one token beside each forward of the drafter (`riders`: a tree forward,
-pipespec.engine.stage.TreeSession); elsewhere only a waiting drafter grows them, one forward a token.
+accepted, then t, as likely as we found t there), the likeliest first. Where a forward costs a forward
+whatever it feeds (a GPU's, a few lines at once), every branch grows one token beside each forward of the
+drafter (`riders`: a tree forward, pipespec.engine.stage.TreeSession); elsewhere only a waiting drafter
+grows them, one forward a token.
 
 (A verdict may carry more tokens after t, a branch the verifier itself took: `Verdict.after`. Then (p, t)
 is where they first differ from ours, and a branch of ours there serves what it holds past them.)

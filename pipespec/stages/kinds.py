@@ -51,8 +51,9 @@ class MockOptions:
     otherwise they are independent random logits, in which, with probability `runner_up` (another
     hash), the next stage's token ranks second, and with probability `third` third: how often a real
     drafter ranks its verifier's token there where the two disagree (experiments/draft_ranks.py measures
-    it), which is what pre-drafting (pipespec.engine.outcome_cache) bets on. A forward call on the compute thread lasts `latency_ms`,
-    plus `per_token_ms` per fed token: the mock's own arithmetic, then a sleep for the rest.
+    it), which is what pre-drafting (pipespec.engine.outcome_cache) bets on. A forward call on the
+    compute thread lasts `latency_ms`, plus `per_token_ms` per fed token: the mock's own arithmetic, then
+    a sleep for the rest.
     """
 
     agreement: float = 0.8
@@ -75,6 +76,8 @@ class MockOptions:
             raise ConfigError(f"{where}.latency_ms / per_token_ms: must be >= 0")
         if self.vocab_size < 2:
             raise ConfigError(f"{where}.vocab_size: must be >= 2, got {self.vocab_size}")
+        if self.third and self.vocab_size < 3:
+            raise ConfigError(f"{where}.third: a vocabulary of {self.vocab_size} has no third place")
         if self.eos_token_id is not None and not 0 <= self.eos_token_id < self.vocab_size:
             raise ConfigError(f"{where}.eos_token_id: {self.eos_token_id} is outside the vocabulary")
 
