@@ -122,3 +122,18 @@ def test_the_recommended_chain_shows_its_own_placement_and_the_others_their_best
     apart = {**plan, "recommended": {"stages": ["tiny", "target"], "placement": [["tiny"], ["target"]], "tokens_per_s": 25.0}}
     text = results.plan_check(apart, _bench(**{"async tiny_target": 16.0}))
     assert "| tiny -> target (recommended, on tiny \\| target) | 25.0 | 18.0 | 16.0 |" in text  # | escaped in its cell
+
+
+def test_the_deployment_is_the_why_only_where_it_costs_the_target():
+    """Against the faster in-process target: 0.80x is the deployment's cost; 0.98x leaves the gap between stages."""
+
+    def bench(deployed: float) -> dict:
+        rows = [("target", 9.0), ("target, 1 thread", 10.0), ("async target", deployed)]
+        return {"rows": [{"method": m, "tokens_per_s": v, "prefill_s": 0.05} for m, v in rows]}
+
+    costly = results._deployment(bench(8.0))
+    assert costly.startswith("- Why: the deployment itself.") and "0.80x" in costly and "25.0 ms more per token" in costly
+    assert "(target, 1 thread)" in costly
+    cheap = results._deployment(bench(9.8))
+    assert cheap.startswith("- The deployment costs the target little here.") and "0.98x" in cheap and "traces below" in cheap
+    assert results._deployment({"rows": [{"method": "target", "tokens_per_s": 9.0, "prefill_s": 0.05}]}) is None
