@@ -152,12 +152,12 @@ def emulated_config(
     """`predraft`: branches each drafter pre-drafts (pipespec.engine.outcome_cache)."""
     stages = [
         {
-            "name": m.name, "kind": "mock", "agreement": m.agreement if i < len(models) - 1 else 1.0,
-            "runner_up": m.runner_up if i < len(models) - 1 else 0.0, "third": m.third if i < len(models) - 1 else 0.0,
-            "latency_ms": m.latency_ms * time_scale, "max_lookahead": lookahead if i < len(models) - 1 else 0,
-            "vocab_size": vocab, "predraft": predraft if i < len(models) - 1 else 0,
+            "name": m.name, "kind": "mock", "agreement": m.agreement if drafts else 1.0,
+            "runner_up": m.runner_up if drafts else 0.0, "third": m.third if drafts else 0.0,
+            "latency_ms": m.latency_ms * time_scale, "max_lookahead": lookahead if drafts else 0,
+            "vocab_size": vocab, "predraft": predraft if drafts else 0,
         }
-        for i, m in enumerate(models)
+        for m, drafts in zip(models, [True] * (len(models) - 1) + [False])  # every model but the target drafts
     ]  # fmt: skip
     return load_config({"name": "emulated-" + "-".join(m.name for m in models), "stages": stages})
 

@@ -193,8 +193,10 @@ def test_branches_follow_the_likeliest_verdicts_and_drop_with_them():
     cache.grown(full, 9, None, 9, full=True)
     assert full.token == 9 and full.tokens == [] and full.done
     second = cache.to_grow(length=4, verified=1, fed=8, prompt_len=5)  # our third choice at 1
-    assert (second.position, second.token) == (1, 21)
-    assert cache.to_grow(length=4, verified=1, fed=8, prompt_len=5) is second  # still growing; the fanout is reached
+    assert (second.position, second.token, second.fed) == (1, 21, 6)
+    assert cache.to_grow(length=4, verified=1, fed=8, prompt_len=5) is second  # still growing
+    second.done = True
+    assert cache.to_grow(length=4, verified=1, fed=8, prompt_len=5) is None  # the fanout is reached
     cache.overwritten(5)
     assert first.fed == 5 and full.fed == 5
     assert cache.verdict(1, 1, changed=False) is None and 1 not in [b.position for b in cache.branches]  # confirmed

@@ -52,7 +52,7 @@ class Doubt:
     others: tuple[tuple[int, float], ...]
 
 
-SURE = Doubt(1.0, ())  # a position we did not rank (a token our verifier gave us)
+SURE = Doubt(1.0, ())  # a position we hold no ranking for (a verifier's token, or one a branch hit brought)
 
 
 @dataclass
@@ -114,7 +114,8 @@ class OutcomeCache:
         likely, reach = {}, 1.0  # (position, verifier's token) -> how likely, by our own probabilities
         for p in range(verified, length):
             doubt = self.doubts.get(p, SURE)
-            likely.update(((p, t), reach * q) for t, q in doubt.others if (p, t) not in held)  # all before p accepted, t at p
+            # all before p accepted, then t at p (a token we found impossible is no outcome)
+            likely.update(((p, t), reach * q) for t, q in doubt.others if q > 0 and (p, t) not in held)
             reach *= doubt.chosen_p
         if ahead and not any(b.position == length for b in self.branches):
             likely[(length, None)] = reach  # all accepted
