@@ -226,3 +226,13 @@ def test_streams_still_running_when_the_grace_is_over_end_with_an_error_then_don
         }
         assert "ended with an error: 2)" in served.wait_for("pipespec: drained")
         assert served.process.wait(timeout=120) == 0
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_sigterm_as_soon_as_serving_is_printed_stops_it_cleanly(tmp_path):
+    """The serving line is printed once a stop signal drains: one sent as soon as it is read ends with 0."""
+    with serve(tmp_path, drain_s=5) as served:
+        served.process.send_signal(signal.SIGTERM)
+        assert "ended with an error: 0)" in served.wait_for("pipespec: drained")
+        assert served.process.wait(timeout=120) == 0

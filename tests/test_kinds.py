@@ -14,7 +14,7 @@ from pipespec.config import ConfigError, load_config
 from pipespec.engine.stage import FeatureReader, FeatureSource
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
-from pipespec.stages.build import BUILDERS
+from pipespec.stages.build import BUILDERS, MODULES
 from pipespec.stages.kinds import KINDS, kind_of
 
 USER_KINDS = ("causal_lm", "ngram", "dream", "vlm", "mock")  # as design section 6 and the config's errors list them
@@ -23,7 +23,7 @@ USER_KINDS = ("causal_lm", "ngram", "dream", "vlm", "mock")  # as design section
 def test_every_kind_a_config_accepts_has_one_entry_in_the_order_errors_list_them():
     assert tuple(KINDS) == USER_KINDS
     assert [kind.name for kind in KINDS.values()] == list(USER_KINDS)
-    assert set(BUILDERS) == set(KINDS)  # every kind is built by its stage class
+    assert set(BUILDERS) == set(MODULES) == set(KINDS)  # every kind is built by its stage class, from its module
     with pytest.raises(ConfigError, match=r"unknown kind 'lstm'; expected one of causal_lm, ngram, dream, vlm, mock$"):
         load_config({"stages": [{"name": "t", "kind": "lstm"}]})
 

@@ -60,29 +60,44 @@ class HttpSpec:
     allowed_media: Path | None = None  # the directory `image_url` file paths may name (None: data URLs only)
 
 
+@dataclass(frozen=True)
+class TargetVocab:
+    """The target's vocabulary size, which its device is still loading: the reference to that device's
+    `vocab_sizes()`, held in a dataclass so that Ray hands it over as it is rather than waiting for it before
+    starting the actor given it. So every device starts at once, and a drafter's imports overlap the target's load."""
+
+    sizes: ray.ObjectRef  # -> {stage index: vocabulary size} on the target's device
+
+    def get(self, target: int) -> int:
+        return ray.get(self.sizes)[target]
+
+
 @ray.remote
 class DeviceActor:
     def __init__(
         self,
         config: PipelineConfig,
         indices: Sequence[int],
-        target_vocab_size: int | None,
+        target_vocab: TargetVocab | None,
         valid: int | None,
         torch_threads: int,
         cores: CoreSlice | None,
     ):
-        """`indices`: the stages on this device; `target_vocab_size`: the target's (None when the target
-        is one of them: it is built first); `valid`: the shared tokenizer's size (pipespec.stages.vocabulary)."""
+        """`indices`: the stages on this device; `target_vocab`: the target's vocabulary size, awaited once
+        this process has imported what it builds with (None when the target is one of them: it is built
+        first); `valid`: the shared tokenizer's size (pipespec.stages.vocabulary)."""
         setup_logging()  # as the launcher does (its runtime_env: pipespec.commands.logs.actor_env)
         import torch
 
-        from pipespec.stages.build import build_stage
+        from pipespec.stages.build import build_stage, prepare
 
         self.cores = pin_process(cores) if cores is not None else None
         torch.set_num_threads(torch_threads)
         self.config = config
         self.indices = tuple(sorted(indices))
         target = len(config.stages) - 1
+        prepare(config.stages[i] for i in indices)
+        target_vocab_size = target_vocab.get(target) if target_vocab is not None else None
         self.stages = {}
         for i in sorted(indices, key=lambda i: i != target):  # the target first: the others take its vocabulary
             spec = config.stages[i]
@@ -177,29 +192,27 @@ class DeviceActor:
 
 @ray.remote
 class CoordinatorActor:
-    def __init__(self) -> None:
+    def __init__(self, config: PipelineConfig) -> None:
+        """Loads the tokenizer and processor: started first, it does so while the devices load their models."""
         setup_logging()  # as the launcher does (its runtime_env: pipespec.commands.logs.actor_env)
+        from pipespec.wiring.assembly import Entrance
+
+        self.config = config
+        self.entrance = Entrance.check(config)
 
     async def serve(
-        self,
-        config: PipelineConfig,
-        stage_addresses: list[str],
-        target: TargetInfo,
-        host: str,
-        port: int,
-        secret: str,
-        http: HttpSpec | None = None,
+        self, stage_addresses: list[str], target: TargetInfo, host: str, port: int, secret: str, http: HttpSpec | None = None
     ) -> tuple[str, str | None]:
         """Link the coordinator to every stage, then serve clients on host:port (placed on the launcher's
         node) and, given `http` (its host resolved), over HTTP. -> the address gRPC clients connect to,
         and the HTTP server's URL (None without one)."""
         from pipespec.serving.serving import Serving
         from pipespec.transport.coordinator_service import CoordinatorService, serve_coordinator
-        from pipespec.wiring.assembly import Entrance, link_coordinator
+        from pipespec.wiring.assembly import link_coordinator
 
-        entrance = Entrance.check(config)
+        config, entrance = self.config, self.entrance
         self.coordinator = entrance.coordinator()
-        self.config, self.secret = config, secret
+        self.secret = secret
         self.clients = dict(enumerate(await link_coordinator(self.coordinator, stage_addresses, config, secret)))
         serving = Serving(self.coordinator, entrance.front_door(target))
         service = CoordinatorService(serving, config.name, secret=secret)

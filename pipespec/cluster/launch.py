@@ -130,15 +130,16 @@ def serve(config_arg: str | Mapping[str, Any], options: ServeOptions = ServeOpti
     except ConfigError as e:  # nothing left running: start_pipeline cleans up after itself
         print(f"pipespec: {e}", file=sys.stderr)
         return 2
-    if running.http_address is not None:  # before the line that says it is serving, the last one
-        print(f"pipespec: OpenAI-compatible HTTP at {running.http_address}", flush=True)
-    print(f"pipespec: serving {config.name!r} ({len(config.stages)} stages) at {running.address}", flush=True)
     failures: list[str] = []
 
     async def wait() -> None:
         loop, stop, signals = asyncio.get_running_loop(), asyncio.Event(), []
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda sig=sig: (signals.append(sig), stop.set()))
+        # only now, a stop signal drains: one sent as soon as the serving line is read must not crash the server
+        if running.http_address is not None:  # before the line that says it is serving, the last one
+            print(f"pipespec: OpenAI-compatible HTTP at {running.http_address}", flush=True)
+        print(f"pipespec: serving {config.name!r} ({len(config.stages)} stages) at {running.address}", flush=True)
 
         def failed(why: str) -> None:  # on the supervisor's thread
             failures.append(why)

@@ -39,7 +39,7 @@ from ray.exceptions import RayError as ClusterError  # noqa: F401  (what a faile
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from pipespec.cluster.actors import WILDCARDS, CoordinatorActor, DeviceActor, HttpSpec, address
+from pipespec.cluster.actors import WILDCARDS, CoordinatorActor, DeviceActor, HttpSpec, TargetVocab, address
 from pipespec.cluster.bundles import STRATEGIES, bundle, unplaceable
 from pipespec.cluster.cores import CoreSlice, slices
 from pipespec.cluster.supervisor import Supervisor
@@ -88,6 +88,7 @@ class RunningPipeline:
     stage_host: str | None  # what the stage servers bind (None: their node's address)
     addresses: dict[int, str]  # each stage's server (its drafter and the coordinator connect to it)
     target: TargetInfo = field(repr=False)
+    target_vocab: TargetVocab = field(repr=False)  # held: a drafter's device restarted by Ray reads it again
     http: HttpSpec | None = None  # the coordinator's HTTP server (None: none), its host resolved
     http_address: str | None = None  # its URL once serving (http://host:port)
     supervisor: Supervisor | None = None
@@ -166,7 +167,7 @@ class RunningPipeline:
         port = int(self.address.rsplit(":", 1)[1])
         stages = [self.addresses[i] for i in range(len(self.config.stages))]
         self.address, self.http_address = ray.get(
-            self.coordinator.serve.remote(self.config, stages, self.target, self.host, port, self.secret, self.http),
+            self.coordinator.serve.remote(stages, self.target, self.host, port, self.secret, self.http),
             timeout=timeout or self.config.faults.restore_s,
         )
         if self.http is not None:  # the port bound: a restored coordinator serves HTTP there again
@@ -279,9 +280,10 @@ def _place(checked: _Checked, timeout_s: float, pin_cores: bool) -> _Placement:
 
 
 def _start(checked: _Checked, placed: _Placement) -> RunningPipeline:
-    """Start the pipeline in its placement: the target's device first (its vocabulary sizes the
-    drafters'), then the others; check that their vocabularies agree; serve every stage, start the
-    coordinator on the launcher's node, link each drafter to its verifier on another device and the
+    """Start the pipeline in its placement, every actor at once: the coordinator on the launcher's node
+    (it loads the tokenizer meanwhile), the target's device, and the others, which build their stages
+    once the target's vocabulary is known (it sizes theirs); check that their vocabularies agree; serve
+    every stage, then the coordinator, link each drafter to its verifier on another device and the
     coordinator to every stage; -> the pipeline once every stream is attached. On any failure every
     actor started and the placement group are removed."""
     config = checked.config
@@ -291,7 +293,7 @@ def _start(checked: _Checked, placed: _Placement) -> RunningPipeline:
     env = actor_env() | {name: os.environ[name] for name in QUIET_ENV if name in os.environ}
     runtime_env = {"env_vars": env} if env else None
 
-    def device_actor(k: int, target_vocab: int | None) -> object:
+    def device_actor(k: int, target_vocab: TargetVocab | None) -> object:
         resources = dict(specs[devices[k][0]].resources)
         cpus, gpus = resources.pop("num_cpus", 0), resources.pop("num_gpus", 0)
         return DeviceActor.options(
@@ -308,24 +310,36 @@ def _start(checked: _Checked, placed: _Placement) -> RunningPipeline:
     actors: list = [None] * len(devices)
     coordinator = None
     try:
-        actors[last] = device_actor(last, None)
-        vocab = ray.get(actors[last].vocab_sizes.remote())[len(specs) - 1]
-        actors = [a if a is not None else device_actor(k, vocab) for k, a in enumerate(actors)]
-        sizes = {i: v for d in ray.get([a.vocab_sizes.remote() for a in actors]) for i, v in d.items()}
-        check_vocabularies(specs, [sizes[i] for i in range(len(specs))])
-        stage_host = placed.stage_host
-        served = {i: a for d in ray.get([a.serve.remote(stage_host, secret) for a in actors]) for i, a in d.items()}
-        info = ray.get(actors[last].target_info.remote())
         coordinator = CoordinatorActor.options(
             num_cpus=0,
             max_concurrency=1000,
             scheduling_strategy=NodeAffinitySchedulingStrategy(placed.here, soft=False),
             max_restarts=config.faults.max_restarts,
             runtime_env=runtime_env,
-        ).remote()
+        ).remote(config)
+        actors[last] = device_actor(last, None)
+        vocab = TargetVocab(actors[last].vocab_sizes.remote())
+        actors = [a if a is not None else device_actor(k, vocab) for k, a in enumerate(actors)]
+        ray.get(vocab.sizes)  # the target's failure, named as it is, before a drafter's waiting on it
+        sizes = {i: v for d in ray.get([a.vocab_sizes.remote() for a in actors]) for i, v in d.items()}
+        check_vocabularies(specs, [sizes[i] for i in range(len(specs))])
+        stage_host = placed.stage_host
+        served = {i: a for d in ray.get([a.serve.remote(stage_host, secret) for a in actors]) for i, a in d.items()}
+        info = ray.get(actors[last].target_info.remote())
         host, http = checked.host, checked.http
         running = RunningPipeline(
-            address(host, checked.port), actors, coordinator, placed.group, secret, config, host, stage_host, served, info, http
+            address(host, checked.port),
+            actors,
+            coordinator,
+            placed.group,
+            secret,
+            config,
+            host,
+            stage_host,
+            served,
+            info,
+            vocab,
+            http,
         )
         running._link_downstream(list(range(len(specs) - 1)), None)
         running.serve_coordinator(timeout=60)

@@ -2,14 +2,16 @@
 
 A stage of a kind is built by its own class, from its `StageSpec` and a `BuildContext`; `BUILDERS`
 maps each name of the table of kinds (`pipespec.stages.kinds`) to that builder, which imports the
-kind's module (and torch) only when a stage of that kind is built, so importing this module stays
-torch-free. A kind that runs a model computes on its spec's `device` (its stage class resolves it
+kind's module (`MODULES`; and torch) only when a stage of that kind is built or `prepare`d, so importing
+this module stays torch-free. A kind that runs a model computes on its spec's `device` (its stage class resolves it
 through `pipespec.stages.device`); mock and ngram stages compute on the CPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import importlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from pipespec.errors import ConfigError
@@ -21,43 +23,33 @@ if TYPE_CHECKING:
     from pipespec.engine.stage import Stage
 
 
-def _causal_lm(spec: StageSpec, at: BuildContext) -> Stage:
-    from pipespec.stages.causal_lm import CausalLMStage
-
-    return CausalLMStage(spec, at)
-
-
-def _ngram(spec: StageSpec, at: BuildContext) -> Stage:
-    from pipespec.stages.ngram import NgramStage
-
-    return NgramStage(spec, at)
+# each kind's module, imported (and torch with it) only when a stage of that kind is built or prepared
+MODULES: Mapping[str, str] = {
+    "causal_lm": "pipespec.stages.causal_lm",
+    "ngram": "pipespec.stages.ngram",
+    "dream": "pipespec.stages.dream.stage",
+    "vlm": "pipespec.stages.vlm",
+    "mock": "pipespec.stages.mock",
+}  # one per name of pipespec.stages.kinds.KINDS
 
 
-def _dream(spec: StageSpec, at: BuildContext) -> Stage:
-    from pipespec.stages.dream.stage import DreamStage
-
-    return DreamStage.from_spec(spec, at)
-
-
-def _vlm(spec: StageSpec, at: BuildContext) -> Stage:
-    from pipespec.stages.vlm import VLMStage
-
-    return VLMStage(spec, at)
-
-
-def _mock(spec: StageSpec, at: BuildContext) -> Stage:
-    from pipespec.stages.mock import MockStage
-
-    return MockStage(spec, at)
+def _module(kind: str) -> ModuleType:
+    return importlib.import_module(MODULES[kind])
 
 
 BUILDERS: Mapping[str, Callable[[StageSpec, BuildContext], Stage]] = {
-    "causal_lm": _causal_lm,
-    "ngram": _ngram,
-    "dream": _dream,
-    "vlm": _vlm,
-    "mock": _mock,
-}  # one per name of pipespec.stages.kinds.KINDS
+    "causal_lm": lambda spec, at: _module("causal_lm").CausalLMStage(spec, at),
+    "ngram": lambda spec, at: _module("ngram").NgramStage(spec, at),
+    "dream": lambda spec, at: _module("dream").DreamStage.from_spec(spec, at),
+    "vlm": lambda spec, at: _module("vlm").VLMStage(spec, at),
+    "mock": lambda spec, at: _module("mock").MockStage(spec, at),
+}  # one per name of MODULES
+
+
+def prepare(specs: Iterable[StageSpec]) -> None:
+    """Import what builds these stages (torch, transformers: seconds), ahead of building them."""
+    for kind in {kind_of(spec).name for spec in specs}:
+        _module(kind)
 
 
 def build_stage(
