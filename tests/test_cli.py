@@ -70,48 +70,10 @@ def serving(config: Path) -> Iterator[str]:
 
 
 @ray_test
-def test_serve_then_generate(family, tmp_path):
-    config = {
-        "name": "cli",
-        "stages": [
-            {"name": n, "kind": "causal_lm", "model": family[n], "dtype": "float32", "resources": {"num_cpus": 0.5}}
-            for n in ("tiny", "target")
-        ],
-        "server": {"port": 0},
-    }
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = ray_env()
-    with serving(path) as address:
-        out = subprocess.run(
-            [PIPESPEC, "generate", "--address", address, "--prompt", "the red circle", "--max-new-tokens", "12"],
-            capture_output=True, text=True, timeout=120, env=env,
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr
-        assert "[length; 12 tokens; mean acceptance length tiny->target" in out.stderr
-        bad = subprocess.run(
-            [PIPESPEC, "generate", "--address", address, "--prompt", "x", "--temperature", "-2"],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        assert bad.returncode == 2 and bad.stderr == "pipespec generate: temperature must be >= 0, got -2.0\n"  # nothing sent
-        over = subprocess.run(
-            [PIPESPEC, "generate", "--address", address, "--prompt", "x", "--max-new-tokens", "9000"],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        assert (
-            over.returncode == 2  # bad input, though only the server sees it
-            and over.stderr == "pipespec generate: max_new_tokens 9000 is over limits.max_new_tokens (8192)\n"
-            and over.stdout == ""
-        )
-
-
-@ray_test
-def test_serve_a_vlm_then_generate_with_an_image(tmp_path):
-    """A VLM target in Ray actors; `pipespec generate --image` sends the file; equals the target alone."""
+def test_serve_a_vlm_then_generate_with_and_without_an_image(tmp_path):
+    """A VLM target in Ray actors behind `pipespec serve`: `pipespec generate` streams the answer with its
+    statistics on stderr, `--image` sends the file; both equal the target alone. (Bad input on every flag:
+    test_a_failure_is_one_line_on_stderr_nothing_on_stdout_and_one_exit_code_convention, on one served in process.)"""
     import numpy as np
     from PIL import Image
 
@@ -125,7 +87,7 @@ def test_serve_a_vlm_then_generate_with_an_image(tmp_path):
     stage = lambda n, kind: {"name": n, "kind": kind, "model": str(paths[n]), "dtype": "float32", "resources": {"num_cpus": 0.5}}  # noqa: E731
     config = {"name": "vlm", "stages": [stage("tiny", "causal_lm"), stage("target", "vlm")], "server": {"port": 0}}
     with LocalPipeline(load_config({"stages": [stage("target", "vlm")]})) as alone:
-        expected = alone.generate("the red circle", image=str(picture), max_new_tokens=12).text
+        expected = [alone.generate("the red circle", image=image, max_new_tokens=12).text for image in (None, str(picture))]
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
     with serving(path) as address:
@@ -133,11 +95,10 @@ def test_serve_a_vlm_then_generate_with_an_image(tmp_path):
             [PIPESPEC, "generate", "--address", address, "--prompt", "the red circle", "--max-new-tokens", "12", *extra],
             capture_output=True, text=True, timeout=120, env=ray_env(),
         )  # fmt: skip
-        out = run("--image", str(picture))
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.strip() == _printable(expected).strip()
-        missing = run("--image", str(tmp_path / "nope.png"))
-        assert missing.returncode == 2 and f"image file '{tmp_path / 'nope.png'}' does not exist" in missing.stderr
+        for out, want in zip((run(), run("--image", str(picture))), expected):
+            assert out.returncode == 0, out.stderr
+            assert out.stdout.strip() == _printable(want).strip()
+            assert "[length; 12 tokens; mean acceptance length tiny->target" in out.stderr
 
 
 @ray_test
