@@ -1,9 +1,10 @@
-"""Tests for pipespec/engine/noise.py: the counter-based hash gives the same integers on Python ints and
-int64 tensors (so on any device), and the uniforms and Gumbel noise built on it are deterministic,
-keyed by (seed, position, stream, index), and correctly distributed."""
+"""Tests for pipespec/engine/noise.py: the counter-based hash gives the same integers on Python ints, int64
+tensors (so on any device) and uint32 arrays (the CPU's), and the uniforms and Gumbel noise built on it are
+deterministic, keyed by (seed, position, stream, index), and correctly distributed."""
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -33,6 +34,20 @@ def test_mix32_on_ints_equals_mix32_on_int64_tensor():
     from_tensor = noise.mix32(torch.tensor(words, dtype=torch.int64)).tolist()
     assert from_ints == from_tensor
     assert all(0 <= h <= M32 for h in from_ints)
+
+
+def test_mix32_on_uint32_arrays_equals_mix32_on_ints():
+    words = random_words(5000, seed=2)
+    assert noise.mix32(np.array(words, dtype=np.uint32)).tolist() == [noise.mix32(x) for x in words]
+
+
+@pytest.mark.parametrize("rows, num", [(1, 13), (5, 1001), (9, 4096)])
+def test_the_cpu_arrays_are_the_device_tensors_bit_for_bit(rows, num):
+    """On the CPU `uniform_rows` computes in numpy's uint32; every other device, in int64 tensors, here run on the CPU."""
+    keys = [noise.counter_key(2**64 - 1, 40 + r, 5) for r in range(rows)]
+    array = torch.from_numpy(noise._uniform_array(keys, num))
+    assert torch.equal(array, noise._uniform_tensor(keys, num, "cpu"))
+    assert torch.equal(noise.uniform_rows(2**64 - 1, 40, rows, num, 5), array)
 
 
 def test_mix32_is_lowbias32():
