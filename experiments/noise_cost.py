@@ -32,7 +32,7 @@ VOCABS = (512, 32_000, 151_936)
 BIG = 151_936
 
 
-def _uniform_rows_as_it_was(seed: int, start: int, rows: int, num: int, stream: int = 0, device="cpu") -> torch.Tensor:
+def _uniform_rows_as_it_was(seed: int, start: int, rows: int, num: int, stream: int = 0, device: str = "cpu") -> torch.Tensor:
     if rows * num <= 32:
         values = [noise._uniforms(seed, start + r, num, stream) for r in range(rows)]
         return torch.tensor(values, dtype=torch.float64).reshape(rows, num)

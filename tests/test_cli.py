@@ -88,6 +88,7 @@ def test_serve_a_vlm_then_generate_with_and_without_an_image(tmp_path):
     config = {"name": "vlm", "stages": [stage("tiny", "causal_lm"), stage("target", "vlm")], "server": {"port": 0}}
     with LocalPipeline(load_config({"stages": [stage("target", "vlm")]})) as alone:
         expected = [alone.generate("the red circle", image=image, max_new_tokens=12).text for image in (None, str(picture))]
+    assert expected[0] != expected[1], "the picture changes nothing: the test could not tell it was sent"
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
     with serving(path) as address:

@@ -1,7 +1,8 @@
 """The distributed runtime on a local Ray: stage actors, gRPC streams, the coordinator, a client.
 
-One Ray session for the module. Mock stages (toy models, emulated latency) and the small random
-Llamas, each stage in its own actor with its own gRPC server, a client streaming through the
+One Ray session for the module. Mock stages (toy models, emulated latency), each in its own actor,
+and the small random Llamas, two drafters sharing one actor, each stage with its own gRPC server
+(real models on three devices: `pipespec demo` in tests/test_cli.py), a client streaming through the
 coordinator: outputs equal the target alone; many streams at once stay exact and isolated; a
 client that goes away is dropped on every stage within a second.
 """
@@ -180,6 +181,25 @@ def test_an_http_port_in_use_or_the_coordinators_is_a_config_error_at_once():
             start_pipeline(config, port=0, http=HttpSpec(port))
     with pytest.raises(ConfigError, match=f"the HTTP server and the coordinator's gRPC cannot share 127.0.0.1:{port}"):
         start_pipeline(config, port=port, http=HttpSpec(port, "127.0.0.1"))
+
+
+def test_a_target_that_fails_to_load_fails_the_start_naming_its_error_and_leaves_nothing(ray_session, family, tmp_path):
+    """Every actor starts at once, the drafters waiting for the target's vocabulary: a target whose weights
+    cannot be read (its config and tokenizer can: nothing refuses it before the actors start) fails the start
+    with its own error, and the drafters' actors and the placement group go with it."""
+    import shutil
+
+    from ray.util import placement_group_table
+
+    from pipespec.cluster.pipeline import start_pipeline
+
+    broken = shutil.copytree(family["target"], tmp_path / "target")
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    stage = lambda n, path: {"name": n, "kind": "causal_lm", "model": str(path), "resources": {"num_cpus": 0.1}}  # noqa: E731
+    config = load_config({"name": "broken", "stages": [stage("tiny", family["tiny"]), stage("target", broken)]})
+    with pytest.raises(ray_session.exceptions.RayError, match="safetensors|header"):
+        start_pipeline(config, port=0)
+    assert all(g["state"] == "REMOVED" for g in placement_group_table().values() if g["name"] == "pipespec-broken")
 
 
 def test_resources_no_node_has_are_refused_at_once(ray_session):

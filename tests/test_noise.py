@@ -41,7 +41,7 @@ def test_mix32_on_uint32_arrays_equals_mix32_on_ints():
     assert noise.mix32(np.array(words, dtype=np.uint32)).tolist() == [noise.mix32(x) for x in words]
 
 
-@pytest.mark.parametrize("rows, num", [(1, 13), (5, 1001), (9, 4096)])
+@pytest.mark.parametrize("rows, num", [(1, noise._FEW + 1), (5, 1001), (9, 4096)])
 def test_the_cpu_arrays_are_the_device_tensors_bit_for_bit(rows, num):
     """On the CPU `uniform_rows` computes in numpy's uint32; every other device, in int64 tensors, here run on the CPU."""
     keys = [noise.counter_key(2**64 - 1, 40 + r, 5) for r in range(rows)]
@@ -68,13 +68,14 @@ def test_uniform_prefix_does_not_depend_on_num():
 
 
 @pytest.mark.parametrize("seed, position, stream", [(0, 0, 0), (3, 17, 1), (2**64 - 1, 2**31, 5)])
-def test_a_few_uniforms_in_python_are_the_tensor_path_bit_for_bit(seed, position, stream):
+def test_a_few_uniforms_in_python_are_the_array_path_bit_for_bit(seed, position, stream):
     """Up to `_FEW` elements `uniform` computes in Python: every count on either side of it equals the
-    tensor path's prefix exactly, and `scalar_uniform` is its first element."""
-    tensor_path = noise.uniform(seed, position, 4 * noise._FEW, stream)  # past `_FEW`: the tensor path
+    array path's prefix exactly (the CPU's; the tensor path is held to it below), and `scalar_uniform` is its
+    first element."""
+    array_path = noise.uniform(seed, position, 4 * noise._FEW, stream)  # past `_FEW`: the array path
     for num in range(1, 2 * noise._FEW + 2):
-        assert torch.equal(noise.uniform(seed, position, num, stream), tensor_path[:num]), num
-    assert noise.scalar_uniform(seed, position, stream) == float(tensor_path[0])
+        assert torch.equal(noise.uniform(seed, position, num, stream), array_path[:num]), num
+    assert noise.scalar_uniform(seed, position, stream) == float(array_path[0])
 
 
 @pytest.mark.parametrize("num", [4, 7, 33, 1001])

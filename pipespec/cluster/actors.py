@@ -69,7 +69,12 @@ class TargetVocab:
     sizes: ray.ObjectRef  # -> {stage index: vocabulary size} on the target's device
 
     def get(self, target: int) -> int:
-        return ray.get(self.sizes)[target]
+        """The size, once the target's device has it (stage `target` is the target). Its failure to start is
+        reported by the launcher, which waits on it too: here, one line naming where to look."""
+        try:
+            return ray.get(self.sizes)[target]
+        except ray.exceptions.RayError:
+            raise RuntimeError("the target's device failed to start (the launcher reports its error)") from None
 
 
 @ray.remote
@@ -193,7 +198,8 @@ class DeviceActor:
 @ray.remote
 class CoordinatorActor:
     def __init__(self, config: PipelineConfig) -> None:
-        """Loads the tokenizer and processor: started first, it does so while the devices load their models."""
+        """Loads the tokenizer and processor: started first, it does so while the devices load their models.
+        (What could refuse them, the launcher checked before anything started: `pipeline._check`.)"""
         setup_logging()  # as the launcher does (its runtime_env: pipespec.commands.logs.actor_env)
         from pipespec.wiring.assembly import Entrance
 

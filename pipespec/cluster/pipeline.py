@@ -3,9 +3,11 @@
 One bundle per device (the stages of one `device_group`, or a stage alone) from its `resources`
 (`num_cpus`, `num_gpus`, or custom resources), packed on one node or spread across nodes; a bundle
 of whole CPUs gets its own cores (pipespec.cluster.cores) unless `pin_cores` is off. The coordinator
-is small and sits outside the group. The target's device is built first (an ngram drafter needs the
-target's vocabulary), then each device serves gRPC, each drafter whose verifier is on another device
-connects to it, the coordinator connects to every stage, and only when every stream is attached is
+is small and sits outside the group. Every actor starts at once: the coordinator loads the tokenizer,
+the target's device its models, and every other device imports what it builds with, then waits for the
+target's vocabulary (it sizes a drafter's logits; an ngram drafter needs it) to build its own. Then
+each device serves gRPC, each drafter whose verifier is on another device connects to it, the
+coordinator connects to every stage, and only when every stream is attached is
 the pipeline's address returned: `start_pipeline` checks what it can refuse before anything starts,
 places the devices (the group, their nodes and cores), then starts and wires the actors. Every actor
 restarts when its process dies (`faults.max_restarts`); `RunningPipeline.supervise()` puts a restarted
@@ -283,8 +285,8 @@ def _start(checked: _Checked, placed: _Placement) -> RunningPipeline:
     """Start the pipeline in its placement, every actor at once: the coordinator on the launcher's node
     (it loads the tokenizer meanwhile), the target's device, and the others, which build their stages
     once the target's vocabulary is known (it sizes theirs); check that their vocabularies agree; serve
-    every stage, then the coordinator, link each drafter to its verifier on another device and the
-    coordinator to every stage; -> the pipeline once every stream is attached. On any failure every
+    every stage, link each drafter to its verifier on another device, serve the coordinator, linked to
+    every stage; -> the pipeline once every stream is attached. On any failure every
     actor started and the placement group are removed."""
     config = checked.config
     specs, devices = config.stages, config.devices()

@@ -4,7 +4,7 @@ Coupled sampling needs every stage to see *identical* Gumbel noise for a given (
 token id), whatever device it runs on and whatever else it has drawn before. A device RNG cannot
 promise that; a hash of the counter can. The hash is Chris Wellons' `lowbias32`, computed on a
 device with integer operations that never overflow int64 (32x16-bit partial products), on the CPU in
-numpy's uint32 (products wrap modulo 2**32 by themselves: ten times faster), so every device agrees bit
+numpy's uint32 (products wrap modulo 2**32 by themselves: ten times faster on one thread), so every device agrees bit
 for bit on the integers; only the final `log` is floating point.
 
 Streams separate independent uses of the noise at the same position: coupled choices use stream 0
@@ -74,7 +74,7 @@ def _uniform_tensor(keys: list[tuple[int, int]], num: int, device: torch.device 
     return (bits.to(torch.float64) + 0.5) * (1.0 / (1 << 52))
 
 
-def _halves(idx, k1, k2):
+def _halves(idx: torch.Tensor | np.ndarray, k1: torch.Tensor | np.ndarray, k2: torch.Tensor | np.ndarray):
     """idx [num], keys k1 and k2 [rows, 1] -> the two 26-bit halves of each element's random bits, [rows, num] each
     (int64 tensors, or uint32 arrays)."""
     return mix32(mix32(idx ^ k1) ^ k2) >> 6, mix32(mix32(idx ^ k2) ^ k1) >> 6
@@ -109,7 +109,8 @@ def scalar_uniform(seed: int, position: int, stream: int) -> float:
 
 # Up to this many elements `uniform_rows` computes in Python integers, where that is faster (this 2-core CPU):
 # at 4, a mock stage's vocabulary, 27 us against 51 us of array operations; at 8, 38 against 49; at 16, 67
-# against 51; at 64, 271 against 63.
+# against 51; at 64, 271 against 63. (On a GPU the tensor path's launches cost more: only mock-sized
+# vocabularies of 13 to 32 tokens, in Python there until 2026-11-29, pay it.)
 _FEW = 12
 
 

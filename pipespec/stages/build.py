@@ -34,6 +34,7 @@ MODULES: Mapping[str, str] = {
 
 
 def _module(kind: str) -> ModuleType:
+    """The module of the stage class of `kind`, imported (once)."""
     return importlib.import_module(MODULES[kind])
 
 
