@@ -60,55 +60,30 @@ class HttpSpec:
     allowed_media: Path | None = None  # the directory `image_url` file paths may name (None: data URLs only)
 
 
-@dataclass(frozen=True)
-class TargetVocab:
-    """The target's vocabulary size, which its device is still loading: the reference to that device's
-    `vocab_sizes()`, held in a dataclass so that Ray hands it over as it is rather than waiting for it before
-    starting the actor given it. So every device starts at once, and a drafter's imports overlap the target's load."""
-
-    sizes: ray.ObjectRef  # -> {stage index: vocabulary size} on the target's device
-
-    def get(self, target: int) -> int:
-        """The size, once the target's device has it (stage `target` is the target). Its failure to start is
-        reported by the launcher, which waits on it too: here, one line naming where to look."""
-        try:
-            return ray.get(self.sizes)[target]
-        except ray.exceptions.RayError:
-            raise RuntimeError("the target's device failed to start (the launcher reports its error)") from None
-
-
 @ray.remote
 class DeviceActor:
     def __init__(
         self,
         config: PipelineConfig,
         indices: Sequence[int],
-        target_vocab: TargetVocab | None,
         valid: int | None,
         torch_threads: int,
         cores: CoreSlice | None,
     ):
-        """`indices`: the stages on this device; `target_vocab`: the target's vocabulary size, awaited once
-        this process has imported what it builds with (None when the target is one of them: it is built
-        first); `valid`: the shared tokenizer's size (pipespec.stages.vocabulary)."""
+        """`indices`: the stages on this device; `valid`: the shared tokenizer's size (pipespec.stages.vocabulary).
+        Imports what builds them (seconds: torch, transformers), so that every device's process starts at
+        once, before the target's vocabulary, which sizes the others, is known; `build` builds them."""
         setup_logging()  # as the launcher does (its runtime_env: pipespec.commands.logs.actor_env)
         import torch
 
-        from pipespec.stages.build import build_stage, prepare
+        from pipespec.stages.build import prepare
 
         self.cores = pin_process(cores) if cores is not None else None
         torch.set_num_threads(torch_threads)
-        self.config = config
+        self.config, self.valid = config, valid
         self.indices = tuple(sorted(indices))
-        target = len(config.stages) - 1
         prepare(config.stages[i] for i in indices)
-        target_vocab_size = target_vocab.get(target) if target_vocab is not None else None
-        self.stages = {}
-        for i in sorted(indices, key=lambda i: i != target):  # the target first: the others take its vocabulary
-            spec = config.stages[i]
-            self.stages[i] = build_stage(spec, config.stages[i:], target_vocab_size, valid, config.sends_features(i))
-            if i == target:
-                target_vocab_size = self.stages[i].vocab_size
+        self.stages: dict = {}
         self.runners: dict = {}
         self.services: dict = {}
         self.addresses: dict[int, str] = {}  # per stage, where it serves (once serving)
@@ -133,7 +108,18 @@ class DeviceActor:
         i = len(self.config.stages) - 1
         return TargetInfo.of(self.config.stages[i], self.stages[i])
 
-    def vocab_sizes(self) -> dict[int, int]:
+    def build(self, target_vocab_size: int | None) -> dict[int, int]:
+        """Build this device's stages (again after a restart; once built, nothing); `target_vocab_size`: the
+        target's, None when the target is one of them (it is built first). -> each stage's vocabulary size."""
+        from pipespec.stages.build import build_stage
+
+        config, target = self.config, len(self.config.stages) - 1
+        for i in sorted(set(self.indices) - set(self.stages), key=lambda i: i != target):  # the others take its vocabulary
+            self.stages[i] = build_stage(
+                config.stages[i], config.stages[i:], target_vocab_size, self.valid, config.sends_features(i)
+            )
+            if i == target:
+                target_vocab_size = self.stages[i].vocab_size
         return {i: stage.vocab_size for i, stage in self.stages.items()}
 
     async def serve(self, host: str | None, secret: str) -> dict[int, str]:

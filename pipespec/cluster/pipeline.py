@@ -41,7 +41,7 @@ from ray.exceptions import RayError as ClusterError  # noqa: F401  (what a faile
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from pipespec.cluster.actors import WILDCARDS, CoordinatorActor, DeviceActor, HttpSpec, TargetVocab, address
+from pipespec.cluster.actors import WILDCARDS, CoordinatorActor, DeviceActor, HttpSpec, address
 from pipespec.cluster.bundles import STRATEGIES, bundle, unplaceable
 from pipespec.cluster.cores import CoreSlice, slices
 from pipespec.cluster.supervisor import Supervisor
@@ -90,7 +90,7 @@ class RunningPipeline:
     stage_host: str | None  # what the stage servers bind (None: their node's address)
     addresses: dict[int, str]  # each stage's server (its drafter and the coordinator connect to it)
     target: TargetInfo = field(repr=False)
-    target_vocab: TargetVocab = field(repr=False)  # held: a drafter's device restarted by Ray reads it again
+    target_vocab_size: int  # what sizes every drafter's logits: a device restarted by Ray builds with it again
     http: HttpSpec | None = None  # the coordinator's HTTP server (None: none), its host resolved
     http_address: str | None = None  # its URL once serving (http://host:port)
     supervisor: Supervisor | None = None
@@ -158,6 +158,8 @@ class RunningPipeline:
         them and them to theirs, and give the coordinator their new streams (the requests rejoin)."""
         timeout = self.config.faults.restore_s
         indices = list(self.config.devices()[k])
+        holds_target = len(self.config.stages) - 1 in indices
+        ray.get(self.devices[k].build.remote(None if holds_target else self.target_vocab_size), timeout=timeout)
         self.addresses.update(ray.get(self.devices[k].serve.remote(self.stage_host, self.secret), timeout=timeout))
         self._link_downstream(sorted({i - 1 for i in indices if i > 0} | set(indices)), timeout)
         ray.get(self.coordinator.relink.remote({i: self.addresses[i] for i in indices}), timeout=timeout)
@@ -295,7 +297,7 @@ def _start(checked: _Checked, placed: _Placement) -> RunningPipeline:
     env = actor_env() | {name: os.environ[name] for name in QUIET_ENV if name in os.environ}
     runtime_env = {"env_vars": env} if env else None
 
-    def device_actor(k: int, target_vocab: TargetVocab | None) -> object:
+    def device_actor(k: int) -> object:
         resources = dict(specs[devices[k][0]].resources)
         cpus, gpus = resources.pop("num_cpus", 0), resources.pop("num_gpus", 0)
         return DeviceActor.options(
@@ -306,10 +308,10 @@ def _start(checked: _Checked, placed: _Placement) -> RunningPipeline:
             max_concurrency=1000,
             max_restarts=config.faults.max_restarts,
             runtime_env=runtime_env,
-        ).remote(config, devices[k], target_vocab, checked.tokenizer_size, max(1, int(cpus)), placed.cores[k])
+        ).remote(config, devices[k], checked.tokenizer_size, max(1, int(cpus)), placed.cores[k])
 
     last = next(k for k, d in enumerate(devices) if len(specs) - 1 in d)  # the target's device
-    actors: list = [None] * len(devices)
+    actors: list = []
     coordinator = None
     try:
         coordinator = CoordinatorActor.options(
@@ -319,11 +321,10 @@ def _start(checked: _Checked, placed: _Placement) -> RunningPipeline:
             max_restarts=config.faults.max_restarts,
             runtime_env=runtime_env,
         ).remote(config)
-        actors[last] = device_actor(last, None)
-        vocab = TargetVocab(actors[last].vocab_sizes.remote())
-        actors = [a if a is not None else device_actor(k, vocab) for k, a in enumerate(actors)]
-        ray.get(vocab.sizes)  # the target's failure, named as it is, before a drafter's waiting on it
-        sizes = {i: v for d in ray.get([a.vocab_sizes.remote() for a in actors]) for i, v in d.items()}
+        actors = [device_actor(k) for k in range(len(devices))]
+        sizes = ray.get(actors[last].build.remote(None))
+        vocab = sizes[len(specs) - 1]
+        sizes |= {i: v for d in ray.get([a.build.remote(vocab) for a in actors if a is not actors[last]]) for i, v in d.items()}
         check_vocabularies(specs, [sizes[i] for i in range(len(specs))])
         stage_host = placed.stage_host
         served = {i: a for d in ray.get([a.serve.remote(stage_host, secret) for a in actors]) for i, a in d.items()}
