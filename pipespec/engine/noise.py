@@ -3,9 +3,9 @@
 Coupled sampling needs every stage to see *identical* Gumbel noise for a given (seed, position,
 token id), whatever device it runs on and whatever else it has drawn before. A device RNG cannot
 promise that; a hash of the counter can. The hash is Chris Wellons' `lowbias32`, computed on a
-device with integer operations that never overflow int64 (32x16-bit partial products), on the CPU in
-numpy's uint32 (products wrap modulo 2**32 by themselves: ten times faster on one thread), so every device agrees bit
-for bit on the integers; only the final `log` is floating point.
+device with integer operations that never overflow int64 (32x16-bit partial products), on the CPU
+in numpy's uint32 (products wrap modulo 2**32 by themselves: ten times faster on one thread), so
+every device agrees bit for bit on the integers; only the final `log` is floating point.
 
 Streams separate independent uses of the noise at the same position: coupled choices use stream 0
 on every stage (that is the coupling); rejection sampling gives each stage its own streams.

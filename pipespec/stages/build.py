@@ -2,9 +2,9 @@
 
 A stage of a kind is built by its own class, from its `StageSpec` and a `BuildContext`; `BUILDERS`
 maps each name of the table of kinds (`pipespec.stages.kinds`) to that builder, which imports the
-kind's module (`MODULES`; and torch) only when a stage of that kind is built or `prepare`d, so importing
-this module stays torch-free. A kind that runs a model computes on its spec's `device` (its stage class resolves it
-through `pipespec.stages.device`); mock and ngram stages compute on the CPU.
+kind's module (`MODULES`; and torch) only when a stage of that kind is built or `prepare`d, so
+importing this module stays torch-free. A kind that runs a model computes on its spec's `device` (its
+stage class resolves it through `pipespec.stages.device`); mock and ngram stages compute on the CPU.
 """
 
 from __future__ import annotations
