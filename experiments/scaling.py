@@ -310,11 +310,15 @@ def real_requests(prompts: int, tokens: int, seed: int = 3) -> list[dict]:
 
 
 def seconds_per_forward(generations: Sequence[Generation]) -> list[float]:
-    """Per stage, upstream first: compute seconds per model call over all requests (prefill included)."""
-    stages = len(generations[0].stats.stages)
-    compute = [sum(g.stats.stages[i].compute_s for g in generations) for i in range(stages)]
-    forwards = [sum(g.stats.stages[i].forwards for g in generations) for i in range(stages)]
-    return [c / max(f, 1) for c, f in zip(compute, forwards)]
+    """Per stage, upstream first: compute seconds per model call over all requests (prefill included).
+    A stage that made no forward has no latency to give: that is an error naming it."""
+    names = [s.stage for s in generations[0].stats.stages]
+    compute = [sum(g.stats.stages[i].compute_s for g in generations) for i in range(len(names))]
+    forwards = [sum(g.stats.stages[i].forwards for g in generations) for i in range(len(names))]
+    idle = [name for name, f in zip(names, forwards) if f == 0]
+    if idle:
+        raise ValueError(f"stages {idle} made no forward in {len(generations)} requests: time longer ones")
+    return [c / f for c, f in zip(compute, forwards)]
 
 
 def real_sweep(

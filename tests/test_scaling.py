@@ -84,6 +84,17 @@ def test_gap_is_measured_over_predicted_minus_one():
     assert row.as_dict()["gap"] == pytest.approx(-0.1)
 
 
+def test_seconds_per_forward_names_a_stage_that_made_none():
+    from tests.test_timed_requests import generation
+
+    runs = [generation(4, 2, 4), generation(4, 3, 4)]
+    for g, (tiny, target) in zip(runs, [(0.2, 0.4), (0.4, 0.8)]):
+        g.stats.stages[0].compute_s, g.stats.stages[1].compute_s = tiny, target
+    assert scaling.seconds_per_forward(runs) == pytest.approx([0.12, 0.15])
+    with pytest.raises(ValueError, match=r"stages \['s0'\] made no forward in 1 requests"):
+        scaling.seconds_per_forward([generation(4, 0, 4)])
+
+
 def test_one_device_per_stage_from_the_cluster_resources():
     assert scaling.cluster_devices({"CPU": 2.0}) == ("num_cpus", 2)
     assert scaling.cluster_devices({"CPU": 16.0, "GPU": 4.0}) == ("num_gpus", 4)

@@ -9,6 +9,7 @@ of them predicts and what another measures are the same quantity: whole requests
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,6 +23,10 @@ from pipespec.requests.outputs import Delta, Generation
 Run = tuple[Generation, float]  # an answer and the seconds it took
 OnText = Callable[[str], None]  # shows text as it comes
 
+log = logging.getLogger(__name__)
+
+WARM_UP_TRIES = 5  # warm-up requests at most, until every stage has made a forward for one
+
 
 @contextmanager
 def serving(config: PipelineConfig, warm_up: dict[str, Any]) -> Iterator[Client]:
@@ -30,10 +35,22 @@ def serving(config: PipelineConfig, warm_up: dict[str, Any]) -> Iterator[Client]
     running = start_pipeline(config)
     try:
         with Client(running.address) as client:
-            client.generate(**{**warm_up, "max_new_tokens": 4})
+            warm(client, warm_up)
             yield client
     finally:
         running.stop()
+
+
+def warm(client: Client, request: dict[str, Any]) -> None:
+    """Send `request` (4 tokens long) until every stage has made a forward for one: a drafter's first
+    forward in its process is slow (lazy initialisation), and the target may finish a short request
+    before it; a request timed after that would find the drafter cold, or not see it at all."""
+    for _ in range(WARM_UP_TRIES):
+        stages = client.generate(**{**request, "max_new_tokens": 4}).stats.stages
+        cold = [s.stage for s in stages if s.forwards == 0]
+        if not cold:
+            return
+    log.warning("stages %s made no forward in %d warm-up requests; timing them cold", cold, WARM_UP_TRIES)
 
 
 def timed(stream: Callable[..., Iterator[Delta]], request: dict[str, Any], on_text: OnText | None = None) -> Run:
