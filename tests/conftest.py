@@ -1,5 +1,5 @@
 """Shared fixtures, saved to disk once per test session: a family of small random Llama models, and a
-small random LLaVA family with an untrained DREAM drafter for its target.
+small random LLaVA family with an untrained DREAM drafter for its target; and a Ray head for commands to join.
 
 Per test module, over the toy Llamas that the module loads itself (its `loaded` fixture: stage name ->
 stage, the target among them): the target alone as a pipeline (`reference`; `alone`: its answers, each
@@ -90,6 +90,16 @@ def llava_dream_zoo(tmp_path_factory) -> dict[str, str]:
     ckpt = init_from_target(AutoModelForImageTextToText.from_pretrained(paths["target"]), keep_fraction=0.75)
     paths["dream"] = str(save(root / "dream", ckpt, AutoTokenizer.from_pretrained(paths["target"])))
     return paths
+
+
+@pytest.fixture(scope="session")
+def ray_head():
+    """A Ray head (3 CPUs: the demo's three stages) that the commands tests run join (`RayHead.join()`), rather than
+    each starting a Ray of its own (tests/fixtures/ray_head.py); started once, by the first test that asks."""
+    from tests.fixtures.ray_head import ray_head
+
+    with ray_head(num_cpus=3) as head:
+        yield head
 
 
 def pytest_configure(config: pytest.Config) -> None:

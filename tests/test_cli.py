@@ -1,4 +1,5 @@
-"""The command line end to end: `pipespec serve` a config on a local Ray, `pipespec generate` from it.
+"""The command line end to end: `pipespec serve` a config on a Ray (the session's head, which it joins; `pipespec
+demo` starts a Ray of its own, as on a fresh machine), `pipespec generate` from it.
 
 Without Ray (a pipeline in this process behind the coordinator's gRPC service): every flag of every
 subcommand has help; `generate` streams the answer to stdout and its statistics to stderr on a line of
@@ -28,6 +29,7 @@ import pytest
 import yaml
 
 from tests.fixtures import DEMO_MODELS
+from tests.fixtures.ray_head import RayHead
 
 needs_ray = [pytest.mark.ray, pytest.mark.slow]  # the tests that start a Ray session (marks, applied one by one)
 
@@ -49,11 +51,11 @@ def ray_env() -> dict[str, str]:
 
 
 @contextmanager
-def serving(config: Path) -> Iterator[str]:
-    """`pipespec serve CONFIG` in a process of its own; yields the address it prints once serving, then
-    stops it with SIGTERM, on which it must exit 0."""
+def serving(config: Path, head: RayHead) -> Iterator[str]:
+    """`pipespec serve CONFIG` in a process of its own, joining `head`; yields the address it prints once serving,
+    then stops it with SIGTERM, on which it must exit 0."""
     server = subprocess.Popen(
-        [PIPESPEC, "serve", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ray_env()
+        [PIPESPEC, "serve", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=head.join()
     )
     try:
         address = None
@@ -70,7 +72,7 @@ def serving(config: Path) -> Iterator[str]:
 
 
 @ray_test
-def test_serve_a_vlm_then_generate_with_and_without_an_image(tmp_path):
+def test_serve_a_vlm_then_generate_with_and_without_an_image(tmp_path, ray_head):
     """A VLM target in Ray actors behind `pipespec serve`: `pipespec generate` streams the answer with its
     statistics on stderr, `--image` sends the file; both equal the target alone. (Bad input on every flag:
     test_a_failure_is_one_line_on_stderr_nothing_on_stdout_and_one_exit_code_convention, on one served in process.)"""
@@ -91,7 +93,7 @@ def test_serve_a_vlm_then_generate_with_and_without_an_image(tmp_path):
     assert expected[0] != expected[1], "the picture changes nothing: the test could not tell it was sent"
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
-    with serving(path) as address:
+    with serving(path, ray_head) as address:
         run = lambda *extra: subprocess.run(  # noqa: E731
             [PIPESPEC, "generate", "--address", address, "--prompt", "the red circle", "--max-new-tokens", "12", *extra],
             capture_output=True, text=True, timeout=120, env=ray_env(),
@@ -140,11 +142,11 @@ def test_an_unknown_strategy_is_refused_before_anything_starts(capsys):
 
 
 @ray_test
-def test_serve_names_resources_it_can_never_place_and_exits_2(tmp_path):
+def test_serve_names_resources_it_can_never_place_and_exits_2(tmp_path, ray_head):
     stage = {"name": "t", "kind": "mock", "vocab_size": 16, "resources": {"num_cpus": 1000}}
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump({"name": "huge", "stages": [stage], "server": {"port": 0}}))
-    out = subprocess.run([PIPESPEC, "serve", str(path)], capture_output=True, text=True, timeout=300, env=ray_env())
+    out = subprocess.run([PIPESPEC, "serve", str(path)], capture_output=True, text=True, timeout=300, env=ray_head.join())
     assert out.returncode == 2, out.stderr
     assert "{'CPU': 1000.0}] can never be placed (pack): no node has the resources" in out.stderr
     assert "Traceback" not in out.stderr

@@ -4,7 +4,7 @@ In process (mock stages, no tokenizer, no end of sequence: a request runs as lon
 a drain refuses new requests and readiness, naming the drain, lets running requests finish, and ends
 those its grace does not see finished with an error naming `--drain-seconds`.
 
-`pipespec serve` in a process of its own, with an HTTP stream and a gRPC stream running when it is
+`pipespec serve` in a process of its own (joining the session's Ray head), with an HTTP stream and a gRPC stream running when it is
 signalled: with a long grace both finish as usual while a new request gets HTTP 503 and gRPC
 UNAVAILABLE naming the drain; with a short grace the HTTP stream ends with an OpenAI-style error event
 and `data: [DONE]`, the gRPC stream with an UNAVAILABLE status; the process exits 0 either way.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import os
 import queue
 import signal
 import subprocess
@@ -36,6 +35,7 @@ from pipespec.protocol.messages import Close
 from pipespec.requests.outputs import GenerationError
 from pipespec.serving.drain import DRAINING, begin_drain, drain
 from tests.fixtures.openai_http import events, post
+from tests.fixtures.ray_head import RayHead
 
 MOCK3 = Path(pipespec.__file__).parent / "configs" / "mock3.yaml"
 PROMPT = [1, 2, 3]
@@ -99,13 +99,6 @@ def test_a_stage_slow_to_close_does_not_keep_the_error_from_its_client(pipe, mon
 # ---- pipespec serve, signalled ---------------------------------------------------------------------
 
 
-def ray_env() -> dict[str, str]:
-    """This environment, with Ray kept on loopback and no cluster to join: the server starts its own."""
-    from pipespec.cluster.pipeline import RAY_ENV
-
-    return {**os.environ, **RAY_ENV, "RAY_ADDRESS": ""}
-
-
 @dataclass
 class Served:
     process: subprocess.Popen
@@ -123,16 +116,16 @@ class Served:
 
 
 @contextmanager
-def serve(tmp_path: Path, drain_s: float) -> Iterator[Served]:
+def serve(tmp_path: Path, drain_s: float, head: RayHead) -> Iterator[Served]:
     """`pipespec serve` of mock3 with a slow target (50 ms a step), gRPC and HTTP on free ports,
-    `--drain-seconds drain_s`; killed at the end if still running."""
+    `--drain-seconds drain_s`, joining `head`; killed at the end if still running."""
     config = yaml.safe_load(MOCK3.read_text())
     config["stages"][-1]["latency_ms"] = 50
     config["server"]["port"] = 0
     path = tmp_path / "mock3.yaml"
     path.write_text(yaml.safe_dump(config))
     command = [PIPESPEC, "serve", str(path), "--http-port", "0", "--drain-seconds", str(drain_s)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ray_env())
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=head.join())
     lines: queue.Queue = queue.Queue()
 
     def read() -> None:
@@ -190,8 +183,8 @@ def two_streams(served: Served, max_tokens: int) -> Iterator[tuple[HttpStream, I
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_sigterm_drains_running_streams_to_their_end_and_refuses_new_requests(tmp_path):
-    with serve(tmp_path, drain_s=120) as served:
+def test_sigterm_drains_running_streams_to_their_end_and_refuses_new_requests(tmp_path, ray_head):
+    with serve(tmp_path, 120, ray_head) as served:
         with two_streams(served, 600) as (streamed, grpc_stream):
             served.process.send_signal(signal.SIGTERM)
             assert "pipespec: draining (requests running: 2)" in served.wait_for("pipespec: draining")
@@ -209,8 +202,8 @@ def test_sigterm_drains_running_streams_to_their_end_and_refuses_new_requests(tm
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_streams_still_running_when_the_grace_is_over_end_with_an_error_then_done(tmp_path):
-    with serve(tmp_path, drain_s=0.5) as served:
+def test_streams_still_running_when_the_grace_is_over_end_with_an_error_then_done(tmp_path, ray_head):
+    with serve(tmp_path, 0.5, ray_head) as served:
         with two_streams(served, 8000) as (streamed, grpc_stream):
             served.process.send_signal(signal.SIGINT)  # Ctrl-C drains as SIGTERM does
             with pytest.raises(GenerationError, match=r"UNAVAILABLE: the server shut down before the request finished"):
@@ -230,9 +223,9 @@ def test_streams_still_running_when_the_grace_is_over_end_with_an_error_then_don
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_sigterm_as_soon_as_serving_is_printed_stops_it_cleanly(tmp_path):
+def test_a_sigterm_as_soon_as_serving_is_printed_stops_it_cleanly(tmp_path, ray_head):
     """The serving line is printed once a stop signal drains: one sent as soon as it is read ends with 0."""
-    with serve(tmp_path, drain_s=5) as served:
+    with serve(tmp_path, 5, ray_head) as served:
         served.process.send_signal(signal.SIGTERM)
         assert "ended with an error: 0)" in served.wait_for("pipespec: drained")
         assert served.process.wait(timeout=120) == 0

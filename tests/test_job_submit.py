@@ -1,60 +1,35 @@
 """`ray job submit` of a pipeline config to a `ray start --head` cluster on loopback, end to end.
 
-Starts a head node (its own Ray session for this module), submits `python -m pipespec.cluster.launch` with
+Starts a head node (its own Ray session for this module: tests/fixtures/ray_head.py), submits `python -m pipespec.cluster.launch` with
 the mock config, waits for the coordinator to answer, streams a generation through `Client`, then
-stops the job and the cluster.
+stops the job and the cluster (by its process: never `ray stop`, which stops every Ray on the machine).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from pipespec import Client, LocalPipeline, load_config
+from tests.fixtures.ray_head import RAY, free_port, ray_head
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def head():
-    from pipespec.cluster.pipeline import RAY_ENV
-
-    env = {**os.environ, **RAY_ENV}
-    ray = str(Path(sys.executable).with_name("ray"))
-    gcs, dashboard = free_port(), free_port()
-    # a short path: the head's sockets live under it, and an AF_UNIX path has at most 107 bytes (pytest's own
-    # temporary directories, one per xdist worker, left the dashboard's sockets longer than that)
-    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    try:  # a head that failed half-way is stopped too
-        subprocess.run(
-            [ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}", "--num-cpus=2",
-             "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-             f"--temp-dir={temp}", "--disable-usage-stats"],
-            env=env, check=True, capture_output=True, timeout=180,
-        )  # fmt: skip
-        yield ray, f"http://127.0.0.1:{dashboard}", env
-    finally:
-        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
-        shutil.rmtree(temp, ignore_errors=True)
+    """A head of its own with its dashboard (job submission goes through it), stopped by its process at the end."""
+    with ray_head(num_cpus=2, dashboard=True) as head:
+        yield head
 
 
 def test_ray_job_submit_serves_a_pipeline(head, tmp_path):
-    ray, dashboard, env = head
+    ray, dashboard, env = RAY, head.dashboard, head.env
     port = free_port()
     job_id = f"pipespec-test-{port}"
     submit = [ray, "job", "submit", "--address", dashboard, "--submission-id", job_id, "--no-wait",

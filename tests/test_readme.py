@@ -429,13 +429,15 @@ ADDED = ["--port", "0", "--drain-seconds", "0"]  # any free gRPC port; stop at o
 
 @pytest.fixture(scope="module", autouse=True)
 def booting(request: pytest.FixtureRequest) -> Iterator[Server | None]:
-    """`pipespec serve demo` as the README runs it, on free ports, started with the module's first test when
-    a selected test needs it (Ray and the models load while the tests before it run); stopped at the end."""
+    """`pipespec serve demo` as the README runs it, on free ports, joining the session's Ray head, started with the
+    module's first test when a selected test needs it (the models load while the tests before it run); stopped at
+    the end."""
     if not any("server" in item.fixturenames for item in request.session.items if item.module is request.module):
         yield None
         return
     argv = [*shlex.split(SERVE_LINE.replace(README_HTTP_FLAG, "--http-port 0")), *ADDED]
-    process = subprocess.Popen(argv, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    joined = {**env(), "RAY_ADDRESS": request.getfixturevalue("ray_head").address}
+    process = subprocess.Popen(argv, cwd=ROOT, env=joined, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     served = Server(process, argv)
 
     def read() -> None:

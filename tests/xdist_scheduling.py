@@ -2,8 +2,8 @@
 
 Each module runs whole on one worker, so its module fixtures (loaded models, a pipeline, a Ray session) are built
 once; and, beyond loadfile, every module with a `ray` test runs on the same worker, one after another: two Ray
-sessions starting at once on two cores slow both, and tests/test_job_submit.py ends its head with
-`ray stop --force`, which stops every Ray on the machine. (xdist's own `--dist loadgroup` does not group under
+sessions starting at once on two cores slow both, and the Ray head that commands join (tests/conftest.py's
+`ray_head`, one per worker) is then started once. (xdist's own `--dist loadgroup` does not group under
 pytest 9: it renames `item._nodeid`, which pytest no longer reads.) tests/test_xdist_scheduling.py checks it in a real run.
 
 Loaded by tests/conftest.py where xdist is installed; other `--dist` modes keep xdist's own scheduling.
