@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from tests.fixtures import DEMO_MODELS
+from tests.fixtures.ports import nowhere
 from tests.fixtures.ray_head import RayHead
 
 needs_ray = [pytest.mark.ray, pytest.mark.slow]  # the tests that start a Ray session (marks, applied one by one)
@@ -282,13 +283,6 @@ def test_a_system_message_needs_a_text_prompt(capsys):
 
     assert cli(["generate", "--address", nowhere(), "--prompt-token-ids", "1,2", "--system", "Be brief."]) == 2
     assert capsys.readouterr().err == "pipespec generate: --system needs --prompt: --prompt-token-ids bypass the chat template\n"
-
-
-def nowhere() -> str:
-    """An address on 127.0.0.1 where nothing listens."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 @pytest.mark.parametrize(

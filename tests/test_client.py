@@ -21,7 +21,6 @@ import base64
 import gc
 import io
 import re
-import socket
 import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +42,7 @@ from pipespec.transport.coordinator_service import CoordinatorService, serve_coo
 from pipespec.transport.generate_request import from_proto
 from tests.fixtures.faults import kill_stage
 from tests.fixtures.openai_http import post
+from tests.fixtures.ports import nowhere
 
 REQUESTS = [dict(prompt_token_ids=[5, 9, 1 + i], max_new_tokens=6) for i in range(12)]
 
@@ -97,13 +97,6 @@ def served() -> Iterator[Served]:
 @pytest.fixture(scope="module")
 def expected(served) -> list[list[int]]:
     return [served.pipe.generate(**r).token_ids for r in REQUESTS]
-
-
-def nowhere() -> str:
-    """An address on 127.0.0.1 where nothing listens."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 @pytest.fixture

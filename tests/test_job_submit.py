@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from pipespec import Client, LocalPipeline, load_config
-from tests.fixtures.ray_head import RAY, free_port, ray_head
+from tests.fixtures.ports import free_port
+from tests.fixtures.ray_head import RAY, ray_head
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,15 +26,10 @@ from pipespec.cli import build_parser
 from pipespec.cli import main as cli
 from pipespec.cluster.launch import main as launch_main
 from pipespec.commands.logs import CONFIG_ENV, CONFIG_JSON_ENV, LEVEL_ENV, LoggingConfigError, actor_env, setup_logging
+from tests.fixtures.ports import nowhere
 
 ROOT = Path(__file__).resolve().parents[1]
 OPENED = "DEBUG pipespec.transport.generate_client: opened a channel to the coordinator at"
-
-
-def nowhere() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def generate(*flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -10,13 +10,11 @@ import pytest
 
 from pipespec.commands.ports import check_free
 from pipespec.errors import ConfigError
+from tests.fixtures.ports import free_port
 
 
 def test_a_free_port_and_port_0_pass():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    check_free("127.0.0.1", port, "the coordinator", "server.port")  # closed again: free
+    check_free("127.0.0.1", free_port(), "the coordinator", "server.port")  # bound and closed again: free
     check_free("127.0.0.1", 0, "the coordinator", "server.port")
 
 
