@@ -20,7 +20,9 @@ retraining overwrites them).
 The target and tiny steps train on `--device` (cpu by default; cuda for a GPU). The shipped target was
 trained with `--device cuda` on one H200 in 2 min 46 s: its recipe (5000 steps at batch 64) takes about
 1 h 50 min on this 2-core CPU (1.34 s a step), where 30 minutes fit 5000 steps at batch 16, a quarter of
-the conversations, and a target that finds the asked shape 0.40 of the time
+the conversations, and a target that finds the asked shape 0.40 of the time. The best of the CPU's 30 minutes
+so far is a 256-wide target (half the cost a step: 3200 steps at batch 64), which meets every bar but count
+(0.90) and where (0.62), yet costs 3x the tiny drafter a forward, under the 4x the demo wants
 (experiments/results/demo_shapes). One recipe follows one loss curve on either device: at batch 64 the
 mean loss of the first 100 steps is 3.32914 on the CPU and 3.32913 on the GPU, of steps 81-180 1.2421
 and 1.2431; at batch 16, over all 5000 steps, the last 200 steps' is 0.265 and 0.260. Every other step
