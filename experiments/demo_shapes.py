@@ -2,7 +2,7 @@
 
     python -m experiments.demo_shapes costs [--shapes 256x24 384x4 384x8 512x4] [--tiny 192x2 128x1] [--json FILE]
     python -m experiments.demo_shapes accuracy --shape 384x4 [--minutes 30] [--steps 2000] [--batch-size 64]
-        [--workers 2] [--keep DIR] [--json FILE]
+        [--workers N] [--keep DIR] [--json FILE]
 
 `costs` builds each candidate shape (HIDDENxLAYERS, 64-wide heads) with random weights (a forward's cost
 does not depend on the weights' values): the LLaVA-class target over the demo's tower (`demo.train.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -111,13 +112,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     accuracy.add_argument("--minutes", type=float, default=30.0)
     accuracy.add_argument("--steps", type=int, default=2000)
     accuracy.add_argument("--batch-size", type=int, default=64, help="conversations a step (the shipped recipe's: 64)")
-    accuracy.add_argument("--workers", type=int, default=2, help="processes that encode the conversations")
+    accuracy.add_argument("--workers", type=int, default=os.cpu_count(), help="processes that encode the conversations")
     accuracy.add_argument("--per-kind", type=int, default=40)
     accuracy.add_argument("--keep", type=Path, help="copy the trained target here (default: deleted with its scratch directory)")
     for p in (costs, accuracy):
         p.add_argument("--json", type=Path, help="append the result to this JSON list")
         add_log_level(p, default="INFO")
     args = parser.parse_args(argv)
+    if args.what == "accuracy":
+        for flag, value in (("--batch-size", args.batch_size), ("--workers", args.workers), ("--steps", args.steps)):
+            if value < 1:
+                parser.error(f"{flag} {value}: at least 1")
     setup_logging(args.log_level, fmt="%(message)s")
     rows = []
     if args.what == "costs":

@@ -4,8 +4,8 @@ In process (mock stages, no tokenizer, no end of sequence: a request runs as lon
 a drain refuses new requests and readiness, naming the drain, lets running requests finish, and ends
 those its grace does not see finished with an error naming `--drain-seconds`.
 
-`pipespec serve` in a process of its own (joining the session's Ray head), with an HTTP stream and a gRPC stream running when it is
-signalled: with a long grace both finish as usual while a new request gets HTTP 503 and gRPC
+`pipespec serve` in a process of its own (joining the session's Ray head), with an HTTP stream and a gRPC
+stream running when it is signalled: with a long grace both finish as usual while a new request gets HTTP 503 and gRPC
 UNAVAILABLE naming the drain; with a short grace the HTTP stream ends with an OpenAI-style error event
 and `data: [DONE]`, the gRPC stream with an UNAVAILABLE status; the process exits 0 either way.
 Every wait is on the server's output or the streams, never a sleep.

@@ -1,7 +1,7 @@
 """`ray job submit` of a pipeline config to a `ray start --head` cluster on loopback, end to end.
 
-Starts a head node (its own Ray session for this module: tests/fixtures/ray_head.py), submits `python -m pipespec.cluster.launch` with
-the mock config, waits for the coordinator to answer, streams a generation through `Client`, then
+Starts a head node (its own Ray session for this module: tests/fixtures/ray_head.py), submits `python -m
+pipespec.cluster.launch` with the mock config, waits for the coordinator to answer, streams a generation through `Client`, then
 stops the job and the cluster (by its process: never `ray stop`, which stops every Ray on the machine).
 """
 
