@@ -478,7 +478,8 @@ class StageRunner(LinkProtocol):
                 )
             del self.unprefilled[rid]
             req.fed = req.session.prompt_len - 1
-            req.stats.forwards += 1
+            req.stats.forwards += 1  # a forward with its seconds: a drafter timed on its prefill alone has a latency
+            req.stats.compute_s += outcome.timing.ended - outcome.timing.started
             if self.sends_features:
                 self._send(self.upstream, prefill_message, rid, req.session.prefill_features)
                 req.session.prefill_features = None  # sent: the target itself never needs them

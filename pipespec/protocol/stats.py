@@ -97,7 +97,7 @@ class StageStats:
     tokens_fed: int = 0  # tokens pushed through the model after prefill
     rollbacks: int = 0  # times a verdict truncated this stage's sequence
     dropped_drafts: int = 0  # stale-epoch drafts dropped on arrival
-    compute_s: float = 0.0  # seconds inside the model and the choice function
+    compute_s: float = 0.0  # seconds inside the model and the choice function, the prefill included
     predraft_hits: int = 0  # verdicts that changed our tokens and a pre-drafted branch foresaw (pipespec.engine.outcome_cache)
     predraft_misses: int = 0  # ... that no branch foresaw (while pre-drafting is on)
     predraft_tokens: int = 0  # tokens sent from branches, without a forward
