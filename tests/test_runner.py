@@ -112,6 +112,15 @@ def test_emulated_latency_pipeline_speculates(target_alone):
     assert got.stats.stages[-1].forwards < 40  # target forwards for 60 tokens, prefill included
 
 
+def test_every_forward_counts_its_seconds_the_prefill_included():
+    """A stage's compute seconds hold each of its forwards, its prefill too (a mock forward lasts at least its
+    latency): a drafter timed on its prefill alone once had a latency of 0."""
+    with LocalPipeline(mock_config([0.9, 1.0], latencies=[10.0, 10.0])) as p:
+        got = p.generate(prompt_token_ids=[1, 2, 3], max_new_tokens=8)
+    for stage in got.stats.stages:
+        assert stage.forwards >= 1 and stage.compute_s >= stage.forwards * 0.010, stage.as_dict()
+
+
 def test_kv_invariant_fires_on_a_bad_keep():
     from pipespec.stages.mock import MockStage
 
