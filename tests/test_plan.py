@@ -386,11 +386,13 @@ def test_auto_profiles_quickly_and_returns_the_recommended_config():
 # ---- trials: candidates measured in place (pipespec.cli.trials runs them) ---------------------------
 
 
-def trial_plan(devices: int = 2):
-    """A plan for a 7 ms drafter (alpha 0.6) and a 40 ms target, profiled elsewhere, on `devices` of one core."""
+def trial_plan(devices: int = 2, alphas: tuple[float, float, float] = (0.8, 0.5, 0.6)):
+    """A plan for a 2 ms tiny drafter, a 7 ms drafter d and a 40 ms target, profiled elsewhere, on `devices` of
+    one core; `alphas`: tiny -> d, tiny -> target, d -> target."""
     stages = (StageProfile("tiny", "mock", 0.002, 0.002, 8), StageProfile("d", "mock", 0.007, 0.007, 8))
     stages += (StageProfile("target", "mock", 0.040, 0.040, 8),)
-    pairs = (PairProfile("tiny", "d", 0.8), PairProfile("tiny", "target", 0.5), PairProfile("d", "target", 0.6))
+    names = (("tiny", "d"), ("tiny", "target"), ("d", "target"))
+    pairs = tuple(PairProfile(a, b, alpha) for (a, b), alpha in zip(names, alphas, strict=True))
     raw = {"name": "trial-test", "stages": [{"name": s.name, "kind": "mock", "vocab_size": 64} for s in stages]}
     return recommend(Profile("synthetic", stages, pairs, ("p",), None, 64, 4), raw, Devices(devices, 1))
 
@@ -424,6 +426,20 @@ def test_the_recommended_candidate_the_best_on_each_number_of_devices_the_next_c
     assert all(len(c.stages) > 1 for c in contenders(unplaced, 3))
     with pytest.raises(ValueError, match="no trials"):
         tried(plan, ())
+
+
+def test_every_drafter_s_pair_with_the_target_is_tried_though_ranked_low():
+    """d -> target ranks first on both numbers of devices and tiny -> d -> target next; tiny -> target,
+    ranked far below, is tried all the same: the model's error depends on the drafter."""
+    plan = trial_plan(alphas=(0.2, 0.3, 0.95))
+    assert [(c.stages, c.devices) for c in plan.chains[:4]] == [
+        (("d", "target"), 2), (("tiny", "d", "target"), 2), (("tiny", "d", "target"), 2), (("d", "target"), 1),
+    ]  # fmt: skip
+    tried_ones = contenders(plan, 3)
+    assert [(c.stages, c.devices) for c in tried_ones] == [
+        (("d", "target"), 2), (("d", "target"), 1), (("tiny", "target"), 1), (("target",), 1),
+    ]  # fmt: skip
+    assert tried_ones[2] == max((c for c in plan.chains if c.stages == ("tiny", "target")), key=lambda c: c.tokens_per_s)
 
 
 def test_the_greatest_speedup_measured_is_recommended_and_its_measurement_is_the_prediction():

@@ -10,9 +10,10 @@ process. What the runtime delivers differs, and not by one factor that could be 
 - a request pays its prefill and the client's stream.
 
 So `pipespec plan` and `pipespec demo` try the plan's contenders (pipespec.planning.plan.contenders:
-the best-ranked chains on each number of devices, each at its best placement and lookaheads there,
-and the target alone in the runtime). Each starts on a local Ray as the config the plan would write
-(`candidate_config`, its coordinator on a free loopback port), is warmed up, then runs `rounds` rounds
+the fastest predicted on each number of devices, each drafter's pair with the target, the next
+best-ranked chains, each at its best placement and lookaheads there, and the target alone in the runtime).
+Each starts on a local Ray as the config the plan would write (`candidate_config`, its coordinator on a
+free loopback port), is warmed up, then runs `rounds` rounds
 of the profile's prompts, greedy, each round followed by the same prompts to the target alone in this
 process, warm, at one device's threads (the baseline `pipespec demo` and the bench measure against),
 both timed as a client sees them (pipespec.cli.timed_requests: tokens over the seconds of whole

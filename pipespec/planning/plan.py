@@ -25,8 +25,8 @@ within -3% to +15% of its trial over nine runs, and timing the tiny drafter alon
 speedup from 1.30x its trial to 0.93-1.13x over seven (experiments/results/plan/repeats.md has the chains).
 Holding each drafter to what it supplies through its rejections took the DREAM chains from 2.0-2.2x to
 1.5-1.7x the trials on one profile. So `pipespec plan` and `pipespec demo` then try candidates in
-place (pipespec.cli.trials runs them): the fastest predicted on each number of devices, the next
-best-ranked chains, and the target alone (`contenders`), each round
+place (pipespec.cli.trials runs them): the fastest predicted on each number of devices, each drafter's
+pair with the target, the next best-ranked chains, and the target alone (`contenders`), each round
 timed beside the target alone in the planner's process. A `Trial` is one candidate's measurement;
 `tried` recommends the greatest speedup measured, by the same near-tie rule (`TRIAL_TIE`), and its
 measured rate and speedup become the plan's predictions (`Plan.predicted`, `Plan.predicted_speedup`),
@@ -161,20 +161,34 @@ def recommend(
 
 def contenders(plan: Plan, count: int) -> list[Candidate]:
     """What to try in place, `count` in all: the recommended candidate, the fastest predicted on each other
-    number of devices, then the fastest predicted of each next chain on each number of devices; then the
-    target alone (no speculation), unless it is among them. Every number of devices is tried because
-    the model's error depends on the placement: on the demo models, with the requests timed, it put tiny
-    | target at 1.2-1.35x its trials and tiny+target on one core at 0.94-1.29x. On one of three runs the
-    one-core candidate ranked fourth and went untried, and the pick moved (experiments/results/plan/repeats.md)."""
+    number of devices, each drafter's pair with the target (its fastest predicted placement) unless that
+    chain is already among them, then the fastest predicted of the rest; then the target alone (no
+    speculation), unless it is among them. Every number of devices is tried because the model's error
+    depends on the placement: on the demo models, with the requests timed, it put tiny | target at
+    1.2-1.35x its trials and tiny+target on one core at 0.94-1.29x. On one of three runs the one-core
+    candidate ranked fourth and went untried, and the pick moved (experiments/results/plan/repeats.md).
+    Every drafter's pair is tried because the error depends on the drafter too: with a target trained on
+    the CPU and DREAM retrained on it, the model put dream -> target at 2.15x (measured 1.18x), its two
+    placements and tiny -> dream -> target filled the trials, and tiny -> target, 1.47x with the shipped
+    models, went untried (experiments/results/demo_shapes/shapes.json)."""
 
     def key(c: Candidate) -> tuple[tuple[str, ...], int]:
         return c.stages, c.devices
 
     per_count: dict[int, Candidate] = {}
+    pairs: dict[str, Candidate] = {}  # drafter -> its pair with the target
     for candidate in plan.chains:  # fastest first
         per_count.setdefault(candidate.devices, candidate)
+        if len(candidate.stages) == 2:
+            pairs.setdefault(candidate.stages[0], candidate)
     chosen = [plan.recommended]
-    for candidate in [*per_count.values(), *plan.chains]:
+    for candidate in per_count.values():
+        if len(chosen) < count and all(key(candidate) != key(c) for c in chosen):
+            chosen.append(candidate)
+    for candidate in pairs.values():
+        if len(chosen) < count and all(candidate.stages != c.stages for c in chosen):
+            chosen.append(candidate)
+    for candidate in plan.chains:
         if len(chosen) < count and all(key(candidate) != key(c) for c in chosen):
             chosen.append(candidate)
     alone = next((c for c in plan.chains if len(c.stages) == 1), None)
