@@ -414,7 +414,7 @@ def test_the_recommended_candidate_the_best_on_each_number_of_devices_the_next_c
     other = 3 - plan.recommended.devices  # the fastest predicted on the other number of devices comes next
     assert tried_ones[1] == max((c for c in plan.chains if c.devices == other), key=lambda c: c.tokens_per_s)
     untried = (c for c in plan.chains if key(c) not in {key(t) for t in tried_ones[:2]})
-    assert tried_ones[2] == max(untried, key=lambda c: c.tokens_per_s)  # then the fastest predicted not yet tried
+    assert tried_ones[2] == max(untried, key=lambda c: c.tokens_per_s)  # a drafter's pair, here also the fastest untried
     three = trial_plan(3)  # the three fastest predicted are on 2, 1 and 1 devices: 3 devices get tried all the same
     assert [c.devices for c in three.chains[:3]] == [2, 1, 1]
     assert {c.devices for c in contenders(three, 3)} == {1, 2, 3}
@@ -440,6 +440,10 @@ def test_every_drafter_s_pair_with_the_target_is_tried_though_ranked_low():
         (("d", "target"), 2), (("d", "target"), 1), (("tiny", "target"), 1), (("target",), 1),
     ]  # fmt: skip
     assert tried_ones[2] == max((c for c in plan.chains if c.stages == ("tiny", "target")), key=lambda c: c.tokens_per_s)
+    assert contenders(plan, 4)[3] == on(plan, ("tiny", "d", "target"), 2)  # then the fastest predicted of the rest
+    three = trial_plan(3, alphas=(0.2, 0.3, 0.95))  # each number of devices first: a pair only where there is room
+    assert ("tiny", "target") not in {c.stages for c in contenders(three, 3)}
+    assert ("tiny", "target") in {c.stages for c in contenders(three, 4)}
 
 
 def test_the_greatest_speedup_measured_is_recommended_and_its_measurement_is_the_prediction():

@@ -37,7 +37,7 @@ as its id (the wire carries ids).
 `plan` profiles each stage's forward latency and each pair's acceptance on a few prompts, in this
 process, and recommends which stages to use, their placement on the devices and each drafter's
 lookahead (see pipespec.planning.plan). Devices default to this machine's cores, one core each (`--devices N`
-splits the cores into N devices). Then it tries the `--trials` chains the model ranks highest, and the
+splits the cores into N devices). Then it tries `--trials` chains (pipespec.planning.plan.contenders), and the
 target alone, in place on a local Ray, each round beside the target alone in this process, and
 recommends the greatest speedup measured (`trials`; requests timed as `timed_requests` times them for
 the demo too).
@@ -341,8 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--trials",
         type=int,
         default=TRIALS,
-        help=f"run the N chains the model ranks highest, and the target alone, in place on a local Ray and recommend the "
-        f"greatest speedup measured (0: the model's pick, nothing started; default {TRIALS})",
+        help=f"run N chains (the best-ranked on each number of devices, each drafter's pair), and the target alone, "
+        f"in place on a local Ray and recommend the greatest speedup measured (0: the model's pick, nothing "
+        f"started; default {TRIALS})",
     )
     p.add_argument("--json", help="also write the profile and the plan as JSON to this file")
     p.add_argument("--write-config", help="write the recommended config (YAML) to this file")

@@ -10,14 +10,13 @@ process. What the runtime delivers differs, and not by one factor that could be 
 - a request pays its prefill and the client's stream.
 
 So `pipespec plan` and `pipespec demo` try the plan's contenders (pipespec.planning.plan.contenders:
-the fastest predicted on each number of devices, each drafter's pair with the target, the next
-best-ranked chains, each at its best placement and lookaheads there, and the target alone in the runtime).
-Each starts on a local Ray as the config the plan would write (`candidate_config`, its coordinator on a
-free loopback port), is warmed up, then runs `rounds` rounds
-of the profile's prompts, greedy, each round followed by the same prompts to the target alone in this
-process, warm, at one device's threads (the baseline `pipespec demo` and the bench measure against),
-both timed as a client sees them (pipespec.cli.timed_requests: tokens over the seconds of whole
-requests).
+the fastest predicted on each number of devices, each drafter's pair with the target while there is room,
+the next best-ranked chains, each at its best placement and lookaheads there, and the target alone in the
+runtime). Each starts on a local Ray as the config the plan would write (`candidate_config`, its
+coordinator on a free loopback port), is warmed up, then runs `rounds` rounds of the profile's prompts,
+greedy, each round followed by the same prompts to the target alone in this process, warm, at one
+device's threads (the baseline `pipespec demo` and the bench measure against), both timed as a client
+sees them (pipespec.cli.timed_requests: tokens over the seconds of whole requests).
 
 A trial's speedup is the median of its rounds' ratios. On a shared machine the rate drifts by a
 third within minutes (the demo's target alone: 71-108 tok/s over three runs of `pipespec demo`

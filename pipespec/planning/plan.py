@@ -160,17 +160,18 @@ def recommend(
 
 
 def contenders(plan: Plan, count: int) -> list[Candidate]:
-    """What to try in place, `count` in all: the recommended candidate, the fastest predicted on each other
-    number of devices, each drafter's pair with the target (its fastest predicted placement) unless that
-    chain is already among them, then the fastest predicted of the rest; then the target alone (no
-    speculation), unless it is among them. Every number of devices is tried because the model's error
-    depends on the placement: on the demo models, with the requests timed, it put tiny | target at
-    1.2-1.35x its trials and tiny+target on one core at 0.94-1.29x. On one of three runs the one-core
-    candidate ranked fourth and went untried, and the pick moved (experiments/results/plan/repeats.md).
+    """What to try in place, `count` in all (the recommended one at least): the recommended candidate, the
+    fastest predicted on each number of devices (the recommended one's too, where the near-tie rule picked
+    another), then, while there is room, each drafter's pair with the target (its fastest predicted
+    placement) unless that chain is already among them, then the fastest predicted of the rest; then the
+    target alone (no speculation), unless it is among them. Every number of devices is tried because the
+    model's error depends on the placement: on the demo models, with the requests timed, it put tiny |
+    target at 1.2-1.35x its trials and tiny+target on one core at 0.94-1.29x. On one of three runs the
+    one-core candidate ranked fourth and went untried, and the pick moved (experiments/results/plan/repeats.md).
     Every drafter's pair is tried because the error depends on the drafter too: with a target trained on
-    the CPU and DREAM retrained on it, the model put dream -> target at 2.15x (measured 1.18x), its two
-    placements and tiny -> dream -> target filled the trials, and tiny -> target, 1.47x with the shipped
-    models, went untried (experiments/results/demo_shapes/shapes.json)."""
+    the CPU and DREAM retrained on it, the model put dream -> target at 2.15x (measured 1.12-1.18x), its two
+    placements and tiny -> dream -> target filled the trials, and tiny -> target went untried (tried since:
+    1.04x; experiments/results/demo_shapes/shapes.json)."""
 
     def key(c: Candidate) -> tuple[tuple[str, ...], int]:
         return c.stages, c.devices
