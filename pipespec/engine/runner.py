@@ -469,6 +469,9 @@ class StageRunner(LinkProtocol):
         if outcome.error is not None:
             self._fail(rid, outcome.error)
             return
+        seconds = outcome.timing.ended - outcome.timing.started
+        req.stats.forwards += 1  # every forward with its seconds, the prefill's too: a drafter timed on its prefill
+        req.stats.compute_s += seconds  # alone once had a latency of 0
         if isinstance(plan, Prefill):
             req.session = outcome.result
             req.tree = isinstance(req.session, TreeSession)
@@ -478,19 +481,14 @@ class StageRunner(LinkProtocol):
                 )
             del self.unprefilled[rid]
             req.fed = req.session.prompt_len - 1
-            req.stats.forwards += 1  # a forward with its seconds: a drafter timed on its prefill alone has a latency
-            req.stats.compute_s += outcome.timing.ended - outcome.timing.started
             if self.sends_features:
                 self._send(self.upstream, prefill_message, rid, req.session.prefill_features)
                 req.session.prefill_features = None  # sent: the target itself never needs them
             return
         decision, hidden, grown = outcome.result
-        seconds = outcome.timing.ended - outcome.timing.started
         per_token = seconds / len(decision.tokens)
         self.token_s = per_token if self.token_s is None else 0.8 * self.token_s + 0.2 * per_token
-        req.stats.forwards += 1
         req.stats.tokens_fed += len(plan.feed) + len(plan.drafts)
-        req.stats.compute_s += seconds
         self.patience.observe_forward(seconds)
         if plan.branch is not None or plan.riders:
             req.stats.predraft_forwards += 1

@@ -40,7 +40,7 @@ from __future__ import annotations
 import itertools
 import os
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -183,15 +183,15 @@ def contenders(plan: Plan, count: int) -> list[Candidate]:
         if len(candidate.stages) == 2:
             pairs.setdefault(candidate.stages[0], candidate)
     chosen = [plan.recommended]
-    for candidate in per_count.values():
-        if len(chosen) < count and all(key(candidate) != key(c) for c in chosen):
-            chosen.append(candidate)
-    for candidate in pairs.values():
-        if len(chosen) < count and all(candidate.stages != c.stages for c in chosen):
-            chosen.append(candidate)
-    for candidate in plan.chains:
-        if len(chosen) < count and all(key(candidate) != key(c) for c in chosen):
-            chosen.append(candidate)
+
+    def offer(candidates: Iterable[Candidate], same: Callable[[Candidate], Any]) -> None:
+        for candidate in candidates:
+            if len(chosen) < count and all(same(candidate) != same(c) for c in chosen):
+                chosen.append(candidate)
+
+    offer(per_count.values(), key)
+    offer(pairs.values(), lambda c: c.stages)  # a chain tried on any number of devices counts
+    offer(plan.chains, key)
     alone = next((c for c in plan.chains if len(c.stages) == 1), None)
     return chosen if alone is None or alone in chosen else [*chosen, alone]
 
