@@ -130,18 +130,34 @@ def test_the_image_reaches_the_target(zoo):
     assert (rows[0] - rows[1]).abs().max() > 1e-3
 
 
+def test_the_target_rolls_back_to_what_it_had(zoo):
+    """A rejection's rollback, made by hand (a pipeline's depend on its timing): the target fed 8 tokens after
+    the image prompt, rolled back to the 2nd and fed 3 wrong ones, then rolled back again and fed the rest, gives
+    the rest's first logits again; the image is still seen (Qwen2-VL's rope deltas survive the trims)."""
+    spec, _ = zoo.pipeline(["target"]).request(PROMPTS[0], image=IMAGES[1], max_new_tokens=16)
+    P, tokens, wrong = len(spec.prompt_token_ids) - 1, [5, 9, 7, 11, 6, 8, 10, 12], [13, 14, 15]
+    session = zoo.stages["target"].open(spec)
+    try:
+        first = session.forward(P, [spec.prompt_token_ids[-1], *tokens])  # [9, V]: rows for positions P..P+8
+        detour = session.forward(P + 3, wrong)  # keeps the prompt and tokens[:2]
+        assert (detour[1] - first[4]).abs().max() > 1e-3  # the wrong tokens were seen
+        again = session.forward(P + 3, tokens[2:])
+        torch.testing.assert_close(again, first[3:], rtol=1e-4, atol=1e-4)
+    finally:
+        session.close()
+
+
 @pytest.mark.parametrize("names", [["tiny", "target"], ["tiny", "mid", "target"]], ids=["k2", "k3"])
 def test_text_drafters_in_front_equal_the_target_alone(zoo, reference, names):
     with zoo.pipeline(names) as p:
         generations = run_all(p, requests())
     assert [g.token_ids for g in generations] == reference
     pairs = [pair for g in generations for pair in g.stats.pairs]
-    for i in range(len(names) - 1):  # every verifier accepted drafts, and rollbacks happened
+    for i in range(len(names) - 1):  # every verifier accepted drafts
         assert sum(p.num_accepted_tokens for p in pairs if p.drafter == names[i]) > 0, names[i]
-    # a rollback is a rejected draft, or a verdict that contradicted what a drafter had run ahead to; which of
-    # the two a run shows depends on its timing (one loaded suite run rejected no draft: qwen2_vl, k2)
-    rollbacks = sum(s.rollbacks for g in generations for s in g.stats.stages)
-    assert sum(p.num_rejections for p in pairs) + rollbacks > 0
+    # Rejections and rollbacks are not asserted here: whether a verifier meets a wrong draft or steps alone past it
+    # depends on timing (CI at stop 52, loaded: qwen2_vl k2 had none; here it has 16 and 20 every run). The
+    # target's rollback is tested by hand above, the runner's under a storm of them in test_runner.
 
 
 def test_drafters_see_text_tokens_only(zoo):
