@@ -18,13 +18,14 @@ otherwise. Everything is seeded. The models are written in half precision to
 retraining overwrites them).
 
 The target and tiny steps train on `--device` (cpu by default; cuda for a GPU). The shipped target was trained
-with `--device cuda` on one H200 in 2 min 46 s: its recipe (5000 steps at batch 64) takes 1 h 3 min to 1 h 52 min
-on a 2-core CPU, by machine (0.75-1.34 s a step), and there gives a target at least as good (on 100
-held-out questions a kind, count 0.92 and where 0.98 against the shipped one's 0.89 and 0.92). In 30 minutes,
-5000 steps at batch 16 fit, a quarter of the conversations, and give a target that finds the asked shape 0.40
-of the time. The best of the CPU's 30 minutes so far is a 256-wide target (half the cost a step: 3200 steps at
-batch 64), which meets every bar but count (0.90) and where (0.62), yet costs 3x the tiny drafter a forward,
-under the 4x the demo wants (experiments/results/demo_shapes). One recipe follows one loss curve on either
+on a 2-core CPU by this command's target step (its recipe, 5000 steps at batch 64: 1 h 4 min on a CPU with
+AMX, 0.75 s a step; 1 h 52 min on one without, 1.34 s), and meets every accuracy bar on 40 held-out questions a
+kind. With `--device cuda` one H200 runs the recipe in 2 min 46 s and gives a target as good within the
+intervals (on 100 questions a kind, count 0.89 and where 0.92 against the CPU's 0.92 and 0.98; it shipped
+before this one). In 30 minutes a 2-core CPU runs 5000 steps at batch 16, a quarter of the conversations, and
+gives a target that finds the asked shape 0.40 of the time. The best of the CPU's 30 minutes so far is a
+256-wide target (half the cost a step: 3200 steps at batch 64), which meets every bar but count (0.90) and
+where (0.62), yet costs 3x the tiny drafter a forward, under the 4x the demo wants (experiments/results/demo_shapes). One recipe follows one loss curve on either
 device: at batch 64 the mean loss of the first 100 steps is 3.32914 on the CPU and 3.32913 on the GPU, of the
 last 50 steps 0.189 and 0.196; at batch 16, over all 5000 steps, the last 200 steps' is 0.265 and 0.260. Every
 other step fits in about 15 minutes here. Training runs in fp32: on a CPU without bf16 instructions a
@@ -66,7 +67,7 @@ from training.optimiser import Optimiser
 if TYPE_CHECKING:
     from transformers import LlamaConfig, PreTrainedTokenizerBase
 
-    from demo.world import Example
+    from demo.world import Example, Scene
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class Recipe:
 
 SHIPPED = {
     "tower": Recipe(1200, 15.0),
-    "target": Recipe(5000, batch=64),  # trained with --device cuda (the module's docstring)
+    "target": Recipe(5000, batch=64),  # 1 h 4 min on a 2-core CPU with AMX (the module's docstring)
     "tiny": Recipe(5000, 10.0, batch=32),
     "dream": Recipe(4000),
 }
@@ -395,12 +396,19 @@ def train_dream(models: Path, steps: int, seed: int) -> Path:
     return models / "dream"
 
 
-def write_example_picture(models: Path) -> Path:
-    """The demo's default picture, a held-out scene of the world, as a PNG beside the models, and its
-    scene's truth in example.json (the runtime reads the files; it never renders the world itself)."""
-    from demo.world import examples, render
+def example_scene() -> Scene:
+    """The scene of the demo's default picture: a held-out one of the world."""
+    from demo.world import examples
 
-    scene = next(ex.scene for ex in examples("held_out", 12, seed=7) if ex.kind == "describe")
+    return next(ex.scene for ex in examples("held_out", 12, seed=7) if ex.kind == "describe")
+
+
+def write_example_picture(models: Path) -> Path:
+    """The demo's default picture (`example_scene`) as a PNG beside the models, and its scene's truth in
+    example.json (the runtime reads the files; it never renders the world itself)."""
+    from demo.world import render
+
+    scene = example_scene()
     out = models / "example.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     render(scene, IMAGE_SIZE).save(out)
@@ -432,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--device",
         default="cpu",
-        help="where the target and tiny steps train: cpu, or cuda for a GPU (the shipped target trained there)",
+        help="where the target and tiny steps train: cpu (the shipped models trained there), or cuda for a GPU",
     )
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="processes that encode the target's conversations")
     parser.add_argument("--per-kind", type=int, default=40, help="evaluate: held-out questions of each kind")

@@ -1,12 +1,18 @@
-"""The demo target's accuracy report (demo/evaluate.py): intervals, bars, and a run on the shipped target."""
+"""The demo target's accuracy report (demo/evaluate.py): intervals, bars, and a run on the shipped target; and the
+shipped target describing the shipped picture right."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from demo.evaluate import BARS, KindScore, evaluate_target, summary, wilson
 from demo.talk import TEXT
-from demo.world import KINDS
+from demo.train import example_scene
+from demo.world import KINDS, describes_exactly
+from pipespec import LocalPipeline, load_config
+from pipespec.cli.demo import DEFAULT_PROMPT
 from tests.fixtures import DEMO_MODELS as MODELS
 
 
@@ -36,3 +42,13 @@ def test_the_report_covers_every_kind_and_the_strict_describe():
         assert all({"prompt", "truth", "answer"} <= set(w) for w in r["wrong_answers"])
     lines = summary(report)
     assert len(lines) == len(KINDS) + 2 and lines[0].startswith("describe") and "held-out questions" in lines[0]
+
+
+def test_the_shipped_target_describes_the_shipped_picture_exactly():
+    """What `pipespec demo` asks by default: every shape's size, colour and place, the background and the word."""
+    scene = example_scene()
+    assert scene.truth() == json.loads((MODELS / "example.json").read_text())["truth"]  # the picture shipped is this scene
+    stage = {"name": "target", "kind": "vlm", "model": str(MODELS / "target"), "dtype": "float32", "compile": False}
+    with LocalPipeline(load_config({"stages": [stage]})) as pipe:
+        answer = pipe.generate(DEFAULT_PROMPT, image=str(MODELS / "example.png"), max_new_tokens=96).text
+    assert describes_exactly(scene, answer), answer
