@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from pipespec.cli import main
-from pipespec.cli.demo import DemoReport, picture_truth
+from pipespec.cli.demo import DemoReport, DemoSetup, demo_raw, demo_request, picture_truth
 from pipespec.commands.examples import config_path
 from pipespec.config import load_config
 from pipespec.protocol.stats import PairStats, merged_pairs
@@ -68,6 +68,16 @@ def test_the_report_holds_the_figures_and_renders_them():
     assert lines[1].split() == ["1", "20.0", "10.0", "2.00x"] and lines[5].split()[:2] == ["tiny", "->"]
     assert "(medians of 2 alternating runs): speedup 2.50x" in lines[-1]
     assert lines[-1].endswith("identical to the target alone: yes")
+
+
+def test_the_target_alone_may_use_every_core_the_demo_was_given():
+    """A plan for 2 devices that picks a pipeline on one leaves a core idle: the target alone is not denied it."""
+    raw = demo_raw(DEMO_MODELS, ["tiny", "target"], "float32", 1.0)
+    one_device = load_config({**raw, "stages": [{**s, "device_group": "d"} for s in raw["stages"]]})  # tiny+target
+    assert one_device.cpus() == 1.0
+    setup = DemoSetup(demo_request(DEMO_MODELS), one_device, "float32", cores=2.0)
+    assert setup.threads == 2
+    assert "target alone: in this process, at the faster of 1 and 2 torch threads (the demo's cores)" in setup.lines()
 
 
 def test_the_demo_plans_by_default_as_make_demo_runs_it():

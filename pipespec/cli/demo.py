@@ -11,9 +11,11 @@ held-out split (or `--image`) and a question (or `--prompt`) go through the `Cli
 streams token by token.
 
 Measured honestly: pipeline runs and target-alone runs alternate (`--runs`, 3 each by default) with
-both loaded and warm, the target alone in this process with up to as many torch threads as the
-pipeline's devices have cores in total: one, or all of them, whichever runs it faster here (measured
-first: on a loaded 2-core machine two threads ran the demo target at half the speed of one); the
+both loaded and warm, the target alone in this process with up to as many torch threads as the demo
+was given cores (the plan's devices in all, whether or not the chosen pipeline uses each; with `--plan
+none`, the three devices'): one, or all of them, whichever runs it faster here (measured first: on a
+loaded 2-core machine two threads ran the demo target at half the speed of one, and on an idle one with
+AMX 1.7x the speed). A plan that leaves a core idle is not measured against a target denied it. The
 speedup is the median of the rounds' ratios. The table shows each stage pair's acceptance over all
 runs, and whether every answer equals the target alone's.
 
@@ -155,17 +157,19 @@ def planning_line(plan: Devices) -> str:
 
 @dataclass(frozen=True)
 class DemoSetup:
-    """The demo about to run: its request, the pipeline, and the plan that chose it (None: the default)."""
+    """The demo about to run: its request, the pipeline, the cores it was given (the pipeline's devices may
+    use fewer), and the plan that chose it (None: the default)."""
 
     request: DemoRequest
     config: PipelineConfig
     dtype: str
+    cores: float
     chosen: Plan | None = None
 
     @property
     def threads(self) -> int:
-        """The target alone's thread budget: as many torch threads as the pipeline's devices have cores in all."""
-        return max(1, round(self.config.cpus()))
+        """The target alone's thread budget: as many torch threads as the demo was given cores."""
+        return max(1, round(self.cores))
 
     def lines(self) -> list[str]:
         """What runs: the plan's reasons (when planned), the chain, its placement, the target alone, the prompt."""
@@ -178,9 +182,9 @@ class DemoSetup:
             f"pipeline: {chain}  ({self.request.models}, trained on the generated world; {self.dtype})",
             "placement:",
             *placement_lines(self.config),
-            f"target alone: in this process, at the faster of 1 and {_count(self.threads, 'torch thread')} (the pipeline's cores)"
+            f"target alone: in this process, at the faster of 1 and {_count(self.threads, 'torch thread')} (the demo's cores)"
             if self.threads > 1
-            else "target alone: in this process, 1 torch thread (the pipeline's cores)",
+            else "target alone: in this process, 1 torch thread (the demo's cores)",
             f"prompt: {self.request.prompt!r}",
             "",
         ]
@@ -193,7 +197,8 @@ def demo_setup(
     recommends for those devices, profiled here on the demo's question, its contenders tried in place on
     the demo's request (`on_trial` is given each trial as it ends). DemoError for a plan that fails."""
     if plan is None:
-        return DemoSetup(request, demo_config(request.models, CHAIN, dtype, Devices.of_this_machine(len(CHAIN)).cpus), dtype)
+        config = demo_config(request.models, CHAIN, dtype, Devices.of_this_machine(len(CHAIN)).cpus)
+        return DemoSetup(request, config, dtype, config.cpus())
     from pipespec.cli.trials import run_trials
     from pipespec.planning.plan import auto, recommended_config, tried
 
@@ -202,7 +207,7 @@ def demo_setup(
         _, modelled = auto(raw, plan, prompts=[request.prompt], image=request.image)
         trials = run_trials(raw, modelled, request.image, max_new_tokens=request.max_new_tokens, on_trial=on_trial)
         chosen = tried(modelled, trials)
-        return DemoSetup(request, load_config(recommended_config(raw, chosen)), dtype, chosen)
+        return DemoSetup(request, load_config(recommended_config(raw, chosen)), dtype, plan.count * plan.cpus, chosen)
     except ConfigError as e:
         raise DemoError(str(e)) from None
 
