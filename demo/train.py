@@ -17,21 +17,21 @@ otherwise. Everything is seeded. The models are written in half precision to
 `models/demo/{tower,target,tiny,dream}` (shipped in the repository, so `pipespec demo` starts at once;
 retraining overwrites them).
 
-The target and tiny steps train on `--device` (cpu by default; cuda for a GPU). The shipped target was trained
-on a 2-core CPU by this command's target step (its recipe, 5000 steps at batch 64: 1 h 4 min on a CPU with
-AMX, 0.75 s a step; 1 h 52 min on one without, 1.34 s), and meets every accuracy bar on 40 held-out questions a
-kind. With `--device cuda` one H200 runs the recipe in 2 min 46 s and gives a target as good within the
-intervals (on 100 questions a kind, count 0.89 and where 0.92 against the CPU's 0.92 and 0.98; it shipped
-before this one). In 30 minutes a 2-core CPU runs 5000 steps at batch 16, a quarter of the conversations, and
-gives a target that finds the asked shape 0.40 of the time. The best of the CPU's 30 minutes so far is a
-256-wide target (half the cost a step: 3200 steps at batch 64), which meets every bar but count (0.90) and
-where (0.62), yet costs 3x the tiny drafter a forward, under the 4x the demo wants (experiments/results/demo_shapes). One recipe follows one loss curve on either
-device: at batch 64 the mean loss of the first 100 steps is 3.32914 on the CPU and 3.32913 on the GPU, of the
-last 50 steps 0.189 and 0.196; at batch 16, over all 5000 steps, the last 200 steps' is 0.265 and 0.260. Every
-other step fits in about 15 minutes here. Training runs in fp32: on a CPU without bf16 instructions a
-bf16-autocast step costs 23x an fp32 one (80 s against 3.5 s for the old 24-layer target's batch), and on one
-with them (AMX) a step of the shipped shape took 0.80-1.01x the fp32 one's (experiments/results/demo_shapes):
-not enough to leave the loss curve both devices share.
+The target and tiny steps train on `--device` (cpu by default; cuda for a GPU). The shipped target was trained on a
+2-core CPU by this command's target step (its recipe, 5000 steps at batch 64: 1 h 4 min on a CPU with AMX, 0.75 s a
+step; 1 h 52 min on one without, 1.34 s), and meets every accuracy bar on 40 held-out questions a kind. With
+`--device cuda` one H200 runs the recipe in 2 min 46 s and gives a target as good within the intervals (on 100
+questions a kind, count 0.89 and where 0.92 against the CPU's 0.92 and 0.98; it shipped before this one). In 30
+minutes a 2-core CPU runs 5000 steps at batch 16, a quarter of the conversations, and gives a target that finds the
+asked shape 0.40 of the time. The best of the CPU's 30 minutes so far is a 256-wide target (half the cost a step:
+3200 steps at batch 64), which meets every bar but count (0.90) and where (0.62), yet costs 3x the tiny drafter a
+forward, under the 4x the demo wants (experiments/results/demo_shapes). One recipe follows one loss curve on either
+device: at batch 64 the mean loss of the first 100 steps is 3.32914 on the CPU and 3.32913 on the GPU, of the last
+50 steps 0.189 and 0.196; at batch 16, over all 5000 steps, the last 200 steps' is 0.265 and 0.260. Every other
+step fits in about 15 minutes here. Training runs in fp32: on a CPU without bf16 instructions a bf16-autocast step
+costs 23x an fp32 one (80 s against 3.5 s for the old 24-layer target's batch), and on one with them (AMX) a step
+of the shipped shape took 0.80-1.01x the fp32 one's (experiments/results/demo_shapes): not enough to leave the loss
+curve both devices share.
 """
 
 from __future__ import annotations

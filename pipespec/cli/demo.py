@@ -14,8 +14,8 @@ Measured honestly: pipeline runs and target-alone runs alternate (`--runs`, 3 ea
 both loaded and warm, the target alone in this process with up to as many torch threads as the demo
 was given cores (the plan's devices in all, whether or not the chosen pipeline uses each; with `--plan
 none`, the three devices'): one, or all of them, whichever runs it faster here (measured first: on a
-loaded 2-core machine two threads ran the demo target at half the speed of one, and on an idle one with
-AMX 1.7x the speed). A plan that leaves a core idle is not measured against a target denied it. The
+loaded 2-core machine two threads ran the demo target at half the speed of one, and in the bench on one
+with AMX at 1.7x its speed). A plan that leaves a core idle is not measured against a target denied it. The
 speedup is the median of the rounds' ratios. The table shows each stage pair's acceptance over all
 runs, and whether every answer equals the target alone's.
 
