@@ -15,8 +15,10 @@ both loaded and warm, the target alone in this process with up to as many torch 
 was given cores (the plan's devices in all, whether or not the chosen pipeline uses each; with `--plan
 none`, the three devices'): one, or all of them, whichever runs it faster here (measured first: on a
 loaded 2-core machine two threads ran the demo target at half the speed of one, and in the bench on one
-with AMX at 1.7x its speed). A plan that leaves a core idle is not measured against a target denied it. The
-speedup is the median of the rounds' ratios. The table shows each stage pair's acceptance over all
+with AMX at 1.7x its speed). A plan that leaves a core idle is not measured against a target denied it.
+While it runs, the target alone is pinned to as many cores as its threads, as the pipeline's actors are
+pinned to theirs (pipespec.cluster.cores.pinned: unpinned, it ran at 0.7x). The speedup is the median of
+the rounds' ratios. The table shows each stage pair's acceptance over all
 runs, and whether every answer equals the target alone's.
 
 Three steps, each returning data that the command prints (pipespec.cli): `demo_request` checks what
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipespec.cli.timed_requests import OnText, Run, serving, timed, tokens_per_s
+from pipespec.cluster.cores import pinned
 from pipespec.cluster.pipeline import local_ray
 from pipespec.config import PipelineConfig, load_config
 from pipespec.errors import ConfigError
@@ -223,7 +226,9 @@ def run_demo(setup: DemoSetup, runs: int = 3, on_text: OnText | None = None) -> 
         with local_ray():
             with serving(setup.config, request) as client, fastest_alone(setup, request) as (alone, threads):
                 for i in range(runs):  # alternate, so that whatever else the machine does falls on both sides
-                    rounds.append((timed(client.stream, request, on_text if i == 0 else None), timed(alone.stream, request)))
+                    pipeline = timed(client.stream, request, on_text if i == 0 else None)
+                    with pinned(threads):  # as the pipeline's actors are (pipespec.cluster.cores)
+                        rounds.append((pipeline, timed(alone.stream, request)))
                     if i == 0 and on_text is not None:
                         truth = setup.request.truth
                         on_text("\n\n" + (f"the picture shows: {truth}\n\n" if truth is not None else ""))
@@ -247,7 +252,7 @@ def fastest_alone(setup: DemoSetup, request: dict) -> Iterator[tuple[LocalPipeli
             yield alone
 
     def rate(threads: int) -> float:
-        with warm(threads) as alone:
+        with warm(threads) as alone, pinned(threads):
             return tokens_per_s([timed(alone.stream, request)])
 
     counts = sorted({1, setup.threads})

@@ -15,8 +15,8 @@ the next best-ranked chains, each at its best placement and lookaheads there, an
 runtime). Each starts on a local Ray as the config the plan would write (`candidate_config`, its
 coordinator on a free loopback port), is warmed up, then runs `rounds` rounds of the profile's prompts,
 greedy, each round followed by the same prompts to the target alone in this process, warm, at one
-device's threads (the baseline `pipespec demo` and the bench measure against), both timed as a client
-sees them (pipespec.cli.timed_requests: tokens over the seconds of whole requests).
+device's threads and pinned to as many cores as the actors are (pipespec.cluster.cores.pinned; the
+baseline `pipespec demo` measures against), both timed as a client sees them (pipespec.cli.timed_requests: tokens over the seconds of whole requests).
 
 A trial's speedup is the median of its rounds' ratios. On a shared machine the rate drifts by a
 third within minutes (the demo's target alone: 71-108 tok/s over three runs of `pipespec demo`
@@ -55,6 +55,7 @@ def run_trials(
     (default: the profile's), `threads` the target alone's torch threads (default: one device's, else
     1); `on_trial` is given each trial as it ends -> the trials. A candidate that fails to start raises."""
     from pipespec.cli.timed_requests import serving, timed, tokens_per_s
+    from pipespec.cluster.cores import pinned
     from pipespec.cluster.pipeline import local_ray
     from pipespec.config import load_config
     from pipespec.local import LocalPipeline
@@ -75,7 +76,8 @@ def run_trials(
             with serving(load_config(candidate_config(raw, candidate, plan.devices)), requests[0]) as client:
                 for _ in range(rounds):
                     pipeline = tokens_per_s([timed(client.stream, r) for r in requests])
-                    measured.append((pipeline, tokens_per_s([timed(alone.stream, r) for r in requests])))
+                    with pinned(threads):  # as the candidate's actors are (pipespec.cluster.cores)
+                        measured.append((pipeline, tokens_per_s([timed(alone.stream, r) for r in requests])))
             trial = Trial(candidate, *(tuple(side) for side in zip(*measured)))
             log.info("tried %s: %s tok/s", trial, " / ".join(f"{p:.1f} (alone {a:.1f})" for p, a in measured))
             trials.append(trial)
