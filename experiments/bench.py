@@ -19,7 +19,9 @@ a time, as Spec-Bench measures):
                              (one actor per stage, with the config's resources, linked by gRPC) or in
                              this process (--backend local)
 
-Each method runs every prompt --runs times (after one warm-up request). Written to --out (default
+Each method runs every prompt --runs times (after one warm-up request). The in-process methods are pinned
+to as many cores as their threads while they answer, as the device actors are pinned to theirs
+(pipespec.cluster.cores.pinned: unpinned, the demo target on one thread ran at 0.7x). Written to --out (default
 experiments/results/bench/<config name>/): `<method>.jsonl` with one Spec-Bench-shaped line per
 prompt and run (`choices[0]`: `turns`, `new_tokens`, `wall_time`, `accept_lengths`: the tokens each
 target step committed), `bench.md` (the table), `bench.json` and `bench.png`. The table gives the
@@ -39,7 +41,7 @@ import platform
 import statistics
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,6 +52,7 @@ from tqdm import tqdm
 from experiments import cpu_account
 from experiments.prompt_sets import Prompt, load_prompts
 from pipespec import LocalPipeline, load_config
+from pipespec.cluster.cores import pinned
 from pipespec.commands.logs import add_log_level, setup_logging
 from pipespec.config import PipelineConfig, sub_pipeline
 from pipespec.engine import trace
@@ -116,9 +119,10 @@ class InProcess:
 
     def answer(self, request: Request) -> Answer:
         torch.set_num_threads(self.threads)
-        t0 = time.perf_counter()
-        r = generate_sync(self.target, request.spec, self.drafter, self.gamma)
-        wall = time.perf_counter() - t0
+        with pinned(self.threads):  # as the device actors are (pipespec.cluster.cores)
+            t0 = time.perf_counter()
+            r = generate_sync(self.target, request.spec, self.drafter, self.gamma)
+            wall = time.perf_counter() - t0
         pairs = _pairs([r.pair]) if r.pair else ()
         return Answer(request.prompt.question_id, tuple(r.token_ids), wall, r.prefill_s, tuple(r.accept_lengths), pairs)
 
@@ -155,7 +159,7 @@ class HFAssisted:
         padding = list(range(self.target.fit.valid, self.target.model.get_output_embeddings().out_features)) or None
         clock = _Clock()
         t0 = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), pinned(self.threads):
             out = self.target.model.generate(
                 **inputs, assistant_model=self.drafter and self.drafter.model, max_new_tokens=spec.max_new_tokens, do_sample=False,
                 suppress_tokens=padding, eos_token_id=sorted(spec.stop_token_ids) or None, streamer=clock,
@@ -183,9 +187,10 @@ class Pipelined:
 
         if self.threads is not None:
             torch.set_num_threads(self.threads)
-        t0 = time.perf_counter()
-        deltas = list(self.client.stream(**request.kwargs))
-        wall = time.perf_counter() - t0
+        with pinned(self.threads) if self.threads is not None else nullcontext():
+            t0 = time.perf_counter()
+            deltas = list(self.client.stream(**request.kwargs))
+            wall = time.perf_counter() - t0
         g = Generation.from_deltas(deltas)
         steps = tuple(len(d.token_ids) for d in deltas if d.token_ids)
         pairs = _pairs(g.stats.pairs)
