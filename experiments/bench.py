@@ -21,8 +21,8 @@ a time, as Spec-Bench measures):
 
 Each method runs every prompt --runs times (after one warm-up request). The in-process methods are pinned
 to as many cores as their threads while they answer, as the device actors are pinned to theirs
-(pipespec.cluster.cores.pinned: unpinned, the demo target on one thread ran at 0.7x). Written to --out (default
-experiments/results/bench/<config name>/): `<method>.jsonl` with one Spec-Bench-shaped line per
+(pipespec.cluster.cores.pinned: unpinned, the demo target on one thread ran at 0.7x). Written to --out
+(default experiments/results/bench/<config name>/): `<method>.jsonl` with one Spec-Bench-shaped line per
 prompt and run (`choices[0]`: `turns`, `new_tokens`, `wall_time`, `accept_lengths`: the tokens each
 target step committed), `bench.md` (the table), `bench.json` and `bench.png`. The table gives the
 median over runs of tokens per second over the whole set, the speedup over the target alone (the

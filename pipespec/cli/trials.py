@@ -15,8 +15,10 @@ the next best-ranked chains, each at its best placement and lookaheads there, an
 runtime). Each starts on a local Ray as the config the plan would write (`candidate_config`, its
 coordinator on a free loopback port), is warmed up, then runs `rounds` rounds of the profile's prompts,
 greedy, each round followed by the same prompts to the target alone in this process, warm, at one
-device's threads and pinned to as many cores as the actors are (pipespec.cluster.cores.pinned; the
-baseline `pipespec demo` measures against), both timed as a client sees them (pipespec.cli.timed_requests: tokens over the seconds of whole requests).
+device's threads and pinned to as many cores, as the actors are (pipespec.cluster.cores.pinned; the
+baseline `pipespec demo` measures against), both timed as a client sees them
+(pipespec.cli.timed_requests: tokens over the seconds of whole requests). Figures below from before the
+pinning measured an unpinned baseline, which ran at about 0.7x.
 
 A trial's speedup is the median of its rounds' ratios. On a shared machine the rate drifts by a
 third within minutes (the demo's target alone: 71-108 tok/s over three runs of `pipespec demo`

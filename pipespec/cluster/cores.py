@@ -11,8 +11,8 @@ than Ray was told); the actor says which cores it got.
 
 A baseline measured in the driver's process beside a pinned pipeline is pinned alike while it runs
 (`pinned`): the demo's target alone on one thread, unpinned, ran at 0.69-0.71x its pinned rate
-(100 against 141-145 tok/s, alternating in one process, 12 requests a side), because its event-loop
-and compute threads wake each other across cores.
+(100 against 141-145 tok/s, alternating in one process, 12 requests a side); its event-loop and compute
+threads, free to run on different cores, likely wake each other across them.
 
 This assumes the pipeline's bundles are the only pinned work on their nodes.
 """
