@@ -70,6 +70,14 @@ def test_the_report_holds_the_figures_and_renders_them():
     assert lines[-1].endswith("identical to the target alone: yes")
 
 
+def test_a_plan_that_picks_the_target_alone_is_not_called_a_speedup():
+    alone = load_config(demo_raw(DEMO_MODELS, ["target"], "float32", 1.0))
+    report = DemoReport(pipeline=(12.0,), alone=(10.0,), exact=True, pairs=(), threads=1, config=alone)
+    assert report.lines()[-1].startswith("no pipeline with drafters measured faster than the target alone here")
+    chain = load_config(demo_raw(DEMO_MODELS, ["tiny", "target"], "float32", 1.0))
+    assert "identical to the target alone" in DemoReport((12.0,), (10.0,), True, (), 1, chain).lines()[-1]
+
+
 def test_the_target_alone_may_use_every_core_the_demo_was_given():
     """A plan for 2 devices that picks a pipeline on one leaves a core idle: the target alone is not denied it."""
     raw = demo_raw(DEMO_MODELS, ["tiny", "target"], "float32", 1.0)

@@ -339,4 +339,9 @@ class DemoReport:
             f"{statistics.median(self.ratios):.2f}x{predicted_speedup} (the median of the rounds' ratios); "
             f"identical to the target alone: {'yes' if self.exact else 'NO'}",
         ]
+        if len(self.config.stages) == 1:  # the plan found no pipeline faster than the target alone
+            lines.append(
+                "no pipeline with drafters measured faster than the target alone here: this ratio is the target in the "
+                "runtime against the target in this process, not a speculative speedup"
+            )
         return lines
