@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 
 import pytest
@@ -12,6 +13,7 @@ import yaml
 from pipespec.cli import main
 from pipespec.config import load_config
 from pipespec.engine.handoff import FeaturedVerifier as _FeaturedVerifier
+from pipespec.planning import profiling
 from pipespec.planning.analytical import (
     chain_rates,
     chain_rates_with_verify_cost,
@@ -64,6 +66,27 @@ def test_profile_measures_the_emulated_latencies():
     assert prof.host_s == max(0.0, timed.step_s - target.forward_s)
     assert tiny.forward_s * 0.9 <= tiny.step_s <= tiny.forward_s * 1.5 + 0.01  # the drafter alone in the runtime too
     assert tiny.host_s == max(0.0, tiny.step_s - tiny.forward_s) and target.step_s is None  # the target's: prof.requests
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores and Linux")
+def test_the_profile_runs_pinned_to_a_devices_cores_and_lets_go_after(monkeypatch):
+    allowed = os.sched_getaffinity(0)
+    seen = []
+    timed = profiling.time_forwards
+
+    def spy(*args, **kwargs):
+        seen.append(os.sched_getaffinity(0))  # this thread's cores while it times the forwards
+        return timed(*args, **kwargs)
+
+    monkeypatch.setattr(profiling, "time_forwards", spy)
+    raw = mock_raw(tiny={"latency_ms": 1}, target={"latency_ms": 2})
+    profile(raw, prompts=["a b c"], max_new_tokens=10, verify_tokens=4, repeats=2, torch_threads=1)
+    assert seen == [{min(allowed)}] * 2  # one device's thread on one core, as a device actor is pinned
+    assert os.sched_getaffinity(0) == allowed
+    seen.clear()
+    # torch's own threads (None): not pinned
+    profile(raw, prompts=["a b c"], max_new_tokens=10, verify_tokens=4, repeats=2, torch_threads=None)
+    assert seen == [allowed] * 2
 
 
 def test_the_target_alone_is_predicted_as_it_was_timed_in_the_runtime_and_the_chains_as_a_client_sees_them():

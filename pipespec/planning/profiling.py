@@ -4,6 +4,8 @@ Profiling loads the config's stages once, in this process, and measures on a few
 
 - per stage, the median seconds of a 1-token forward and of a `verify_tokens`-token forward after a
   prefill (what a decoding step and a verification step cost), at the torch threads of one device;
+  everything here runs pinned to as many cores as those threads, as a device actor is pinned to its own
+  (pipespec.cluster.cores.pinned);
 - the target alone in the runtime (a `LocalPipeline` of the loaded target, in this process) on each
   prompt, timed as a client sees it (`Requests`): how many tokens each answer has, how long its first
   delta takes (the prefill), and the runtime's seconds per token after it, the forward's and the host's;
@@ -25,12 +27,14 @@ import os
 import statistics
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from pipespec.cluster.cores import pinned
 from pipespec.config import PipelineConfig, load_config
 from pipespec.engine.handoff import FeaturedVerifier, hand_prefill
 from pipespec.engine.stage import Session, Stage
@@ -167,21 +171,24 @@ def profile(
     prompts = tuple(prompts or (IMAGE_PROMPTS if picture is not None else TEXT_PROMPTS))
     pipeline = LocalPipeline(config, torch_threads=torch_threads)  # loads the stages; never started
     requests = [_request(pipeline, p, picture, max_new_tokens) for p in prompts]
-    stages = tuple(
-        _profile_stage(pipeline.stages, i, config, requests[0], verify_tokens, repeats) for i in range(len(config.stages))
-    )
-    last = len(config.stages) - 1
-    timed = _time_requests(raw, last, pipeline.stages[-1], prompts, picture, max_new_tokens, torch_threads)
-    stages = tuple(
-        replace(s, step_s=_drafter_step_s(raw, i, pipeline.stages[i], prompts, max_new_tokens, torch_threads)) if i < last else s
-        for i, s in enumerate(stages)
-    )
-    valid = pipeline.entrance.tokenizer_size
-    pairs = tuple(
-        _profile_pair(pipeline.stages, [s.name for s in config.stages], raw, i, j, requests, gamma, valid)
-        for i, j in itertools.combinations(range(len(config.stages)), 2)
-    )
-    return Profile(config.name, stages, pairs, prompts, image_name, max_new_tokens, gamma, torch_threads, timed)
+    with pinned(torch_threads) if torch_threads else nullcontext():  # as a device actor is (pipespec.cluster.cores)
+        stages = tuple(
+            _profile_stage(pipeline.stages, i, config, requests[0], verify_tokens, repeats) for i in range(len(config.stages))
+        )
+        last = len(config.stages) - 1
+        timed = _time_requests(raw, last, pipeline.stages[-1], prompts, picture, max_new_tokens, torch_threads)
+        stages = tuple(
+            replace(s, step_s=_drafter_step_s(raw, i, pipeline.stages[i], prompts, max_new_tokens, torch_threads))
+            if i < last
+            else s
+            for i, s in enumerate(stages)
+        )
+        valid = pipeline.entrance.tokenizer_size
+        pairs = tuple(
+            _profile_pair(pipeline.stages, [s.name for s in config.stages], raw, i, j, requests, gamma, valid)
+            for i, j in itertools.combinations(range(len(config.stages)), 2)
+        )
+        return Profile(config.name, stages, pairs, prompts, image_name, max_new_tokens, gamma, torch_threads, timed)
 
 
 def _time_requests(
