@@ -21,7 +21,7 @@ a time, as Spec-Bench measures):
 
 Each method runs every prompt --runs times (after one warm-up request). The in-process methods are pinned
 to as many cores as their threads while they answer, as the device actors are pinned to theirs
-(pipespec.cluster.cores.pinned: unpinned, the demo target on one thread ran at 0.7x). Written to --out
+(pipespec.engine.affinity.pinned: unpinned, the demo target on one thread ran at 0.7x). Written to --out
 (default experiments/results/bench/<config name>/): `<method>.jsonl` with one Spec-Bench-shaped line per
 prompt and run (`choices[0]`: `turns`, `new_tokens`, `wall_time`, `accept_lengths`: the tokens each
 target step committed), `bench.md` (the table), `bench.json` and `bench.png`. The table gives the
@@ -52,10 +52,10 @@ from tqdm import tqdm
 from experiments import cpu_account
 from experiments.prompt_sets import Prompt, load_prompts
 from pipespec import LocalPipeline, load_config
-from pipespec.cluster.cores import pinned
 from pipespec.commands.logs import add_log_level, setup_logging
 from pipespec.config import PipelineConfig, sub_pipeline
 from pipespec.engine import trace
+from pipespec.engine.affinity import pinned
 from pipespec.engine.synchronous import generate_sync
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.stats import PairStats, StageStats, merged_stages

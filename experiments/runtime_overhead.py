@@ -32,9 +32,9 @@ import torch
 
 from experiments.prompt_sets import load_prompts
 from pipespec import LocalPipeline, load_config
-from pipespec.cluster.cores import pinned
 from pipespec.commands.logs import add_log_level, setup_logging
 from pipespec.config import sub_pipeline
+from pipespec.engine.affinity import pinned
 from pipespec.engine.synchronous import generate_sync
 from pipespec.requests.outputs import Generation
 

@@ -45,29 +45,3 @@ def test_pinning_covers_every_thread_of_the_process():
 def test_a_slice_past_the_cores_is_not_pinned():
     out = subprocess.run([sys.executable, "-c", PROBE.format(offset=4096)], capture_output=True, text=True, check=True).stdout
     assert out.split("\n")[0] == "None"
-
-
-PINNED = """
-import os, threading
-from pipespec.cluster.cores import pinned
-def masks():
-    return sorted({{tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir("/proc/self/task")}})
-early = threading.Thread(target=threading.Event().wait, daemon=True)
-early.start()  # a thread from before is pinned too, and let go after
-with pinned({count}) as cores:
-    inside = threading.Thread(target=threading.Event().wait, daemon=True)
-    inside.start()  # a thread started inside inherits the cores
-    print(cores, masks())
-print(masks())
-"""
-
-
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores and Linux")
-def test_a_baseline_is_pinned_while_inside_and_let_go_after():
-    allowed = tuple(sorted(os.sched_getaffinity(0)))
-    run = subprocess.run([sys.executable, "-c", PINNED.format(count=1)], capture_output=True, text=True, check=True)
-    inside, after = run.stdout.splitlines()
-    assert inside == f"({allowed[0]},) [({allowed[0]},)]"
-    assert after == f"[{allowed}]"
-    run = subprocess.run([sys.executable, "-c", PINNED.format(count=4096)], capture_output=True, text=True, check=True)
-    assert run.stdout.splitlines() == [f"None [{allowed}]", f"[{allowed}]"]  # more cores than allowed: left alone

@@ -17,7 +17,7 @@ none`, the three devices'): one, or all of them, whichever runs it faster here (
 loaded 2-core machine two threads ran the demo target at half the speed of one, and in the bench on one
 with AMX at 1.7x its speed). A plan that leaves a core idle is not measured against a target denied it.
 While it runs, the target alone is pinned to as many cores as its threads, as the pipeline's actors are
-pinned to theirs (pipespec.cluster.cores.pinned: unpinned, it ran at 0.7x). The speedup is the median of
+pinned to theirs (pipespec.engine.affinity.pinned: unpinned, it ran at 0.7x). The speedup is the median of
 the rounds' ratios. The table shows each stage pair's acceptance over all
 runs, and whether every answer equals the target alone's.
 
@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipespec.cli.timed_requests import OnText, Run, serving, timed, tokens_per_s
-from pipespec.cluster.cores import pinned
 from pipespec.cluster.pipeline import local_ray
 from pipespec.config import PipelineConfig, load_config
+from pipespec.engine.affinity import pinned
 from pipespec.errors import ConfigError
 from pipespec.planning.placement import Devices
 from pipespec.protocol.stats import PairStats, merged_pairs

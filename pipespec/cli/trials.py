@@ -15,7 +15,7 @@ the next best-ranked chains, each at its best placement and lookaheads there, an
 runtime). Each starts on a local Ray as the config the plan would write (`candidate_config`, its
 coordinator on a free loopback port), is warmed up, then runs `rounds` rounds of the profile's prompts,
 greedy, each round followed by the same prompts to the target alone in this process, warm, at one
-device's threads and pinned to as many cores, as the actors are (pipespec.cluster.cores.pinned; the
+device's threads and pinned to as many cores, as the actors are (pipespec.engine.affinity.pinned; the
 baseline `pipespec demo` measures against), both timed as a client sees them
 (pipespec.cli.timed_requests: tokens over the seconds of whole requests). The list above is from before the
 profile and the baseline were pinned (an unpinned baseline ran at about 0.7x).
@@ -57,9 +57,9 @@ def run_trials(
     (default: the profile's), `threads` the target alone's torch threads (default: one device's, else
     1); `on_trial` is given each trial as it ends -> the trials. A candidate that fails to start raises."""
     from pipespec.cli.timed_requests import serving, timed, tokens_per_s
-    from pipespec.cluster.cores import pinned
     from pipespec.cluster.pipeline import local_ray
     from pipespec.config import load_config
+    from pipespec.engine.affinity import pinned
     from pipespec.local import LocalPipeline
     from pipespec.planning.plan import Trial, candidate_config, contenders
     from pipespec.planning.profiling import request_keywords, sub_config

@@ -9,10 +9,7 @@ torch starts its thread pool, so later threads inherit the mask. A bundle with a
 share is not pinned, nor is a slice past the cores the process may use (the node has fewer cores
 than Ray was told); the actor says which cores it got.
 
-A baseline measured in the driver's process beside a pinned pipeline is pinned alike while it runs
-(`pinned`): the demo's target alone on one thread, unpinned, ran at 0.69-0.71x its pinned rate
-(100 against 141-145 tok/s, alternating in one process, 12 requests a side); its event-loop and compute
-threads, free to run on different cores, likely wake each other across them.
+A baseline measured beside a pinned pipeline is pinned alike (pipespec.engine.affinity.pinned).
 
 This assumes the pipeline's bundles are the only pinned work on their nodes.
 """
@@ -21,9 +18,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from pipespec.engine.affinity import pin_threads
 
 log = logging.getLogger(__name__)
 
@@ -59,30 +57,5 @@ def pin_process(cores: CoreSlice) -> tuple[int, ...] | None:
     if len(chosen) < cores.count:
         log.warning("cannot pin to %d cores from the %d-th: this process may use only %s", cores.count, cores.offset, allowed)
         return None
-    _pin_threads(chosen)
+    pin_threads(chosen)
     return tuple(chosen)
-
-
-@contextmanager
-def pinned(count: int) -> Iterator[tuple[int, ...] | None]:
-    """Every thread of this process on the first `count` cores it may use while inside (threads started
-    inside inherit them), all back on the cores the process may use after; yields the cores, or None
-    where it cannot pin (no sched_setaffinity, or fewer cores than `count`)."""
-    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
-    if len(allowed) < count:
-        yield None
-        return
-    chosen = allowed[:count]
-    _pin_threads(chosen)
-    try:
-        yield tuple(chosen)
-    finally:
-        _pin_threads(allowed)
-
-
-def _pin_threads(cores: Sequence[int]) -> None:
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cores)
-        except OSError:  # the thread ended meanwhile
-            pass

@@ -9,6 +9,7 @@
 - `outcome_cache`: branches a waiting drafter pre-drafts for the verdicts it expects
 - `step`: one forward of one stage, planned on the loop and run on the compute thread
 - `scheduler`: `DeviceScheduler`, one device's compute thread shared by its stages
+- `affinity`: which cores this process's threads run on (a device's, and a baseline measured beside it)
 - `choice`, `sampling`, `noise`: how logits become tokens (greedy, coupled, rejection), exactly alike
   on every stage
 - `handoff`: the target-to-DREAM feature handoff

@@ -5,7 +5,7 @@ Profiling loads the config's stages once, in this process, and measures on a few
 - per stage, the median seconds of a 1-token forward and of a `verify_tokens`-token forward after a
   prefill (what a decoding step and a verification step cost), at the torch threads of one device;
   everything here runs pinned to as many cores as those threads, as a device actor is pinned to its own
-  (pipespec.cluster.cores.pinned);
+  (pipespec.engine.affinity.pinned);
 - the target alone in the runtime (a `LocalPipeline` of the loaded target, in this process) on each
   prompt, timed as a client sees it (`Requests`): how many tokens each answer has, how long its first
   delta takes (the prefill), and the runtime's seconds per token after it, the forward's and the host's;
@@ -34,8 +34,8 @@ from typing import Any
 
 import yaml
 
-from pipespec.cluster.cores import pinned
 from pipespec.config import PipelineConfig, load_config
+from pipespec.engine.affinity import pinned
 from pipespec.engine.handoff import FeaturedVerifier, hand_prefill
 from pipespec.engine.stage import Session, Stage
 from pipespec.engine.synchronous import generate_sync
