@@ -25,46 +25,38 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
 from experiments.prompt_sets import load_prompts
 from pipespec import LocalPipeline, load_config
 from pipespec.commands.logs import add_log_level, setup_logging
-from pipespec.config import sub_pipeline
-from pipespec.engine.affinity import pinned
+from pipespec.config import PipelineConfig, sub_pipeline
+from pipespec.engine.affinity import pin_threads, pinned
 from pipespec.engine.synchronous import generate_sync
 from pipespec.requests.outputs import Generation
 
 
 @contextmanager
 def placed(compute_core: int, other_core: int) -> Iterator[None]:
-    """While inside, this process's device compute threads (named device-*) on `compute_core` and every other
-    thread on `other_core`; after, every thread back on the cores the process may use."""
+    """While inside, this process's device compute threads (named device-*, those running when it is entered: a
+    device's starts with its first forward, so warm up first) on `compute_core` and every other thread on
+    `other_core`; after, every thread back on the cores the process may use."""
     allowed = sorted(os.sched_getaffinity(0))
-    compute = {t.native_id for t in threading.enumerate() if t.name.startswith("device-") and t.native_id is not None}
-    _pin({tid: {compute_core if tid in compute else other_core} for tid in _threads()})
+    pin_threads([other_core])
+    for thread in threading.enumerate():
+        if thread.name.startswith("device-") and thread.native_id is not None:
+            os.sched_setaffinity(thread.native_id, {compute_core})
     try:
         yield
     finally:
-        _pin({tid: allowed for tid in _threads()})
+        pin_threads(allowed)
 
 
-def _threads() -> list[int]:
-    return [int(tid) for tid in os.listdir("/proc/self/task")]
-
-
-def _pin(cores: dict[int, Collection[int]]) -> None:
-    for tid, chosen in cores.items():
-        try:
-            os.sched_setaffinity(tid, chosen)
-        except OSError:  # the thread ended meanwhile
-            pass
-
-
-def streamed(client, requests: Sequence[dict]) -> float:
+def streamed(client: Any, requests: Sequence[dict]) -> float:
     """Tokens a second over whole requests, streamed through `client` (a LocalPipeline or a pipespec.Client)."""
     start, tokens = time.perf_counter(), 0
     for kwargs in requests:
@@ -94,46 +86,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         for p in load_prompts(args.prompts)[: args.limit]
     ]
     torch.set_num_threads(1)
-    local = LocalPipeline(alone, torch_threads=1)
-    local.start()
-    target = local.stages[-1]
-    specs = [local.request(**kwargs)[0] for kwargs in requests]
-
-    def decode_loop() -> float:
-        with pinned(1):
-            start = time.perf_counter()
-            tokens = sum(len(generate_sync(target, spec, None, 0).token_ids) for spec in specs)
-            return tokens / (time.perf_counter() - start)
-
-    def runtime(compute_core: int, other_core: int) -> Callable[[], float]:
-        def run() -> float:
-            with placed(compute_core, other_core):
-                return streamed(local, requests)
-
-        return run
-
-    from pipespec import Client
-    from pipespec.cluster.pipeline import local_ray, start_pipeline
-
-    with local_ray():
-        running = start_pipeline(alone, port=0, pin_cores=True)
-        try:
-            client = Client(running.address)
-            methods: dict[str, Callable[[], float]] = {
-                "decode loop": decode_loop,
-                "runtime, one core": runtime(first, first),
-                "runtime, loop on another core": runtime(first, second),
-                "Ray actor": lambda: streamed(client, requests),
-            }
-            for method in methods.values():  # warm up
-                method()
-            rates: dict[str, list[float]] = {name: [] for name in methods}
-            for _ in range(args.rounds):
-                for name, method in methods.items():
-                    rates[name].append(method())
-        finally:
-            running.stop()
-    local.close()
+    with LocalPipeline(alone, torch_threads=1) as local:
+        rates = measure(local, alone, requests, args.rounds, (first, second))
 
     base = statistics.median(rates["decode loop"])
     print(f"{config.target.name} alone, {len(requests)} prompts, up to {args.max_new_tokens} tokens, one torch thread, ", end="")
@@ -150,17 +104,69 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"| {idle_ms:g} ms | {round_trip_us(first, first, idle_ms)} | {round_trip_us(first, second, idle_ms)} |")
 
 
+def measure(
+    local: LocalPipeline, alone: PipelineConfig, requests: Sequence[dict], rounds: int, cores: tuple[int, int]
+) -> dict[str, list[float]]:
+    """Each method's tokens a second in each round (the module docstring's methods, in its order, alternating);
+    `local`: the target alone in this process, started; `alone`: its config, deployed on a local Ray here."""
+    from pipespec import Client
+    from pipespec.cluster.pipeline import local_ray, start_pipeline
+
+    first, second = cores
+    target = local.stages[-1]
+    specs = [local.request(**kwargs)[0] for kwargs in requests]
+
+    def decode_loop() -> float:
+        with pinned(1):
+            start = time.perf_counter()
+            tokens = sum(len(generate_sync(target, spec, None, 0).token_ids) for spec in specs)
+            return tokens / (time.perf_counter() - start)
+
+    def runtime(compute_core: int, other_core: int) -> Callable[[], float]:
+        def run() -> float:
+            with placed(compute_core, other_core):
+                return streamed(local, requests)
+
+        return run
+
+    with local_ray():
+        running = start_pipeline(alone, port=0, pin_cores=True)
+        try:
+            client = Client(running.address)
+            methods: dict[str, Callable[[], float]] = {
+                "decode loop": decode_loop,
+                "runtime, one core": runtime(first, first),
+                "runtime, loop on another core": runtime(first, second),
+                "Ray actor": lambda: streamed(client, requests),
+            }
+            for method in methods.values():  # warm up (a device's compute thread starts with its first forward)
+                method()
+            rates: dict[str, list[float]] = {name: [] for name in methods}
+            for _ in range(rounds):
+                for name, method in methods.items():
+                    rates[name].append(method())
+            return rates
+        finally:
+            running.stop()
+
+
 def round_trip_us(core: int, peer_core: int, idle_ms: float, trips: int = 300) -> str:
     """Median and 90th percentile microseconds of a ping (one byte through a pipe) to a process pinned to `peer_core`
     and its pong back, sent from `core` after busy-waiting `idle_ms` (the peer blocked in read meanwhile)."""
     ping_r, ping_w = os.pipe()
     pong_r, pong_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the peer: echo until told to stop
-        os.sched_setaffinity(0, {peer_core})
-        while (byte := os.read(ping_r, 1)) != b"q":
-            os.write(pong_w, byte)
-        os._exit(0)
+    if pid == 0:  # the peer: echo until told to stop, or its parent is gone (end of file); never returns
+        try:
+            os.close(ping_w)
+            os.close(pong_r)
+            os.sched_setaffinity(0, {peer_core})
+            while (byte := os.read(ping_r, 1)) not in (b"q", b""):
+                os.write(pong_w, byte)
+        finally:
+            os._exit(0)
+    os.close(ping_r)
+    os.close(pong_w)
     allowed = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {core})
     times = []
@@ -177,8 +183,8 @@ def round_trip_us(core: int, peer_core: int, idle_ms: float, trips: int = 300) -
         os.write(ping_w, b"q")
         os.waitpid(pid, 0)
         os.sched_setaffinity(0, allowed)
-        for fd in (ping_r, ping_w, pong_r, pong_w):
-            os.close(fd)
+        os.close(ping_w)
+        os.close(pong_r)
     times.sort()
     return f"{statistics.median(times):.0f} us (p90 {times[int(0.9 * len(times))]:.0f})"
 

@@ -3,7 +3,8 @@
     python -m experiments.train_cost [--steps 5000] [--batch-size 64] [--rounds 3] [--batches 8] [--eager-only]
 
 `python -m demo.train target` runs `--steps` optimiser steps of `--batch-size` conversations (demo.train's shipped
-recipe) in fp32 on the CPU. This times that step on real batches of the recipe (`demo.train.batches`), in fp32 and
+recipe) in fp32 on the CPU. This times that step (its optimiser, `training.optimiser`, clipping included) on real
+batches of the recipe (`demo.train.batches`), in fp32 and
 under bf16 autocast, eager and compiled (`torch.compile`), alternating over `--rounds` rounds of `--batches`
 batches each (medians), beside what its arithmetic needs: 6 x the parameters the tokens pass through (language
 model, projector, head; forward and backward) x the tokens of a batch (padding included), plus attention's, over
@@ -19,12 +20,14 @@ import contextlib
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from demo import train
 from pipespec.commands.logs import add_log_level, setup_logging
+from training.optimiser import Optimiser
 
 
 def matmul_rate(dtype: torch.dtype, n: int = 1024, repeats: int = 20) -> float:
@@ -38,7 +41,7 @@ def matmul_rate(dtype: torch.dtype, n: int = 1024, repeats: int = 20) -> float:
     return 2 * n**3 * repeats / (time.perf_counter() - start)
 
 
-def step_flop(model, tokens: int, width: int) -> float:
+def step_flop(model: torch.nn.Module, tokens: int, width: int) -> float:
     """FLOP of one training step (forward and backward) over `tokens` tokens in rows of `width`: 6 per parameter
     the tokens pass through (the vision tower is frozen and its 10 image tokens a picture are left out) and per
     token, plus the attention scores and their weighted sum."""
@@ -66,16 +69,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = train.encode_all(train.conversations(0, 40 * args.batch_size), processor, tokenizer)
     draw = train.batches(rows, args.batch_size, random.Random(0), tokenizer.pad_token_id)
     batches = [next(draw) for _ in range(args.batches)]
-    optimiser = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], 1e-4)
+    params = [p for p in model.parameters() if p.requires_grad]  # the recipe's optimiser (demo.train.fit's)
+    optimiser = Optimiser.adamw(params, 1e-3, args.steps, weight_decay=0.1, warmup_steps=args.steps // 30)
     model.train()
 
-    def step(forward, batch, bf16: bool) -> None:
+    def step(forward: Callable[..., Any], batch: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor], bf16: bool) -> None:
         ids, pixels, labels = batch
         with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
             logits = forward(input_ids=ids, pixel_values=pixels).logits
-        train.answer_loss(logits.float(), labels).backward()
-        optimiser.step()
-        optimiser.zero_grad()
+        optimiser.update(train.answer_loss(logits.float(), labels))
 
     variants = {"fp32 (the recipe)": (model, False), "bf16 autocast": (model, True)}
     if not args.eager_only:

@@ -34,15 +34,22 @@ def test_a_round_trip_is_timed_on_one_core_and_across_two():
     allowed = os.sched_getaffinity(0)
     first, second = sorted(allowed)[:2]
     for peer in (first, second):
-        median, p90 = map(int, re.fullmatch(r"(\d+) us \(p90 (\d+)\)", round_trip_us(first, peer, 0.1, trips=20)).groups())
-        assert 0 <= median <= p90
+        timed = re.fullmatch(r"(\d+) us \(p90 (\d+)\)", round_trip_us(first, peer, 0.1, trips=20))
+        assert timed and 0 < int(timed[1]) <= int(timed[2])  # a round trip through the kernel takes a microsecond at least
     assert os.sched_getaffinity(0) == allowed  # this thread back where it was
+
 
 
 @pytest.mark.ray
 @pytest.mark.slow
 def test_every_layer_answers_the_demo_prompts_beside_the_decode_loop(capsys):
-    main(["--limit", "1", "--rounds", "1", "--max-new-tokens", "4", "--log-level", "WARNING"])
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        main(["--limit", "1", "--rounds", "1", "--max-new-tokens", "4", "--log-level", "WARNING"])
+    finally:
+        torch.set_num_threads(threads)
     out = capsys.readouterr().out
     rows = dict(re.findall(r"^\| ([a-zA-Z ,]+) \| [\d.]+ \| [\d, ]+ \| ([\d.]+)x \|$", out, re.M))
     assert list(rows) == ["decode loop", "runtime, one core", "runtime, loop on another core", "Ray actor"]

@@ -22,9 +22,9 @@ profile and the baseline were pinned (an unpinned baseline ran at about 0.7x).
 
 A trial's speedup is the median of its rounds' ratios. On a shared machine the rate drifts by a
 third within minutes (the demo's target alone, pinned: 115-167 tok/s over the rounds of three runs of
-`pipespec plan` here, experiments/results/plan/repeats.md) while the ratio of two sides measured side by side holds; `pipespec.planning.plan.tried` picks
-by it. Every trial starts its own actors (about 40 s each for the demo models here), one after the
-other.
+`pipespec plan` here, experiments/results/plan/repeats.md) while the ratio of two sides measured side
+by side holds; `pipespec.planning.plan.tried` picks by it. Every trial starts its own actors (about
+40 s each for the demo models here), one after the other.
 """
 
 from __future__ import annotations
