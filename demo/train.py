@@ -30,9 +30,9 @@ device: at batch 64 the mean loss of the first 100 steps is 3.32914 on the CPU a
 50 steps 0.189 and 0.196; at batch 16, over all 5000 steps, the last 200 steps' is 0.265 and 0.260. Every other
 step fits in about 15 minutes here. Training runs in fp32: on a CPU without bf16 instructions a bf16-autocast step
 costs 23x an fp32 one (80 s against 3.5 s for the old 24-layer target's batch), and on one with them (AMX) a step
-of the shipped shape took 0.75x the fp32 one's, 0.66x compiled (`python -m experiments.train_cost`,
+of the shipped shape took 0.79x the fp32 one's time, 0.68x compiled (`python -m experiments.train_cost`,
 experiments/results/train_cost.md): not enough to leave the loss curve both devices share for a budget it would
-still miss (the fp32 step already runs at 56% of these cores' fp32 matrix-product rate).
+still miss (the fp32 step already runs at 54% of these cores' fp32 matrix-product rate).
 """
 
 from __future__ import annotations
