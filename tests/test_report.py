@@ -137,3 +137,8 @@ def test_the_deployment_is_the_why_only_where_it_costs_the_target():
     cheap = results._deployment(bench(9.8))
     assert cheap.startswith("- The deployment costs the target little here.") and "0.98x" in cheap and "traces below" in cheap
     assert results._deployment({"rows": [{"method": "target", "tokens_per_s": 9.0, "prefill_s": 0.05}]}) is None
+    two_threads_faster = {"rows": [*bench(8.0)["rows"], {"method": "target", "tokens_per_s": 16.0, "prefill_s": 0.05}][1:]}
+    costly = results._deployment(two_threads_faster)  # the faster on every core; the actor has one: both ratios
+    assert "0.50x the same target decoding in this process (target)" in costly
+    assert "Against the same target on one thread, as its actor has: 0.80x." in costly
+    assert "Against the same" not in results._deployment(bench(8.0))  # the faster was the one thread itself
