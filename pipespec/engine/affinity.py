@@ -3,8 +3,8 @@ actor its slice) and a measurement taken beside it (`pinned`).
 
 A baseline measured in the driver's process beside a pinned pipeline is pinned alike while it runs (`pinned`): the
 demo's target alone on one thread, unpinned, ran at 0.69-0.71x its pinned rate (100 against 141-145 tok/s,
-alternating in one process, 12 requests a side). A wake-up across cores costs 70-220 us on this project's 2-core
-virtual machines against 7-23 us on one (experiments/results/host_work/README.md), and an unpinned process's
+alternating in one process, 12 requests a side). On that 2-core virtual machine a wake-up across cores cost
+70-220 us against 7-23 us on one core (experiments/results/host_work/README.md), and an unpinned process's
 event-loop and compute threads wake each other across them. `pipespec plan` profiles pinned for the same reason.
 """
 
