@@ -33,11 +33,11 @@ import torch
 
 from experiments.prompt_sets import load_prompts
 from pipespec import LocalPipeline, load_config
+from pipespec.cli.timed_requests import timed, tokens_per_s
 from pipespec.commands.logs import add_log_level, setup_logging
 from pipespec.config import PipelineConfig, sub_pipeline
 from pipespec.engine.affinity import pin_threads, pinned
 from pipespec.engine.synchronous import generate_sync
-from pipespec.requests.outputs import Generation
 
 
 @contextmanager
@@ -57,11 +57,9 @@ def placed(compute_core: int, other_core: int) -> Iterator[None]:
 
 
 def streamed(client: Any, requests: Sequence[dict]) -> float:
-    """Tokens a second over whole requests, streamed through `client` (a LocalPipeline or a pipespec.Client)."""
-    start, tokens = time.perf_counter(), 0
-    for kwargs in requests:
-        tokens += len(Generation.from_deltas(list(client.stream(**kwargs))).token_ids)
-    return tokens / (time.perf_counter() - start)
+    """Tokens a second over whole requests, streamed through `client` (a LocalPipeline or a pipespec.Client) and
+    timed as `pipespec demo` and the planner's trials time them (pipespec.cli.timed_requests)."""
+    return tokens_per_s([timed(client.stream, request) for request in requests])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
