@@ -21,7 +21,10 @@ a time, as Spec-Bench measures):
 
 Each method runs every prompt --runs times (after one warm-up request). The in-process methods are pinned
 to as many cores as their threads while they answer, as the device actors are pinned to theirs
-(pipespec.engine.affinity.pinned: unpinned, the demo target on one thread ran at 0.7x). Written to --out
+(pipespec.engine.affinity.pinned: unpinned, the demo target on one thread ran at 0.7x). `--only` picks
+methods by the start of a word of their names (the target alone always runs); a pipeline it does not pick
+never starts, so a GPU run loads as many 7B targets as it measures. Written to --out after every run (a
+bench stopped by a time limit keeps the runs it finished; the header says how many)
 (default experiments/results/bench/<config name>/): `<method>.jsonl` with one Spec-Bench-shaped line per
 prompt and run (`choices[0]`: `turns`, `new_tokens`, `wall_time`, `accept_lengths`: the tokens each
 target step committed), `bench.md` (the table), `bench.json` and `bench.png`. The table gives the
@@ -38,6 +41,7 @@ import json
 import logging
 import os
 import platform
+import re
 import statistics
 import time
 from collections.abc import Iterator, Sequence
@@ -70,7 +74,7 @@ class Settings:
     gamma: int = 4  # synchronous speculation's window
     backend: str = "ray"  # where the asynchronous pipelines run: "ray" or "local"
     pin_cores: bool = True  # pin each Ray device actor to cores of its own (pipespec.cluster.cores)
-    only: tuple[str, ...] = ()  # run only the methods whose names contain one of these (the target alone always runs)
+    only: tuple[str, ...] = ()  # run only the methods one of these begins a word of (`selected`; the target alone always)
 
     def describe(self) -> str:
         return (
@@ -221,15 +225,30 @@ def _placement(devices: list[dict]) -> str:
     )
 
 
+def selected(name: str, only: Sequence[str]) -> bool:
+    """Whether `--only` picks the method `name`: with no patterns every method, always the target alone, and
+    a method a pattern begins a word of ("async tiny" picks "async tiny->target", "dream->target" picks
+    "sync dream->target", "sync tiny" picks "sync tiny->target" but not "async tiny->target")."""
+    return not only or name == "target" or any(re.search(r"(?:^|\s)" + re.escape(o), name) for o in only)
+
+
+def async_name(config: PipelineConfig, backend: str) -> str:
+    return f"async {_chain(config)}" + (" (local)" if backend == "local" else "")
+
+
 @contextmanager
-def async_methods(config: PipelineConfig, backend: str, pin_cores: bool = True) -> Iterator[list[Pipelined]]:
-    """Every asynchronous pipeline of `chains`, all started at once (idle ones cost next to nothing), so
-    that their runs alternate with the in-process methods'; stopped on exit."""
+def async_methods(
+    config: PipelineConfig, backend: str, pin_cores: bool = True, only: Sequence[str] = ()
+) -> Iterator[list[Pipelined]]:
+    """The asynchronous pipelines of `chains` that `only` picks, all started at once (idle ones cost next to
+    nothing), so that their runs alternate with the in-process methods'; stopped on exit. Only those:
+    each one loads its models again (a 7B target each)."""
     configs = [sub_pipeline(config, names) for names in chains(config)]
+    configs = [c for c in configs if selected(async_name(c, backend), only)]
     if backend == "local":
         with ExitStack() as stack:
             pipes = [stack.enter_context(LocalPipeline(c)) for c in configs]
-            yield [Pipelined(f"async {_chain(c)} (local)", p, p, {}, "one process", threads=1) for c, p in zip(configs, pipes)]
+            yield [Pipelined(async_name(c, backend), p, p, {}, "one process", threads=1) for c, p in zip(configs, pipes)]
         return
     from pipespec import Client
     from pipespec.cluster.pipeline import local_ray, start_pipeline
@@ -240,9 +259,10 @@ def async_methods(config: PipelineConfig, backend: str, pin_cores: bool = True) 
         for c in configs:
             running = start_pipeline(c, port=0, pin_cores=pin_cores)
             stack.callback(running.stop)
-            name = f"async {'->'.join(s.name for s in c.stages)}"
             methods.append(
-                Pipelined(name, Client(running.address), running, running.processes(), _placement(running.placement()))
+                Pipelined(
+                    async_name(c, backend), Client(running.address), running, running.processes(), _placement(running.placement())
+                )
             )
         yield methods
 
@@ -394,12 +414,12 @@ def run_bench(config: PipelineConfig, prompts: list[Prompt], settings: Settings,
     failures: dict[str, str] = {}
     traces: dict[str, list[list[dict]]] = {}  # per async method, per run: each stage's trace summary
     cpu: dict[str, list[dict[str, float]]] = {}  # per method, per run: CPU seconds per process group
-    with async_methods(config, settings.backend, settings.pin_cores) as pipelines:
-        chosen = [
-            m
-            for m in [*methods, *pipelines]
-            if m.name == "target" or not settings.only or any(o in m.name for o in settings.only)
-        ]
+    decode = pipe.front_door.tokenizer.decode if pipe.front_door.tokenizer is not None else str
+    prompt_of = {p.question_id: p for p in prompts}
+    rows: list[Row] = []
+    with async_methods(config, settings.backend, settings.pin_cores, settings.only) as pipelines:
+        chosen = [m for m in [*methods, *pipelines] if selected(m.name, settings.only)]
+        placements = {m.name: m.placement for m in pipelines}
         bar = tqdm(total=settings.runs * len(requests) * len(chosen), desc="bench")
         alive = []
         for method in chosen:  # warm each up once
@@ -411,7 +431,9 @@ def run_bench(config: PipelineConfig, prompts: list[Prompt], settings: Settings,
                 log.warning("%s failed: %s", method.name, e)
                 failures[method.name] = f"{type(e).__name__}: {e}"
                 bar.update(settings.runs * len(requests))
-        for _ in range(settings.runs):  # rounds: every method answers every prompt once per round, in turn
+        if "target" not in results:
+            raise RuntimeError(f"the target alone failed: {failures.get('target')}")
+        for done in range(1, settings.runs + 1):  # rounds: every method answers every prompt once per round, in turn
             for method in alive:
                 traced = isinstance(method, Pipelined)
                 if traced:
@@ -422,30 +444,31 @@ def run_bench(config: PipelineConfig, prompts: list[Prompt], settings: Settings,
                 if traced:
                     traces.setdefault(method.name, []).append(method.deployment.stop_trace())
                 bar.update(len(requests))
-        placements = {m.name: m.placement for m in pipelines}
+            # written after every round: a run stopped by a time limit keeps what it measured
+            rows = tabulate(results)
+            header = (
+                f"Config `{config.name}` ({' -> '.join(s.name for s in config.stages)}), {len(prompts)} prompts, "
+                f"{settings.describe()}{'' if done == settings.runs else f' (after {done} of {settings.runs} runs)'}; "
+                f"{hardware()}."
+            )
+            tokens = {r.method: sum(len(a.token_ids) for a in results[r.method][0]) for r in rows}
+            extra = where_the_time_goes(traces, cpu, placements, tokens)
+            write(out, header, rows, results, failures, lambda name, runs: spec_bench_lines(name, runs, prompt_of, decode), extra)
     bar.close()
+    return rows
 
-    if "target" not in results:
-        raise RuntimeError(f"the target alone failed: {failures.get('target')}")
+
+def tabulate(results: dict[str, list[list[Answer]]]) -> list[Row]:
+    """The table's rows, each method's answers compared with the target alone's first run: its speedup over
+    the target alone at its faster thread count and over the best synchronous method."""
     reference = {a.question_id: a.token_ids for a in results["target"][0]}
     rows = [summarise(name, r, reference) for name, r in results.items()]
-    base = max(r.tokens_per_s for r in rows if r.method in ("target", "target, 1 thread"))  # at its faster thread count
+    base = max(r.tokens_per_s for r in rows if r.method in ("target", "target, 1 thread"))
     sync = max((r.tokens_per_s for r in rows if r.method.startswith("sync")), default=None)
-    rows = [
+    return [
         Row(**{**asdict(r), "speedup": r.tokens_per_s / base, "speedup_vs_sync": r.tokens_per_s / sync if sync else None})
         for r in rows
     ]
-    header = (
-        f"Config `{config.name}` ({' -> '.join(s.name for s in config.stages)}), {len(prompts)} prompts, {settings.describe()}; "
-        f"{hardware()}."
-    )
-    decode = pipe.front_door.tokenizer.decode if pipe.front_door.tokenizer is not None else str
-    prompt_of = {p.question_id: p for p in prompts}
-    extra = where_the_time_goes(
-        traces, cpu, placements, {r.method: sum(len(a.token_ids) for a in results[r.method][0]) for r in rows}
-    )
-    write(out, header, rows, results, failures, lambda name, runs: spec_bench_lines(name, runs, prompt_of, decode), extra)
-    return rows
 
 
 def where_the_time_goes(
@@ -519,7 +542,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--gamma", type=int, default=4, help="synchronous speculation's window")
     parser.add_argument("--backend", choices=["ray", "local"], default="ray", help="where the asynchronous pipelines run")
     parser.add_argument("--no-pin", action="store_true", help="leave the device actors' threads unpinned")
-    parser.add_argument("--only", nargs="+", default=(), help="run only methods whose names contain one of these")
+    parser.add_argument(
+        "--only", nargs="+", default=(), help="run only the methods one of these begins a word of (the target alone always; "
+        "no other pipeline starts): 'async tiny', 'sync dream->target', 'dream->target'"
+    )
     add_log_level(parser)
     args = parser.parse_args(argv)
     setup_logging(args.log_level)

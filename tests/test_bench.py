@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from experiments.bench import Settings, chains, run_bench
+import experiments.bench as bench
+from experiments.bench import Settings, chains, run_bench, selected
 from experiments.prompt_sets import WORLD_PROMPTS, load_prompts
 from pipespec import load_config
 from pipespec.config import ConfigError, sub_pipeline
@@ -63,6 +64,39 @@ def test_every_method_runs_and_equals_the_target_alone(family, tmp_path):
     assert "| async tiny->mid->target (local) |" in table and "prefill s" in table and "| pre-drafted hits |" in table
     assert "**async tiny->mid->target (local)** on one process" in table  # its trace (pipespec.engine.trace)
     assert "| mid | " in table.split("**async tiny->mid->target (local)**")[1]
+
+
+def test_only_picks_by_the_start_of_a_word_and_the_target_alone_always():
+    names = ["target", "target, 1 thread", "sync tiny->target", "sync tiny->target, 1 thread", "async tiny->target",
+             "async tiny->mid->target (local)", "hf-assisted tiny->target"]  # fmt: skip
+    assert [n for n in names if selected(n, ())] == names
+    assert [n for n in names if selected(n, ["sync tiny"])] == ["target", "sync tiny->target", "sync tiny->target, 1 thread"]
+    assert [n for n in names if selected(n, ["async tiny"])] == ["target", "async tiny->target", "async tiny->mid->target (local)"]
+    assert [n for n in names if selected(n, ["tiny->target"])] == [
+        "target", "sync tiny->target", "sync tiny->target, 1 thread", "async tiny->target", "hf-assisted tiny->target"
+    ]  # fmt: skip
+    assert [n for n in names if selected(n, ["iny"])] == ["target"]  # not the middle of a word
+
+
+def test_only_starts_only_the_picked_pipelines_and_the_tables_are_written_after_every_run(family, tmp_path, monkeypatch):
+    prompts_file = tmp_path / "question.jsonl"
+    prompts_file.write_text(json.dumps(SPEC_BENCH[1]) + "\n")
+    started, headers = [], []
+
+    class Counted(bench.LocalPipeline):
+        def __init__(self, config, *args, **kwargs):
+            started.append(config.name)
+            super().__init__(config, *args, **kwargs)
+
+    write = bench.write
+    monkeypatch.setattr(bench, "LocalPipeline", Counted)
+    monkeypatch.setattr(bench, "write", lambda out, header, *rest: (headers.append(header), write(out, header, *rest)))
+    settings = Settings(2, 6, 3, "local", only=("async tiny->target",))
+    rows = run_bench(load_config(_config(family)), load_prompts(prompts_file), settings, tmp_path / "out")
+    assert [r.method for r in rows] == ["target", "async tiny->target (local)"]
+    assert started == ["toy", "toy[tiny->target]"]  # the stages the in-process methods use, and one pipeline
+    assert len(headers) == 2 and "(after 1 of 2 runs)" in headers[0] and "after" not in headers[1]
+    assert [r["runs"] for r in json.loads((tmp_path / "out" / "bench.json").read_text())["rows"]] == [2, 2]
 
 
 def test_chains_and_sub_pipelines(family):

@@ -33,7 +33,7 @@ def test_ray_job_submit_serves_a_pipeline(head, tmp_path):
     ray, dashboard, env = RAY, head.dashboard, head.env
     port = free_port()
     job_id = f"pipespec-test-{port}"
-    submit = [ray, "job", "submit", "--address", dashboard, "--submission-id", job_id, "--no-wait",
+    submit = [*ray, "job", "submit", "--address", dashboard, "--submission-id", job_id, "--no-wait",
               "--working-dir", str(ROOT), "--", sys.executable, "-m", "pipespec.cluster.launch", "pipespec/configs/mock3.yaml",
               "--port", str(port)]  # fmt: skip
     subprocess.run(submit, env=env, check=True, capture_output=True, timeout=180, cwd=ROOT)
@@ -47,7 +47,7 @@ def test_ray_job_submit_serves_a_pipeline(head, tmp_path):
             except Exception:  # noqa: BLE001 - not up yet (connection refused / unavailable)
                 if time.monotonic() > deadline:
                     logs = subprocess.run(
-                        [ray, "job", "logs", "--address", dashboard, job_id], env=env, capture_output=True, text=True
+                        [*ray, "job", "logs", "--address", dashboard, job_id], env=env, capture_output=True, text=True
                     )
                     pytest.fail(f"the job never served: {logs.stdout[-3000:]}{logs.stderr[-2000:]}")
                 time.sleep(0.5)  # polling a remote process we do not control, with a deadline
@@ -56,4 +56,4 @@ def test_ray_job_submit_serves_a_pipeline(head, tmp_path):
             assert got.token_ids == ref.generate(prompt_token_ids=[3, 4, 5], max_new_tokens=32).token_ids
         assert [p.drafter for p in got.stats.pairs] == ["tiny", "mid"]
     finally:
-        subprocess.run([ray, "job", "stop", "--address", dashboard, job_id], env=env, capture_output=True, timeout=120)
+        subprocess.run([*ray, "job", "stop", "--address", dashboard, job_id], env=env, capture_output=True, timeout=120)
