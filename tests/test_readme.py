@@ -181,6 +181,10 @@ TABLE: dict[tuple[str, str], Entry] = {
     ("bash", "python -m experiments.pair_model [--runs 2]"): Entry(
         Kind.HELP, "a sweep of about 17 minutes (tests/test_pair_model.py runs one point)"
     ),
+    (
+        "bash",
+        "python -m experiments.agreeing_family OUT [--shapes cpu | gpu | 68m 0.5b 7b] [--agreement 0.75 0.9] [--device cuda]",
+    ): Entry(Kind.HELP, "a device script and its rehearsal of minutes (tests/test_agreeing_family.py builds a family)"),
     ("bash", "make bench    # python -m experiments.bench_engine --json experiments/results/bench_engine.json"): Entry(
         Kind.HELP, "a benchmark of minutes"
     ),
@@ -280,6 +284,8 @@ def help_check(what: str, tokens: list[str], flags: list[str]) -> HelpCheck:
     """`pipespec plan CONFIG --json F` -> `pipespec plan --help`, listing --json; `python -m demo.train target
     --steps 3` -> `python -m demo.train --help`, listing --steps and `target` among its choices ({tokenizer,target,...})."""
     module = tokens[:2] == ["python", "-m"]
+    if tokens[0] == "bash":  # a script of the repository: `bash SCRIPT --help`
+        return HelpCheck(what, (*tokens[:2], "--help"), (), tuple(flags))
     head, rest = (tokens[:3], tokens[3:]) if module else (tokens[:1], tokens[1:])
     words = []
     for token in rest:
@@ -312,7 +318,7 @@ def help_problems(text: str) -> list[str]:
             elif named not in dry.stdout.replace(".venv/bin/", ""):
                 problems.append(f"`{code}`: `make -n` does not run `{named}`, as its comment says")
             continue
-        if tokens[0] not in ("python", "pipespec"):
+        if tokens[0] not in ("python", "pipespec", "bash"):
             problems.append(f"`{code}`: a command tests/test_readme.py does not know how to check; teach it")
             continue
         checks.append(help_check(code, tokens, FLAG.findall(code) + ([] if named else FLAG.findall(comment))))
