@@ -93,7 +93,7 @@ class Recipe:
     calibration_prompts: int = 8  # the calibration's own prompts (another draw than the prompt set's)
     continuation: int = 48  # the target's greedy tokens each calibration prompt is continued by
     logit_scale: float = 20.0  # s: the bigram map's logits lie in [-s, s]
-    lookahead: int = 4  # each drafter's max_lookahead in the configs
+    lookahead: int = 8  # each drafter's max_lookahead in the configs (its verifier's window: half, sync's default 4)
     max_context: int = 256
     seed: int = 0
 
@@ -380,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--lookahead", type=int, default=4)
+    parser.add_argument("--lookahead", type=int, default=8)
     parser.add_argument("--max-context", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     add_log_level(parser)

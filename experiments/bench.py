@@ -355,7 +355,11 @@ def markdown(rows: list[Row], header: str) -> str:
 
 
 def plot(rows: list[Row], path: Path, title: str) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # the `plot` extra; the GPU machine's image has no matplotlib
+        log.warning("matplotlib is not installed: %s not drawn (the table has the same figures)", path.name)
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -43,7 +43,7 @@ def test_a_pipeline_over_the_family_equals_the_target_alone_and_accepts_drafts(f
     out, info = family
     s, m, t = SETS["cpu"]
     config = load_config(out / f"{s}-{m}-{t}.yaml")
-    assert [st.max_lookahead for st in config.stages[:-1]] == [4, 4] and all(st.dtype == "bfloat16" for st in config.stages)
+    assert [st.max_lookahead for st in config.stages[:-1]] == [8, 8] and all(st.dtype == "bfloat16" for st in config.stages)
     prompts = [p.text for p in load_prompts(out / "prompts.jsonl")]
     assert len(prompts) == 4
     cases = [{}, {"temperature": 0.8, "seed": 3}]
