@@ -1,7 +1,8 @@
 """A family of random Llama models of given shapes whose drafters agree with the target at chosen rates.
 
     python -m experiments.agreeing_family OUT [--shapes cpu | gpu | NAME ...] [--agreement 0.8 0.9]
-                                          [--device cpu] [--dtype bfloat16] [--prompts 16] [--seed 0]
+                                          [--ceiling 0.98] [--vocab V] [--device cpu] [--dtype bfloat16]
+                                          [--prompts 16] [--lookahead 8] [--max-context 256] [--seed 0]
 
 Independent random models agree about 1/V of the time, so speculation over them measures only its
 overhead. These models share a vocabulary geometry instead: a V x r basis B of unit rows (r = 32) and an
@@ -9,7 +10,7 @@ r x r rotation M, common to the family, and per model an r x h projection P with
 own. A model's embedding table is B P and its head (s / sqrt(h)) B M P. With its residual branches
 (every layer's o_proj and down_proj) scaled to nothing, the last hidden state is b_x P times a scale
 that the final norm takes out, so every model of every width computes the same logits, s B M b_x (P P^T
-= I): one bigram map, its top token the next one. Scaled up, each model's branches perturb its
+= I): one bigram map, its top token the next one (up to the rounding of a low-precision dtype). Scaled up, each model's branches perturb its
 prediction in directions of its own, and its agreement with the others falls. The scale is bisected per
 model, on a multiplier of its initial branches: the target's until its top-1 token agrees with the bare
 bigram map at `--ceiling` of the positions of random prompts (so its answers depend on their context a
@@ -22,8 +23,9 @@ Written under OUT: one directory per model (`save_pretrained`, with the family's
 vocabulary of V made-up words), a pipeline config for each chain of the first k models (k >= 2, named
 after its stages: `68m-0.5b.yaml`, `68m-0.5b-7b.yaml`), a Spec-Bench prompt set (`prompts.jsonl`) and
 `family.json` (the shapes, the scales found, the agreement asked and measured between every two models,
-and the seconds each part took). Built directly on --device in --dtype, so a 7B shape never passes
-through host memory. The configs run each stage in an actor of its own; on a GPU every stage asks for
+and the seconds each part took). Each model is built on --device in --dtype (only its embedding and head
+are computed on the CPU, and saving copies each tensor out); the stages then load it through the real
+loading code (to the host, then to their device). The configs run each stage in an actor of its own; on a GPU every stage asks for
 an eighth of it (every chain the bench starts from a 3-stage config fits at once), forwards compiled,
 drafters at one width (one CUDA graph each), a small `max_context`; on the CPU, eager (the rehearsal of
 experiments/device_ray.sh), a core a stage.
@@ -54,6 +56,8 @@ log = logging.getLogger(__name__)
 RANK = 32  # the shared geometry's dimension
 SPECIALS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: never a greedy answer's token (their head rows are zero)
 BRANCHES = ("o_proj.weight", "down_proj.weight")  # what each layer adds to the residual stream
+# the recipe's seed plus these: the geometry (+0), the prompt set, the calibration's prompts, the i-th model
+PROMPT_SEED, CALIBRATION_SEED, MODEL_SEED = 1, 1000, 100
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ SHAPES = {
     "cpu-s": Shape(64, 1, 2, 256),
     "cpu-m": Shape(128, 2, 4, 512),
     "cpu-l": Shape(256, 4, 4, 1024),
-    # Llama-68M's (JackFram/llama-68m), a 0.5B of Llama's proportions, a bandwidth-bound CPU target, Llama-2-7B's
+    # Llama-68M's (JackFram/llama-68m), a bandwidth-bound CPU target (150M), a 0.5B of Llama's proportions, Llama-2-7B's
     "68m": Shape(768, 2, 12, 3072),
     "150m": Shape(768, 12, 12, 3072),
     "0.5b": Shape(1024, 24, 16, 4096),
@@ -238,6 +242,10 @@ def calibrate(model: LlamaForCausalLM, ids: torch.Tensor, reference: torch.Tenso
         lo, hi = (mid, hi) if found[mid] > rate else (lo, mid)
     best = min(found, key=lambda k: abs(found[k] - rate))
     measured = measure(best)
+    if abs(measured - rate) > 0.02:
+        log.warning(
+            "agreement %.3f is as near as the branches' scales come to %.3f (multiplier %.3g)", measured, rate, 10.0**best
+        )
     return 10.0**best, measured
 
 
@@ -257,9 +265,9 @@ def build_family(out: Path, recipe: Recipe) -> dict:
     seconds: dict[str, float] = {}
     began = time.perf_counter()
     geometry = Geometry.draw(recipe.vocab, recipe.seed)
-    calib = prompt_ids(recipe.calibration_prompts, recipe.prompt_words, recipe.vocab, recipe.seed + 1000)
+    calib = prompt_ids(recipe.calibration_prompts, recipe.prompt_words, recipe.vocab, recipe.seed + CALIBRATION_SEED)
     *drafter_shapes, target_shape = recipe.shapes
-    target = build(SHAPES[target_shape], geometry, recipe, recipe.seed + len(recipe.shapes))
+    target = build(SHAPES[target_shape], geometry, recipe, recipe.seed + MODEL_SEED + len(drafter_shapes))
     seconds["build target"] = time.perf_counter() - began
 
     began = time.perf_counter()
@@ -282,7 +290,7 @@ def build_family(out: Path, recipe: Recipe) -> dict:
     del target
     for i, (name, rate) in enumerate(zip(drafter_shapes, recipe.agreement)):
         began = time.perf_counter()
-        drafter = build(SHAPES[name], geometry, recipe, recipe.seed + i)
+        drafter = build(SHAPES[name], geometry, recipe, recipe.seed + MODEL_SEED + i)
         scale, measured = calibrate(drafter, ids, said[target_shape], answers, rate)
         members.insert(i, Member(name, drafter.num_parameters(), scale, measured, rate))
         said[name] = top1(drafter, ids)
@@ -341,7 +349,7 @@ def write_config(out: Path, recipe: Recipe, names: Sequence[str], dirs: dict[str
 
 
 def write_prompts(path: Path, tok: PreTrainedTokenizerFast, recipe: Recipe) -> Path:
-    ids = prompt_ids(recipe.prompts, recipe.prompt_words, recipe.vocab, recipe.seed)
+    ids = prompt_ids(recipe.prompts, recipe.prompt_words, recipe.vocab, recipe.seed + PROMPT_SEED)
     lines = [
         json.dumps({"question_id": i, "category": "random words", "turns": [tok.decode(row.tolist())]})
         for i, row in enumerate(ids)
@@ -356,7 +364,7 @@ def measure(out: Path, family: dict, device: str | None = None) -> dict[str, flo
     recipe = Recipe(**{**family["recipe"], "shapes": tuple(family["recipe"]["shapes"]),
                        "agreement": tuple(family["recipe"]["agreement"])})  # fmt: skip
     device = device or recipe.device
-    calib = prompt_ids(recipe.calibration_prompts, recipe.prompt_words, recipe.vocab, recipe.seed + 1000)
+    calib = prompt_ids(recipe.calibration_prompts, recipe.prompt_words, recipe.vocab, recipe.seed + CALIBRATION_SEED)
     loaded = {n: AutoModelForCausalLM.from_pretrained(out / n, dtype=DTYPES[recipe.dtype]).to(device) for n in recipe.shapes}
     target = loaded[recipe.shapes[-1]]
     with torch.inference_mode():
@@ -373,8 +381,12 @@ def measure(out: Path, family: dict, device: str | None = None) -> dict[str, flo
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--shapes", nargs="+", default=["cpu"], help=f"a set ({', '.join(SETS)}) or shapes, the target last: {', '.join(SHAPES)}")
-    parser.add_argument("--agreement", type=float, nargs="+", help="per drafter, its agreement with the target (default 0.85 each)")
+    parser.add_argument(
+        "--shapes", nargs="+", default=["cpu"], help=f"a set ({', '.join(SETS)}) or shapes, the target last: {', '.join(SHAPES)}"
+    )
+    parser.add_argument(
+        "--agreement", type=float, nargs="+", help="per drafter, its agreement with the target (default 0.85 each)"
+    )
     parser.add_argument("--ceiling", type=float, default=0.98, help="the target's agreement with the family's bigram map")
     parser.add_argument("--vocab", type=int, help="default: 32000 if a GPU shape is in the family, else 4096")
     parser.add_argument("--device", default="cpu")
@@ -393,9 +405,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.prompts, lookahead=args.lookahead, max_context=args.max_context, seed=args.seed,
     )  # fmt: skip
     try:
-        family = build_family(args.out, recipe)
+        recipe.check()
     except ValueError as e:
         parser.error(str(e))
+    family = build_family(args.out, recipe)
     for m in family["members"]:
         print(f"{m['name']:>6}: {m['parameters'] / 1e6:8.1f}M parameters, branches x{m['branch_scale']:.3g}, "
               f"agreement {m['agreement']:.3f} (asked {m['asked']})")  # fmt: skip

@@ -23,11 +23,14 @@ Each method runs every prompt --runs times (after one warm-up request). The in-p
 to as many cores as their threads while they answer, as the device actors are pinned to theirs
 (pipespec.engine.affinity.pinned: unpinned, the demo target on one thread ran at 0.7x). `--only` picks
 methods by the start of a word of their names (the target alone always runs); a pipeline it does not pick
-never starts, so a GPU run loads as many 7B targets as it measures. Written to --out after every run (a
-bench stopped by a time limit keeps the runs it finished; the header says how many)
+never starts, so a GPU run loads as many 7B targets as it measures; a pattern ending in `$` runs to the
+end of a name. A pipeline that cannot start, or a method that fails, is listed under the table with its
+error, and the others run. Written to --out after every method's pass through the prompts (a bench
+stopped by a time limit keeps what it measured; the header says which run was under way)
 (default experiments/results/bench/<config name>/): `<method>.jsonl` with one Spec-Bench-shaped line per
 prompt and run (`choices[0]`: `turns`, `new_tokens`, `wall_time`, `accept_lengths`: the tokens each
-target step committed), `bench.md` (the table), `bench.json` and `bench.png`. The table gives the
+target step committed), `bench.md` (the table), `bench.json`, and at the end `bench.png` (where
+matplotlib is installed). The table gives the
 median over runs of tokens per second over the whole set, the speedup over the target alone (the
 faster of its two rows: on a loaded 2-core machine one thread can beat two) and over the best
 synchronous run, the median prefill (submission to first token) apart from decode, the mean
@@ -228,8 +231,14 @@ def _placement(devices: list[dict]) -> str:
 def selected(name: str, only: Sequence[str]) -> bool:
     """Whether `--only` picks the method `name`: with no patterns every method, always the target alone, and
     a method a pattern begins a word of ("async tiny" picks "async tiny->target", "dream->target" picks
-    "sync dream->target", "sync tiny" picks "sync tiny->target" but not "async tiny->target")."""
-    return not only or name == "target" or any(re.search(r"(?:^|\s)" + re.escape(o), name) for o in only)
+    "sync dream->target", "sync tiny" picks "sync tiny->target" but not "async tiny->target"); a pattern
+    ending in `$` runs to the name's end ("sync tiny->target$" leaves out "sync tiny->target, 1 thread")."""
+
+    def picks(pattern: str) -> bool:
+        whole = pattern.endswith("$")
+        return re.search(r"(?:^|\s)" + re.escape(pattern.removesuffix("$")) + ("$" if whole else ""), name) is not None
+
+    return not only or name == "target" or any(map(picks, only))
 
 
 def async_name(config: PipelineConfig, backend: str) -> str:
@@ -238,32 +247,37 @@ def async_name(config: PipelineConfig, backend: str) -> str:
 
 @contextmanager
 def async_methods(
-    config: PipelineConfig, backend: str, pin_cores: bool = True, only: Sequence[str] = ()
+    config: PipelineConfig, backend: str, pin_cores: bool = True, only: Sequence[str] = (), failures: dict | None = None
 ) -> Iterator[list[Pipelined]]:
     """The asynchronous pipelines of `chains` that `only` picks, all started at once (idle ones cost next to
     nothing), so that their runs alternate with the in-process methods'; stopped on exit. Only those:
-    each one loads its models again (a 7B target each)."""
+    each one loads its models again (a 7B target each). One that cannot start (an actor out of memory, a
+    forward that fails to compile) is left out, its error in `failures`: the other methods still run."""
     configs = [sub_pipeline(config, names) for names in chains(config)]
     configs = [c for c in configs if selected(async_name(c, backend), only)]
-    if backend == "local":
-        with ExitStack() as stack:
-            pipes = [stack.enter_context(LocalPipeline(c)) for c in configs]
-            yield [Pipelined(async_name(c, backend), p, p, {}, "one process", threads=1) for c, p in zip(configs, pipes)]
-        return
-    from pipespec import Client
-    from pipespec.cluster.pipeline import local_ray, start_pipeline
+    failures = {} if failures is None else failures
+    methods: list[Pipelined] = []
+    with ExitStack() as stack:
+        if backend != "local":
+            from pipespec import Client
+            from pipespec.cluster.pipeline import local_ray, start_pipeline
 
-    # Ray is told the machine has room for every pipeline at once; only one runs at a time
-    with local_ray(max(os.cpu_count() or 1, sum(c.cpus() for c in configs))), ExitStack() as stack:
-        methods = []
+            # Ray is told the machine has room for every pipeline at once; only one runs at a time
+            stack.enter_context(local_ray(max(os.cpu_count() or 1, sum(c.cpus() for c in configs))))
         for c in configs:
-            running = start_pipeline(c, port=0, pin_cores=pin_cores)
-            stack.callback(running.stop)
-            methods.append(
-                Pipelined(
-                    async_name(c, backend), Client(running.address), running, running.processes(), _placement(running.placement())
-                )
-            )
+            name = async_name(c, backend)
+            try:
+                if backend == "local":
+                    pipe = stack.enter_context(LocalPipeline(c))
+                    methods.append(Pipelined(name, pipe, pipe, {}, "one process", threads=1))
+                    continue
+                running = start_pipeline(c, port=0, pin_cores=pin_cores)
+                stack.callback(running.stop)
+                placement = _placement(running.placement())
+                methods.append(Pipelined(name, Client(running.address), running, running.processes(), placement))
+            except Exception as e:  # noqa: BLE001 - whatever stops one pipeline starting is its row's failure
+                log.warning("%s did not start: %s", name, e)
+                failures[name] = f"it did not start ({type(e).__name__}: {e})"[:2000]
         yield methods
 
 
@@ -421,7 +435,22 @@ def run_bench(config: PipelineConfig, prompts: list[Prompt], settings: Settings,
     decode = pipe.front_door.tokenizer.decode if pipe.front_door.tokenizer is not None else str
     prompt_of = {p.question_id: p for p in prompts}
     rows: list[Row] = []
-    with async_methods(config, settings.backend, settings.pin_cores, settings.only) as pipelines:
+
+    def report(under_way: str | None) -> list[Row]:
+        """The tables of the runs so far, written (drawn and printed once every method ran); `under_way`: the round
+        being run, if one is."""
+        rows = tabulate({name: runs for name, runs in results.items() if runs})
+        header = (
+            f"Config `{config.name}` ({' -> '.join(s.name for s in config.stages)}), {len(prompts)} prompts, "
+            f"{settings.describe()}{f' ({under_way})' if under_way else ''}; {hardware()}."
+        )
+        tokens = {r.method: sum(len(a.token_ids) for a in results[r.method][0]) for r in rows}
+        extra = where_the_time_goes(traces, cpu, placements, tokens)
+        lines = lambda name, runs: spec_bench_lines(name, runs, prompt_of, decode)  # noqa: E731
+        write(out, header, rows, results, failures, lines, extra, final=under_way is None)
+        return rows
+
+    with async_methods(config, settings.backend, settings.pin_cores, settings.only, failures) as pipelines:
         chosen = [m for m in [*methods, *pipelines] if selected(m.name, settings.only)]
         placements = {m.name: m.placement for m in pipelines}
         bar = tqdm(total=settings.runs * len(requests) * len(chosen), desc="bench")
@@ -448,16 +477,9 @@ def run_bench(config: PipelineConfig, prompts: list[Prompt], settings: Settings,
                 if traced:
                     traces.setdefault(method.name, []).append(method.deployment.stop_trace())
                 bar.update(len(requests))
-            # written after every round: a run stopped by a time limit keeps what it measured
-            rows = tabulate(results)
-            header = (
-                f"Config `{config.name}` ({' -> '.join(s.name for s in config.stages)}), {len(prompts)} prompts, "
-                f"{settings.describe()}{'' if done == settings.runs else f' (after {done} of {settings.runs} runs)'}; "
-                f"{hardware()}."
-            )
-            tokens = {r.method: sum(len(a.token_ids) for a in results[r.method][0]) for r in rows}
-            extra = where_the_time_goes(traces, cpu, placements, tokens)
-            write(out, header, rows, results, failures, lambda name, runs: spec_bench_lines(name, runs, prompt_of, decode), extra)
+                # written after every method's pass: a run stopped by a time limit keeps what it measured
+                last = done == settings.runs and method is alive[-1]
+                rows = report(None if last else f"run {done} of {settings.runs} under way")
     bar.close()
     return rows
 
@@ -518,8 +540,10 @@ def write(
     failures: dict[str, str],
     lines,
     extra: str = "",
+    final: bool = True,
 ) -> None:
-    """bench.md, bench.json, bench.png and one Spec-Bench jsonl per method (`lines(method, runs)`)."""
+    """bench.md, bench.json and one Spec-Bench jsonl per method (`lines(method, runs)`); when `final`, bench.png
+    too, and the table printed."""
     out.mkdir(parents=True, exist_ok=True)
     for name, runs in results.items():
         (out / f"{name.replace(' ', '_').replace('>', '')}.jsonl").write_text("\n".join(lines(name, runs)) + "\n")
@@ -531,8 +555,9 @@ def write(
     (out / "bench.md").write_text(table + "\n")
     summary = {"header": header, "rows": [asdict(r) for r in rows], "failures": failures}
     (out / "bench.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot(rows, out / "bench.png", header[:160])
-    print(table)
+    if final:
+        plot(rows, out / "bench.png", header[:160])
+        print(table)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -547,8 +572,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--backend", choices=["ray", "local"], default="ray", help="where the asynchronous pipelines run")
     parser.add_argument("--no-pin", action="store_true", help="leave the device actors' threads unpinned")
     parser.add_argument(
-        "--only", nargs="+", default=(), help="run only the methods one of these begins a word of (the target alone always; "
-        "no other pipeline starts): 'async tiny', 'sync dream->target', 'dream->target'"
+        "--only",
+        nargs="+",
+        default=(),
+        help="run only the methods one of these begins a word of (the target alone always; "
+        "no other pipeline starts): 'async tiny', 'sync dream->target', 'dream->target'",
     )
     add_log_level(parser)
     args = parser.parse_args(argv)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.agreeing_family import SETS, SHAPES, Recipe, build_family, main, measure, tokenizer, word
+from experiments.agreeing_family import SETS, Recipe, build_family, main, measure, stage, tokenizer, word, write_config
+from experiments.bench import async_name, chains, selected
 from experiments.prompt_sets import load_prompts
 from pipespec import LocalPipeline, load_config
 from pipespec.config import sub_pipeline
@@ -74,17 +75,21 @@ def test_the_vocabulary_is_exactly_v_words_and_prompts_round_trip(family):
     assert len(ids) == 32 and min(ids) >= 3 and saved.decode(ids) == text
 
 
-def test_the_configs_on_a_gpu_share_it_in_eighths_with_drafters_at_one_width(tmp_path):
-    from experiments.agreeing_family import stage
-
-    recipe = Recipe(("68m", "0.5b", "7b"), (0.75, 0.9), device="cuda")
-    drafter, target = stage("68m", tmp_path, recipe, False), stage("7b", tmp_path, recipe, True)
-    assert drafter["resources"] == target["resources"] == {"num_cpus": 1, "num_gpus": 0.125}
-    assert (drafter["min_width"], drafter["max_width"]) == (8, 8) and "min_width" not in target
-    assert "compile" not in drafter and stage("68m", tmp_path, Recipe(("cpu-s", "cpu-l"), (0.8,)), False)["compile"] is False
-    # a 3-stage config's every chain (1 + 2 + 2 + 3 stages) fits on one GPU at once
-    assert 8 * target["resources"]["num_gpus"] <= 1
-    assert SHAPES["7b"].hidden == 4096 and SHAPES["68m"].layers == 2
+def test_the_configs_on_a_gpu_share_it_in_eighths_with_drafters_at_one_width(family, tmp_path):
+    out, _ = family
+    recipe = Recipe(SETS["cpu"], ASKED, device="cuda")
+    config = load_config(write_config(tmp_path, recipe, recipe.shapes, {n: out / n for n in recipe.shapes}))  # no CUDA to parse
+    *drafters, target = config.stages
+    assert all(s.device == "cuda" and s.resources == {"num_cpus": 1, "num_gpus": 0.125} for s in config.stages)
+    assert all((d.options.min_width, d.options.max_width) == (8, 8) for d in drafters) and target.options.min_width is None
+    assert all(s.options.compile is None and s.options.max_context == 256 for s in config.stages)  # compiled: CUDA graphs
+    # every chain the bench would start from it fits on one GPU at once; the device script's two at least
+    every = [sub_pipeline(config, names) for names in chains(config)]
+    assert sum(s.resources["num_gpus"] for c in every for s in c.stages) <= 1
+    s, m, t = SETS["cpu"]
+    picked = [c for c in every if selected(async_name(c, "ray"), [f"async {m}->{t}", f"async {s}->{m}->{t}"])]
+    assert [len(c.stages) for c in picked] == [2, 3]
+    assert stage(s, tmp_path, Recipe(SETS["cpu"], ASKED), False)["compile"] is False  # on the CPU: eager
 
 
 @pytest.mark.parametrize(

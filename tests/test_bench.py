@@ -71,11 +71,16 @@ def test_only_picks_by_the_start_of_a_word_and_the_target_alone_always():
              "async tiny->mid->target (local)", "hf-assisted tiny->target"]  # fmt: skip
     assert [n for n in names if selected(n, ())] == names
     assert [n for n in names if selected(n, ["sync tiny"])] == ["target", "sync tiny->target", "sync tiny->target, 1 thread"]
-    assert [n for n in names if selected(n, ["async tiny"])] == ["target", "async tiny->target", "async tiny->mid->target (local)"]
+    assert [n for n in names if selected(n, ["async tiny"])] == [
+        "target",
+        "async tiny->target",
+        "async tiny->mid->target (local)",
+    ]
     assert [n for n in names if selected(n, ["tiny->target"])] == [
         "target", "sync tiny->target", "sync tiny->target, 1 thread", "async tiny->target", "hf-assisted tiny->target"
     ]  # fmt: skip
     assert [n for n in names if selected(n, ["iny"])] == ["target"]  # not the middle of a word
+    assert [n for n in names if selected(n, ["sync tiny->target$"])] == ["target", "sync tiny->target"]  # to the end
 
 
 def test_only_starts_only_the_picked_pipelines_and_the_tables_are_written_after_every_run(family, tmp_path, monkeypatch):
@@ -90,13 +95,38 @@ def test_only_starts_only_the_picked_pipelines_and_the_tables_are_written_after_
 
     write = bench.write
     monkeypatch.setattr(bench, "LocalPipeline", Counted)
-    monkeypatch.setattr(bench, "write", lambda out, header, *rest: (headers.append(header), write(out, header, *rest)))
+
+    def noted(out, header, *rest, **kwargs):
+        headers.append(header)
+        write(out, header, *rest, **kwargs)
+
+    monkeypatch.setattr(bench, "write", noted)
     settings = Settings(2, 6, 3, "local", only=("async tiny->target",))
     rows = run_bench(load_config(_config(family)), load_prompts(prompts_file), settings, tmp_path / "out")
     assert [r.method for r in rows] == ["target", "async tiny->target (local)"]
     assert started == ["toy", "toy[tiny->target]"]  # the stages the in-process methods use, and one pipeline
-    assert len(headers) == 2 and "(after 1 of 2 runs)" in headers[0] and "after" not in headers[1]
+    assert len(headers) == 4  # after each method's pass through the prompts, each run
+    assert ["run 1 of 2 under way" in h for h in headers] == [True, True, False, False]
+    assert "run 2 of 2 under way" in headers[2] and "under way" not in headers[3]
     assert [r["runs"] for r in json.loads((tmp_path / "out" / "bench.json").read_text())["rows"]] == [2, 2]
+
+
+def test_a_pipeline_that_cannot_start_is_a_failed_row_and_the_others_run(family, tmp_path, monkeypatch):
+    prompts_file = tmp_path / "question.jsonl"
+    prompts_file.write_text(json.dumps(SPEC_BENCH[1]) + "\n")
+
+    class Broken(bench.LocalPipeline):
+        def __init__(self, config, *args, **kwargs):
+            if config.name == "toy[mid->target]":
+                raise RuntimeError("out of memory")
+            super().__init__(config, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "LocalPipeline", Broken)
+    settings = Settings(1, 6, 3, "local", only=("async tiny->target", "async mid->target"))
+    rows = run_bench(load_config(_config(family)), load_prompts(prompts_file), settings, tmp_path / "out")
+    assert [r.method for r in rows] == ["target", "async tiny->target (local)"]
+    table = (tmp_path / "out" / "bench.md").read_text()
+    assert "- async mid->target (local) did not run: it did not start (RuntimeError: out of memory)" in table
 
 
 def test_chains_and_sub_pipelines(family):

@@ -25,7 +25,8 @@ block (stale) or a different number of blocks than it says.
   cache" error for its first model, and each of its stages alone with that error for its own model
   (unknown keys and kinds are refused before a stage's model is looked up).
 - FRAGMENT: python that needs context the README gives in prose (a pipeline `p`): compiled only.
-- HELP: long-running commands (training, benchmarks, make targets): each command line (backslash
+- HELP: long-running commands (training, benchmarks, make targets, `bash SCRIPT` of the repository, whose
+  `bash SCRIPT --help` must list its flags): each command line (backslash
   continuations joined, comment lines skipped) must name a command whose `--help` exits 0 and lists
   every `--flag` the line uses, in [brackets] and in a trailing comment too; `python -m MODULE WORD`'s
   WORD must be among the choices `python -m MODULE --help` lists. A trailing comment that is itself a
@@ -184,7 +185,7 @@ TABLE: dict[tuple[str, str], Entry] = {
     (
         "bash",
         "python -m experiments.agreeing_family OUT [--shapes cpu | gpu | 68m 0.5b 7b] [--agreement 0.75 0.9] [--device cuda]",
-    ): Entry(Kind.HELP, "a device script and its rehearsal of minutes (tests/test_agreeing_family.py builds a family)"),
+    ): Entry(Kind.HELP, "a family of models and a device script of minutes (tests/test_agreeing_family.py builds a family)"),
     ("bash", "make bench    # python -m experiments.bench_engine --json experiments/results/bench_engine.json"): Entry(
         Kind.HELP, "a benchmark of minutes"
     ),
