@@ -139,7 +139,7 @@ def test_random_verdicts_never_get_a_stale_draft(seed, tree):
     runner._receive(Open(spec))
     line: list[int] = []  # the drafter's tokens as the verifier knows them
     epoch = verified = riders = 0
-    stats = runner.requests["r"].stats
+    stats = runner.requests["r"].req.stats
     try:
         while verified < spec.max_new_tokens:
             riders += pump(runner)
@@ -232,7 +232,7 @@ def test_a_middle_stage_hands_its_drafter_the_branch_it_took():
         pump(runner)
         runner._receive(Draft("r", 0, 5, (line[5],)))
         pump(runner)  # at its lookahead bound now: it grows its branches
-        req = runner.requests["r"]
+        req = runner.requests["r"].req
         assert req.tokens == line and req.outcomes.branches, req.outcomes
         branch = max(req.outcomes.branches, key=lambda b: len(b.tokens))
         assert branch.token is not None and branch.tokens, branch
@@ -265,7 +265,7 @@ def test_a_drafter_takes_its_branch_past_the_tokens_its_verifier_took():
     try:
         runner._receive(Open(spec))
         pump(runner)  # drafts to its bound, its branches riding beside
-        req = runner.requests["r"]
+        req = runner.requests["r"].req
         branch = max((b for b in req.outcomes.branches if b.token is not None), key=lambda b: len(b.tokens))
         assert len(branch.tokens) >= 2, req.outcomes.branches
         line = req.tokens[: branch.position] + [branch.token] + branch.tokens

@@ -224,10 +224,10 @@ def test_a_plan_that_fails_fails_its_request_not_the_device(target_alone):
         target = p.runners[-1]
         plan = target._plan
 
-        def broken(rid, req):
-            if req.spec.max_new_tokens == 7:
+        def broken(proto):
+            if proto.req.spec.max_new_tokens == 7:
                 raise ValueError("broken plan")
-            return plan(rid, req)
+            return plan(proto)
 
         target._plan = broken
         bad = p.submit(prompt_token_ids=[1, 2, 3], max_new_tokens=7)

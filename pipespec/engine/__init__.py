@@ -2,8 +2,10 @@
 
 - `stage`: the role every stage kind plays (`Stage`, `Session`: open a request, feed it tokens)
 - `runner`: `StageRunner`, the asyncio loop that drives one stage over its links
-- `request_state`: what a runner keeps for one request, split by role
-- `link_protocol`: what a Draft, a Verdict or TargetFeatures does to a request
+- `request_protocol`: one request's side of the protocol, a state machine: messages and outcomes in,
+  messages and the next forward out
+- `request_state`: what a request's protocol keeps, split by role
+- `predrafting`: the hooks where a request's protocol plans, grows and cashes pre-drafted branches
 - `early_mail`: messages that overtook their request's Open, held until it comes
 - `patience`: when a verifier waits for its drafter instead of generating itself
 - `outcome_cache`: branches a waiting drafter pre-drafts for the verdicts it expects

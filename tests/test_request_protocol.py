@@ -1,0 +1,148 @@
+"""pipespec.engine.request_protocol: one request's side of the protocol on its own, no runner, link or model.
+
+Each test plays a stage's neighbours by hand: it hands the state machine drafts and verdicts, takes its
+plans and answers them with decisions of its own choosing (as the stage's forward would), and reads what
+it says to send, to whom."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from pipespec.engine.choice import Decision
+from pipespec.engine.patience import Patience
+from pipespec.engine.request_protocol import Peer, RequestProtocol, Role, Surroundings
+from pipespec.engine.step import Outcome, StepPlan
+from pipespec.engine.trace import Timing
+from pipespec.errors import ProtocolError
+from pipespec.protocol.messages import Commit, Draft, RequestSpec, Verdict
+from pipespec.protocol.params import SamplingParams
+
+PROMPT = (5, 6, 7)
+
+
+@dataclass
+class Session:
+    """What the protocol reads of a session: the prompt's length and last token."""
+
+    prompt_len: int = len(PROMPT)
+    last_prompt_token: int = PROMPT[-1]
+    prefill_features: object = None
+
+
+def protocol(depth: int, drafter: bool, *, lookahead: int = 4, window: int = 2, max_new: int = 12, **around) -> RequestProtocol:
+    role = Role("me", depth, lookahead, "up" if drafter else None, drafter_lookahead=4 if drafter else 0, verify_window=window)
+    shared = Surroundings(drafter=drafter, verifier=depth > 0, **around)
+    p = RequestProtocol(role, shared, RequestSpec("r", PROMPT, SamplingParams(), max_new, frozenset({99})))
+    p.prefilled(Session(), 0.001)
+    return p
+
+
+def answer(p: RequestProtocol, plan: StepPlan, accepted: int, own: int) -> None:
+    """The forward of `plan` accepted its first `accepted` drafts and then decided `own`."""
+    decision = Decision(accepted, (*plan.drafts[:accepted], own), None)
+    p.finished(plan, Outcome((decision, None, ()), None, 0.0, Timing(0.0, 0.002, 0.002)))
+
+
+def sent(p: RequestProtocol) -> list[tuple[Peer, object]]:
+    out = [(peer, message) for peer, message, _ in p.sends]
+    p.sends.clear()
+    return out
+
+
+def test_a_target_verifies_drafts_commits_what_it_accepted_and_answers_a_rejection():
+    p = protocol(depth=0, drafter=True)
+    p.on_draft(Draft("r", 0, 0, (1, 2, 3)))
+    plan = p.plan(lambda: 0.0)
+    assert (plan.keep, plan.feed, plan.start, plan.drafts) == (2, (7,), 0, (1, 2))  # the window: 2 of the 3
+    answer(p, plan, accepted=2, own=4)  # both accepted, then its own 4 where the drafter has 3: a rejection
+    assert sent(p) == [(Peer.DRAFTER, Verdict("r", 1, 2, 4)), (Peer.COORDINATOR, Commit("r", 0, (1, 2, 4)))]
+    assert p.req.tokens == [1, 2, 4] and p.req.up.pending == [] and p.req.up.epoch == 1
+    assert p.req.fed == len(PROMPT) + 2  # the accepted drafts' entries are valid; 4 is not fed yet
+    # a draft of the old epoch is dropped on arrival, one of the new extends its pending drafts
+    p.on_draft(Draft("r", 0, 3, (9,)))
+    p.on_draft(Draft("r", 1, 3, (8,)))
+    assert p.req.up.pending == [8] and p.req.stats.dropped_drafts == 1
+    assert p.plan(lambda: 0.0).drafts == (8,)
+
+
+def test_a_drafter_drafts_to_its_bound_and_rolls_back_on_a_contradicting_verdict():
+    p = protocol(depth=1, drafter=True, lookahead=2)  # a middle stage: it verifies "up" and drafts for "me"'s verifier
+    for token in (1, 2):
+        answer(p, p.plan(lambda: 0.0), 0, token)
+    pace = p.around.token_s  # its seconds per token, told with its drafts
+    assert sent(p) == [  # with no drafts to verify it generates alone, and tells its drafter each of its tokens
+        (Peer.DRAFTER, Verdict("r", 0, 0, 1)), (Peer.VERIFIER, Draft("r", 0, 0, (1,), None, pace)),
+        (Peer.DRAFTER, Verdict("r", 0, 1, 2)), (Peer.VERIFIER, Draft("r", 0, 1, (2,), None, pace)),
+    ]  # fmt: skip
+    assert p.plan(lambda: 0.0) is None  # two ahead of what its verifier confirmed: its lookahead
+    p.on_verdict(Verdict("r", 0, 2, 3))  # all confirmed, and the verifier's own 3 after them
+    assert p.req.tokens == [1, 2, 3] and p.req.down.verified == 3 and sent(p) == [(Peer.DRAFTER, Verdict("r", 0, 2, 3))]
+    rev = p.req.rev
+    p.on_verdict(Verdict("r", 1, 1, 7))  # the verifier took 7 at position 1: our 2 and 3 go
+    assert p.req.tokens == [1, 7] and p.req.rev == rev + 1 and p.req.fed <= len(PROMPT) + 1
+    assert sent(p) == [(Peer.DRAFTER, Verdict("r", 1, 1, 7))]  # our own drafter hears of it, in a new epoch of ours
+    assert p.req.stats.rollbacks == 1
+
+
+def test_a_step_computed_on_tokens_a_verdict_changed_is_dropped():
+    p = protocol(depth=1, drafter=False, lookahead=4)
+    answer(p, p.plan(lambda: 0.0), 0, 1)
+    stale = p.plan(lambda: 0.0)
+    p.launched(stale)
+    p.on_verdict(Verdict("r", 1, 0, 5))  # while `stale` computes: the verifier's 5 at 0
+    answer(p, stale, 0, 2)
+    assert p.req.tokens == [5] and [m.tokens for _, m in sent(p)] == [(1,)]  # the first step's draft, nothing of `stale`
+
+
+def test_a_verifier_waits_for_drafts_worth_waiting_for_and_wakes_when_the_wait_runs_out():
+    patience = Patience()
+    patience.observe_forward(0.010)  # its forward: 10 ms; the drafter's token: 1 ms
+    p = protocol(depth=0, drafter=True, window=4, patience=patience, drafter_token_s=0.001)
+    assert p.plan(lambda: 100.0) is None and p.wake_at is not None and 100.0 < p.wake_at <= 100.011
+    p.on_draft(Draft("r", 0, 0, (1,)))
+    assert p.plan(lambda: 100.001) is None  # one of the drafts it waits for
+    plan = p.plan(lambda: p.wake_at)
+    assert plan.drafts == (1,)  # the wait ran out: it verifies what it has
+    p.launched(plan)
+    assert p.req.up.wait_until is None
+
+
+def test_without_its_drafter_a_verifier_steps_alone():
+    p = protocol(depth=0, drafter=True)
+    p.on_draft(Draft("r", 0, 0, (1, 2)))
+    p.around.drafter = False
+    p.drafter_lost()
+    plan = p.plan(lambda: 0.0)
+    assert plan.drafts == () and p.req.up.pending == []
+    answer(p, plan, 0, 3)
+    assert sent(p) == [(Peer.COORDINATOR, Commit("r", 0, (3,)))]  # no verdict: no drafter to tell
+
+
+def test_a_stop_token_ends_the_request_and_a_rejoin_holds_its_committed_tokens():
+    p = protocol(depth=0, drafter=False)
+    answer(p, p.plan(lambda: 0.0), 0, 99)
+    assert p.plan(lambda: 0.0) is None and sent(p) == [(Peer.COORDINATOR, Commit("r", 0, (99,)))]
+    role = Role("me", 0, 4)
+    rejoin = RequestProtocol(role, Surroundings(), RequestSpec("r", PROMPT, SamplingParams(), 12, committed=(1, 2)))
+    rejoin.prefilled(Session(), 0.001)
+    plan = rejoin.plan(lambda: 0.0)
+    assert (plan.start, plan.feed) == (2, (7, 1, 2))  # it feeds the committed tokens in its first step
+
+
+@pytest.mark.parametrize(
+    "message, error",
+    [
+        (Draft("r", 3, 0, (1,)), "epoch 3 is newer than ours"),
+        (Draft("r", 0, 5, (1,)), r"start 5 is not within 0\.\.0"),
+        (Verdict("r", 0, 4, 1), r"position 4 is not within 0\.\.0"),
+        (Verdict("r", 0, 0, 99, (1,)), "go on after the stop token 99"),
+    ],
+)
+def test_a_peers_violation_raises_before_it_changes_anything(message, error):
+    p = protocol(depth=1, drafter=True)
+    before = (list(p.req.tokens), p.req.rev, p.req.up.epoch, p.req.down.epoch)
+    with pytest.raises(ProtocolError, match=error):
+        (p.on_draft if isinstance(message, Draft) else p.on_verdict)(message)
+    assert (list(p.req.tokens), p.req.rev, p.req.up.epoch, p.req.down.epoch) == before and not p.sends
