@@ -67,6 +67,16 @@ def test_a_target_verifies_drafts_commits_what_it_accepted_and_answers_a_rejecti
     assert p.plan(lambda: 0.0).drafts == (8,)
 
 
+def test_a_rejected_draft_starts_a_new_epoch_and_its_drafter_hears_the_token_that_replaced_it():
+    p = protocol(depth=0, drafter=True, window=3)
+    p.on_draft(Draft("r", 0, 0, (1, 2, 3)))
+    plan = p.plan(lambda: 0.0)
+    answer(p, plan, accepted=1, own=9)  # 1 accepted, 2 rejected: 9 in its place
+    assert sent(p) == [(Peer.DRAFTER, Verdict("r", 1, 1, 9)), (Peer.COORDINATOR, Commit("r", 0, (1, 9)))]
+    assert p.req.up.pending == [] and p.req.up.start == 2  # 3 was drafted after 2: gone with it
+    assert (p.req.up.pair.num_drafts, p.req.up.pair.num_accepted_tokens) == (1, 1)
+
+
 def test_a_drafter_drafts_to_its_bound_and_rolls_back_on_a_contradicting_verdict():
     p = protocol(depth=1, drafter=True, lookahead=2)  # a middle stage: it verifies "up" and drafts for "me"'s verifier
     for token in (1, 2):
@@ -134,7 +144,7 @@ def test_a_stop_token_ends_the_request_and_a_rejoin_holds_its_committed_tokens()
 @pytest.mark.parametrize(
     "message, error",
     [
-        (Draft("r", 3, 0, (1,)), "epoch 3 is newer than ours"),
+        (Draft("r", 3, 0, (1,), token_s=0.5), "epoch 3 is newer than ours"),
         (Draft("r", 0, 5, (1,)), r"start 5 is not within 0\.\.0"),
         (Verdict("r", 0, 4, 1), r"position 4 is not within 0\.\.0"),
         (Verdict("r", 0, 0, 99, (1,)), "go on after the stop token 99"),
@@ -142,7 +152,47 @@ def test_a_stop_token_ends_the_request_and_a_rejoin_holds_its_committed_tokens()
 )
 def test_a_peers_violation_raises_before_it_changes_anything(message, error):
     p = protocol(depth=1, drafter=True)
-    before = (list(p.req.tokens), p.req.rev, p.req.up.epoch, p.req.down.epoch)
+    before = (list(p.req.tokens), p.req.rev, p.req.up.epoch, p.req.down.epoch, p.around.drafter_token_s)
     with pytest.raises(ProtocolError, match=error):
         (p.on_draft if isinstance(message, Draft) else p.on_verdict)(message)
-    assert (list(p.req.tokens), p.req.rev, p.req.up.epoch, p.req.down.epoch) == before and not p.sends
+    assert (list(p.req.tokens), p.req.rev, p.req.up.epoch, p.req.down.epoch, p.around.drafter_token_s) == before
+    assert not p.sends
+
+
+class Clock:
+    """The runner's loop, as far as planning reads it: the time, and the wake-ups asked for."""
+
+    def __init__(self, now: float):
+        self.now, self.calls = now, []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when, callback, *args):
+        self.calls.append((when, callback, args))
+
+
+def test_the_runner_wakes_a_waiting_request_when_its_wait_runs_out_and_tells_it_which_links_it_has():
+    from pipespec.engine.runner import _WAKE, StageRunner
+    from pipespec.protocol.links import InProcessLink
+
+    patience = Patience()
+    patience.observe_forward(0.010)
+    runner = StageRunner(None, name="me", depth=0, max_lookahead=4, drafter_name="up", drafter_lookahead=4,
+                         verify_window=4, patience=patience)  # fmt: skip
+    try:
+        assert (runner.around.drafter, runner.around.verifier) == (False, False)
+        link = InProcessLink(None)
+        runner.connect(upstream=link)
+        assert runner.around.drafter and not runner.around.verifier
+        runner.loop = Clock(100.0)
+        p = RequestProtocol(runner.role, runner.around, RequestSpec("r", PROMPT, SamplingParams(), 12))
+        p.prefilled(Session(), 0.001)
+        runner.around.drafter_token_s = 0.001
+        assert runner._plan(p) is None  # it waits for drafts worth waiting for ...
+        [(when, callback, args)] = runner.loop.calls
+        assert 100.0 < when <= 100.011 and callback == runner.deliver and args == (_WAKE,) and p.wake_at is None
+        runner._on_lost(link)  # ... and without its drafter it never does
+        assert not runner.around.drafter and runner.upstream is None
+    finally:
+        runner.scheduler.shutdown(wait=True)

@@ -5,7 +5,8 @@ These are the few places where a request's protocol (pipespec.engine.request_pro
 the request's state (`req.outcomes` is its cache; None: it does not pre-draft):
 
 - `cache`: a request's cache, once its prefill tells whether its session grows branches beside its steps;
-- `branch_plan`: at its lookahead bound, a forward that grows a branch (one forward a token);
+- `branch_plan`: at its lookahead bound, a forward that grows a branch (one forward a token; only while it has
+  a verifier to draft for);
 - `riders`: the branches a step grows beside its own line in one tree forward (pipespec.engine.stage.TreeSession);
 - `launched`: a forward that keeps `keep` cache entries overwrites every other line's past them;
 - `grown`: a forward's tokens join the branches it grew;
@@ -34,11 +35,13 @@ def branch_plan(req: RequestState) -> StepPlan | None:
             keep = max(branch.fed, min(req.fed, prompt_len + branch.position))
             feed = unfed_tail(req.session.last_prompt_token, prompt_len, keep, line)
             rid = req.spec.request_id
-            return StepPlan(rid, req.rev, 0, keep, feed, len(line), (), None, branch=branch, riders=riders(req, keep, branch))
+            return StepPlan(
+                rid, req.rev, 0, keep, feed, len(line), (), None, branch=branch, riders=riders(req, keep, branch, verifier=True)
+            )
     return None
 
 
-def riders(req: RequestState, keep: int, beside: Branch | None, verifier: bool = True) -> tuple[Rider, ...]:
+def riders(req: RequestState, keep: int, beside: Branch | None, *, verifier: bool) -> tuple[Rider, ...]:
     """The branches to grow in the same forward as a step of `beside` (None: of the main line) that keeps
     `keep` context tokens, if the session runs tree forwards and we have a verifier to draft for."""
     if req.outcomes is None or not req.tree or not verifier:

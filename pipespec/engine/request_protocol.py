@@ -1,6 +1,6 @@
 """One request's side of the pipeline protocol at one stage, as a state machine (design section 2).
 
-Pure: no links, scheduler, trace or asyncio. What goes in: a neighbour's message (`on_draft`,
+Synchronous and free of I/O: no links, scheduler, trace or asyncio. What goes in: a neighbour's message (`on_draft`,
 `on_verdict`, `on_features`), its drafter's loss (`drafter_lost`), the start and the result of a
 forward the stage ran for it (`launched`, `prefilled`, `finished`). What comes out: the messages to
 send, each addressed to a peer (`sends`: our drafter, our verifier or the coordinator), and the next
@@ -95,7 +95,8 @@ class Role:
 
 @dataclass
 class Surroundings:
-    """What a stage's requests share, kept current by their runner: its pace and which links it still has."""
+    """What a stage's requests share: its pace, which their protocols update as forwards and drafts come, and
+    which links it still has, which their runner keeps current."""
 
     patience: Patience = field(default_factory=Patience)
     token_s: float | None = None  # our compute seconds per produced token (EMA), told to our verifier
@@ -105,6 +106,8 @@ class Surroundings:
 
 
 class RequestProtocol:
+    """One request on one stage: its state (`req`), what it has to send (`sends`), and when to plan again."""
+
     def __init__(self, role: Role, around: Surroundings, spec: RequestSpec):
         """A request opened on this stage; a rejoin (`spec.committed`) holds its committed tokens already."""
         self.role, self.around = role, around
@@ -119,10 +122,6 @@ class RequestProtocol:
             req.probs_kept_from = req.down.sent = req.down.verified = n
             if up is not None:
                 up.start = n
-
-    @property
-    def request_id(self) -> str:
-        return self.req.spec.request_id
 
     def _send(self, peer: Peer, message: Callable[..., Message] | Message, *args) -> None:
         self.sends.append((peer, message, args))
@@ -160,7 +159,7 @@ class RequestProtocol:
             drafts = tuple(up.pending[:n])
             probs = torch.stack(up.pending_probs[:n]) if n and req.spec.params.rejection else None
         epoch = up.epoch if up is not None else 0
-        riders = predrafting.riders(req, req.fed, None, self.around.verifier)
+        riders = predrafting.riders(req, req.fed, None, verifier=self.around.verifier)
         return StepPlan(
             req.spec.request_id, req.rev, epoch, req.fed, feed, start, drafts, probs, doubts=req.outcomes is not None,
             riders=riders,
@@ -268,7 +267,9 @@ class RequestProtocol:
         up = req.up
         if up is None:
             raise self._violation(draft, "this stage has no drafter")
-        if draft.token_s is not None:
+        if draft.epoch > up.epoch:
+            raise self._violation(draft, f"epoch {draft.epoch} is newer than ours ({up.epoch})")
+        if draft.token_s is not None:  # a late draft's pace is as good as any
             if math.isfinite(draft.token_s) and draft.token_s >= 0.0:
                 self.around.drafter_token_s = draft.token_s
             else:
@@ -276,8 +277,6 @@ class RequestProtocol:
         if draft.epoch < up.epoch:
             req.stats.dropped_drafts += 1
             return
-        if draft.epoch > up.epoch:
-            raise self._violation(draft, f"epoch {draft.epoch} is newer than ours ({up.epoch})")
         end = up.start + len(up.pending)
         if not 0 <= draft.start <= end:  # drafts are contiguous within an epoch
             raise self._violation(draft, f"start {draft.start} is not within 0..{end}, where our drafts end")

@@ -1,4 +1,4 @@
-"""What a `StageRunner` keeps for one request, split by role (design section 2).
+"""What one request's protocol keeps at one stage (pipespec.engine.request_protocol), split by role (design section 2).
 
 Every stage holds its generated tokens (committed part + its own speculative tail) and the cache
 bookkeeping over them (`RequestState`). Beside them, each role it plays has its own part:

@@ -10,8 +10,9 @@ locks. A runner can record where its time goes (`trace`, pipespec.engine.trace).
 Per request a runner keeps that request's side of the protocol, a state machine of its own
 (pipespec.engine.request_protocol): the runner hands it its neighbours' messages and the outcomes of
 its forwards, sends what it says to send over the link to that peer, and asks it for its next forward.
-The runner itself holds only what its requests share: the links, the device's scheduler, the trace,
-the timers of the waits for drafts, and which requests are open.
+The runner itself holds what its requests share: the links (and tells the requests which it still
+has), the device's scheduler, the trace, the outbox, which requests are open, closed or not yet
+prefilled, and early mail; it schedules the wake-ups of their waits for drafts.
 
 Messages that overtake their request's Open are held, within bounds, until it comes (pipespec.engine.early_mail).
 
@@ -80,8 +81,8 @@ class StageRunner:
             name, depth, max_lookahead, drafter_name, drafter_lookahead, verify_window, sends_features, reads_features, predraft
         )
         self.around = Surroundings(patience or Patience())  # what our requests share: our pace, our links
-        self.upstream: Link | None = None  # to our drafter
-        self.downstream: Link | None = None  # to our verifier
+        self._upstream: Link | None = None  # to our drafter
+        self._downstream: Link | None = None  # to our verifier
         self.coordinator: Link | None = None
         self.lost_roles: set[str] = set()  # links lost and not replaced: drafter, verifier, coordinator
         self.requests: OrderedDict[str, RequestProtocol] = OrderedDict()
@@ -106,6 +107,26 @@ class StageRunner:
     @property
     def drafter_name(self) -> str | None:
         return self.role.drafter_name
+
+    @property
+    def upstream(self) -> Link | None:
+        """The link to our drafter (None: none, or lost); our requests know whether there is one."""
+        return self._upstream
+
+    @upstream.setter
+    def upstream(self, link: Link | None) -> None:
+        self._upstream = link
+        self.around.drafter = link is not None
+
+    @property
+    def downstream(self) -> Link | None:
+        """The link to our verifier (None: none, or lost); our requests know whether there is one."""
+        return self._downstream
+
+    @downstream.setter
+    def downstream(self, link: Link | None) -> None:
+        self._downstream = link
+        self.around.verifier = link is not None
 
     @classmethod
     def for_config(cls, stage: Stage, config: PipelineConfig, i: int, scheduler: DeviceScheduler | None = None) -> StageRunner:
@@ -150,11 +171,6 @@ class StageRunner:
         if coordinator is not None:
             self.coordinator = coordinator
             self.lost_roles.discard("coordinator")
-        self._linked()
-
-    def _linked(self) -> None:
-        """Tell our requests which neighbours we still have."""
-        self.around.drafter, self.around.verifier = self.upstream is not None, self.downstream is not None
 
     async def run(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -250,11 +266,12 @@ class StageRunner:
 
     def _plan(self, proto: RequestProtocol) -> StepPlan | None:
         """`proto`'s next step, if any; a wait for drafts it begins wakes us when it runs out."""
-        plan = proto.plan(lambda: self.loop.time())  # read only where a wait needs it
-        if proto.wake_at is not None:
-            self.loop.call_at(proto.wake_at, self.deliver, _WAKE)
-            proto.wake_at = None
-        return plan
+        try:
+            return proto.plan(lambda: self.loop.time())  # read only where a wait needs it
+        finally:
+            if proto.wake_at is not None:
+                self.loop.call_at(proto.wake_at, self.deliver, _WAKE)
+                proto.wake_at = None
 
     def _priority(self, plan: StepPlan) -> Priority:
         """A verification is checked first; a draft next, for the stage that waits on it; a step of the
@@ -343,7 +360,6 @@ class StageRunner:
                 self._close_session(self._forget(rid))
         else:
             return  # a link already replaced
-        self._linked()
         self.lost_roles.add(role)
         log.warning("stage %s: lost its %s link; %d requests open here", self.name, role, len(self.requests))
 

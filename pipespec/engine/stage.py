@@ -73,7 +73,7 @@ class TreeSession(Session, Protocol):
 class FeatureSource(Session, Protocol):
     """A target's session that gives a DREAM drafter its features (the vlm stage's)."""
 
-    prefill_features: PrefillFeatures | None  # the prompt's, after `open`; the runner drops them once sent
+    prefill_features: PrefillFeatures | None  # the prompt's, after `open`; dropped once sent (pipespec.engine.request_protocol)
     hidden: torch.Tensor | None  # [n, H] last-layer post-norm hidden states of the n tokens the latest forward fed
 
 

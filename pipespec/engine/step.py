@@ -1,6 +1,6 @@
 """One forward of one stage: its plan, made on the event loop, and what the compute thread makes of it.
 
-A runner plans a step from its request state (pipespec.engine.runner): the context tokens to keep in the
+A request's protocol plans a step from its state (pipespec.engine.request_protocol): the context tokens to keep in the
 cache, its own unfed tokens, the drafts to verify (with their q rows under rejection sampling) and
 the target features to apply first (a DREAM stage). `compute` runs a plan on the device's compute
 thread (pipespec.engine.scheduler): one forward, then the choice at every position (pipespec.engine.choice), timed
