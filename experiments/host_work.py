@@ -13,7 +13,9 @@ apart), `--rounds` times, after one warm-up request, with the trace on (pipespec
 - the process's CPU milliseconds (every thread: the loop, the compute threads' arithmetic and choices, which stand
   in for a device's work here, and their hand-offs), beside the machine's: its cores times the wall time of a target
   step, what the process could use at most;
-- tokens per second on the emulated clock (wall rate x time scale).
+- tokens per second on the emulated clock (wall rate x time scale);
+- and per committed token, the event loop's CPU microseconds (what batched steps' one frame per step must cut
+  as requests grow).
 
 Unix only (a thread's CPU clock: `time.pthread_getcpuclockid`). Prints a markdown table.
 """
@@ -44,6 +46,7 @@ class Depth:
     process_ms: float
     machine_ms: float  # cores x wall seconds per target step
     tokens_per_s: float  # emulated clock
+    loop_us_per_token: float  # the event loop's CPU microseconds per committed token
 
 
 def thread_cpu_s(ident: int) -> float:
@@ -83,6 +86,7 @@ def measure(depth: int, time_scale: float, predraft: int, requests: int, rounds:
                     1e3 * cpu_s / steps,
                     1e3 * cores * wall / steps,
                     generated / wall * time_scale,
+                    1e6 * loop_s / generated,
                 )
             )
     medians = [statistics.median(column) for column in zip(*per_round)]
@@ -97,12 +101,13 @@ def table(rows: list[Depth], args: argparse.Namespace) -> str:
     lines = [
         head,
         "",
-        "| chain | target steps | messages | event loop CPU (ms) | process CPU (ms) | the machine's CPU (ms) | tok/s (emulated) |",
-        "|---|---|---|---|---|---|---|",
+        "| chain | target steps | messages | event loop CPU (ms) | process CPU (ms) | the machine's CPU (ms) | tok/s (emulated) "
+        "| event loop CPU per committed token (us) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     lines += [
         f"| {r.chain} | {r.target_steps} | {r.messages:.1f} | {r.loop_ms:.2f} | {r.process_ms:.2f} | {r.machine_ms:.2f} "
-        f"| {r.tokens_per_s:.2f} |"
+        f"| {r.tokens_per_s:.2f} | {r.loop_us_per_token:.0f} |"
         for r in rows
     ]
     return "\n".join(lines)

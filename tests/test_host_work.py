@@ -19,8 +19,9 @@ def test_each_depth_is_a_row_whose_deeper_chains_handle_more_messages_per_target
     alone, pair = ([float(x) for x in r[1:]] for r in rows)
     # alone: a finished forward per step (and the prefill's); the pair adds the drafter's forwards, drafts and verdicts
     assert 1 <= alone[1] < 3 < pair[1]
-    for steps, _, loop_ms, process_ms, machine_ms, tokens_per_s in (alone, pair):
+    for steps, _, loop_ms, process_ms, machine_ms, tokens_per_s, loop_us in (alone, pair):
         assert steps > 0 and 0 < loop_ms <= process_ms and machine_ms > 0 and tokens_per_s > 0
+        assert loop_us > 0
 
 
 def test_a_depth_past_the_chain_is_refused_by_name(capsys):
