@@ -59,8 +59,8 @@ def process_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(depth: int, time_scale: float, predraft: int, requests: int, rounds: int, tokens: int) -> Depth:
-    base = emulated_config(CHAIN[-depth:], time_scale, lookahead=8, predraft=predraft)
+def measure(depth: int, time_scale: float, predraft: int, requests: int, rounds: int, tokens: int, max_batch: int = 1) -> Depth:
+    base = emulated_config(CHAIN[-depth:], time_scale, lookahead=8, predraft=predraft, max_batch=max_batch)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     per_round: list[tuple[float, float, float, float, float]] = []
     steps_total = 0
@@ -96,7 +96,8 @@ def measure(depth: int, time_scale: float, predraft: int, requests: int, rounds:
 def table(rows: list[Depth], args: argparse.Namespace) -> str:
     head = (
         f"Emulated chain (mock stages), time scale {args.time_scale}, predraft {args.predraft}, {len(PROMPTS)} prompts x "
-        f"{args.requests} in flight x {args.tokens} tokens, {args.rounds} rounds (medians over rounds). Per target step:"
+        f"{args.requests} in flight x {args.tokens} tokens, at most {args.max_batch} a forward, {args.rounds} rounds "
+        "(medians over rounds). Per target step (a forward of the target, however many requests it carried):"
     )
     lines = [
         head,
@@ -121,13 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per request")
     parser.add_argument("--depths", type=int, nargs="+", default=list(range(1, len(CHAIN) + 1)))
+    parser.add_argument("--max-batch", type=int, default=1, help="requests one forward carries (the mocks' batched cost model)")
     add_log_level(parser)
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
     for d in args.depths:
         if not 1 <= d <= len(CHAIN):
             parser.error(f"--depths: {d} is not within 1..{len(CHAIN)}")
-    rows = [measure(d, args.time_scale, args.predraft, args.requests, args.rounds, args.tokens) for d in args.depths]
+    if args.max_batch < 1:
+        parser.error(f"--max-batch: at least 1 request a forward, got {args.max_batch}")
+    rows = [
+        measure(d, args.time_scale, args.predraft, args.requests, args.rounds, args.tokens, args.max_batch) for d in args.depths
+    ]
     print(table(rows, args))
     return 0
 

@@ -147,15 +147,16 @@ def verify_windows(config: PipelineConfig) -> list[int]:
 
 
 def emulated_config(
-    models: Sequence[EmulatedModel], time_scale: float, lookahead: int, predraft: int = 0, vocab: int = 256
+    models: Sequence[EmulatedModel], time_scale: float, lookahead: int, predraft: int = 0, vocab: int = 256, max_batch: int = 1
 ) -> PipelineConfig:
-    """`predraft`: branches each drafter pre-drafts (pipespec.engine.outcome_cache)."""
+    """`predraft`: branches each drafter pre-drafts (pipespec.engine.outcome_cache); `max_batch`: requests one
+    forward of each stage carries (the mock's batched cost model: a forward costs its latency however many)."""
     stages = [
         {
             "name": m.name, "kind": "mock", "agreement": m.agreement if drafts else 1.0,
             "runner_up": m.runner_up if drafts else 0.0, "third": m.third if drafts else 0.0,
             "latency_ms": m.latency_ms * time_scale, "max_lookahead": lookahead if drafts else 0,
-            "vocab_size": vocab, "predraft": predraft if drafts else 0,
+            "vocab_size": vocab, "predraft": predraft if drafts else 0, "max_batch": max_batch,
         }
         for m, drafts in zip(models, [True] * (len(models) - 1) + [False])  # every model but the target drafts
     ]  # fmt: skip

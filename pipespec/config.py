@@ -49,6 +49,9 @@ class StageSpec:
     # branches a drafter pre-drafts per request for the verdicts it expects (pipespec.engine.outcome_cache);
     # 0: none. A middle stage hands its own drafter a branch it took in its Verdict (`after`)
     predraft: int = 0
+    # most requests one forward carries, where the stage's kind batches (pipespec.engine.stage.BatchingStage:
+    # today the mock's cost model); 1: one request a forward
+    max_batch: int = 1
 
     @property
     def group(self) -> str:
@@ -226,6 +229,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
         "resources",
         "device_group",
         "predraft",
+        "max_batch",
     ]
     _reject_unknown(raw, common + option_keys, f"{where} ({kind})")
 
@@ -251,6 +255,13 @@ def _stage(raw: Any, i: int) -> StageSpec:
     predraft = _typed(raw.get("predraft", 0), int, f"{where}.predraft")
     if predraft < 0:
         raise ConfigError(f"{where}.predraft: must be >= 0 branches, got {predraft}")
+    max_batch = _typed(raw.get("max_batch", 1), int, f"{where}.max_batch")
+    if max_batch < 1:
+        raise ConfigError(f"{where}.max_batch: must be >= 1 request a forward, got {max_batch}")
+    if max_batch > 1 and not stage_kind.batches:
+        raise ConfigError(
+            f"{where}.max_batch: a {kind} stage carries one request a forward (no batched forward yet), got {max_batch}"
+        )
     dtype = raw.get("dtype", "bfloat16")
     if dtype not in DTYPES:
         raise ConfigError(f"{where}.dtype: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
@@ -287,7 +298,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
                 values[f.name] = _typed(raw[f.name], ftype, f"{where}.{f.name}")
         options = option_cls(**values)
         options.check(where)
-    return StageSpec(name, kind, model, lookahead, window, dtype, device, dict(resources), group, options, predraft)
+    return StageSpec(name, kind, model, lookahead, window, dtype, device, dict(resources), group, options, predraft, max_batch)
 
 
 def _check_chain(stages: tuple[StageSpec, ...]) -> None:

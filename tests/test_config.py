@@ -254,11 +254,20 @@ def test_mock_stages_with_different_vocab_sizes():
         ({"latency_ms": -1}, r"stages\[0\]\.latency_ms / per_token_ms: must be >= 0"),
         ({"vocab_size": 1}, r"stages\[0\]\.vocab_size: must be >= 2, got 1"),
         ({"eos_token_id": 64}, r"stages\[0\]\.eos_token_id: 64 is outside the vocabulary"),
+        ({"max_batch": 0}, r"stages\[0\]\.max_batch: must be >= 1 request a forward, got 0"),
     ],
 )
 def test_mock_options_out_of_range(changes, message):
     with pytest.raises(ConfigError, match=message):
         load_config(with_stage(0, **changes))
+
+
+def test_only_a_kind_that_batches_takes_a_max_batch_above_one():
+    assert load_config(with_stage(0, max_batch=16)).stages[0].max_batch == 16
+    assert load_config({"stages": [{"name": "t", "kind": "mock"}]}).stages[0].max_batch == 1
+    config = {"stages": [{"name": "lookup", "kind": "ngram", "max_batch": 4}, {"name": "t", "kind": "mock"}]}
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.max_batch: a ngram stage carries one request a forward"):
+        load_config(config)
 
 
 def test_ngram_options_out_of_order():

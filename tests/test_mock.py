@@ -136,3 +136,26 @@ def test_rows_drawn_together_are_the_rows_drawn_one_at_a_time():
     for stage in stages:
         want = torch.stack([_reference_row(stage, *key) for key in keys])
         assert torch.equal(stage.rows(keys), want), stage.name
+
+
+def test_the_forwards_of_one_batch_sleep_once_for_the_latency_and_every_token_fed(monkeypatch):
+    """`one_forward` (pipespec.engine.stage.BatchingStage): the mock's batched cost model. Each session's logits
+    are those it gets alone; the batch sleeps once, what its latency and all the tokens fed cost."""
+    import pipespec.stages.mock as mock
+
+    config = {"stages": [{"name": "t", "kind": "mock", "vocab_size": 64, "latency_ms": 50.0, "per_token_ms": 10.0}]}
+    (stage,) = load_stages(load_config(config))
+    prompts = [(5, 9, 2), (3, 4, 8, 1), (7, 7)]
+    alone = []
+    for prompt in prompts:
+        session = stage.open(RequestSpec("r", prompt, SamplingParams(), max_new_tokens=8))
+        alone.append(session.forward(len(prompt) - 1, [prompt[-1], 11]))
+    sessions = [stage.open(RequestSpec("r", p, SamplingParams(), max_new_tokens=8)) for p in prompts]
+    slept = []
+    monkeypatch.setattr(mock.time, "sleep", slept.append)
+    with stage.one_forward():
+        batched = [s.forward(len(p) - 1, [p[-1], 11]) for s, p in zip(sessions, prompts)]
+        assert slept == []  # nothing slept while the batch's forwards ran
+    [seconds] = slept
+    assert 0.050 + 0.010 * 6 - 0.01 < seconds <= 0.050 + 0.010 * 6  # once: the latency and 3 x 2 tokens, less the arithmetic
+    assert all(torch.equal(a, b) for a, b in zip(alone, batched))

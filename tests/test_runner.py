@@ -21,7 +21,7 @@ from pipespec.protocol.params import SamplingParams
 from pipespec.stages.build_context import BuildContext
 
 
-def mock_config(agreements, lookahead=4, latencies=None, predraft=0, runner_up=0.0):
+def mock_config(agreements, lookahead=4, latencies=None, predraft=0, runner_up=0.0, max_batch=1):
     latencies = latencies or [0.0] * len(agreements)
     return load_config(
         {
@@ -35,6 +35,7 @@ def mock_config(agreements, lookahead=4, latencies=None, predraft=0, runner_up=0
                     "vocab_size": 50,
                     "predraft": predraft,
                     "runner_up": runner_up if i < len(agreements) - 1 else 0.0,
+                    "max_batch": max_batch,
                 }
                 for i, (a, lat) in enumerate(zip(agreements, latencies))
             ]
@@ -74,6 +75,28 @@ def test_random_delays_keep_output_exact(agreement, k, target_alone):
         assert rollbacks > 0, "the storm produced no rollback: the test exercises nothing"
     if agreement > 0.0:
         assert accepted > 0
+
+
+@pytest.mark.parametrize("agreement", [0.5, 0.9])
+@pytest.mark.parametrize("k", [2, 3])
+def test_batched_forwards_under_random_delays_keep_output_exact(agreement, k, target_alone):
+    """Every stage's forward carries every request ready at it (up to 16; the mock's batched cost model): each
+    request's answer is still the target alone's, greedy and seeded, and the batches did carry several."""
+    rng = random.Random(f"batched-{agreement}-{k}")
+    config = mock_config([agreement] * (k - 1) + [1.0], lookahead=rng.randint(2, 6), latencies=[0.3] * k, max_batch=16)
+    with LocalPipeline(config, link_factory=lambda peer: DelayLink(peer, 0.002, rng)) as p:
+        p.start_trace()
+        futures = [(p.submit(**r), target_alone.submit(**r)) for r in requests()]
+        results = [(f.result(timeout=60), ref.result(timeout=60)) for f, ref in futures]
+        traced = [runner.trace.steps for runner in p.runners]
+        p.stop_trace()
+        for runner in p.runners:
+            assert not runner.requests and not runner.unprefilled, runner.name
+    for got, want in results:
+        assert got.token_ids == want.token_ids
+    carried = [max(s.requests for s in steps) for steps in traced]
+    assert all(1 < c <= 16 for c in carried), carried  # every stage's forwards carried several requests at times
+    assert all(s.requests == 1 for steps in traced for s in steps if s.kind == "prefill")  # prefills one at a time
 
 
 @pytest.mark.parametrize("agreement", [0.5, 0.9])

@@ -36,8 +36,8 @@ from pipespec.engine.early_mail import EarlyMail
 from pipespec.engine.patience import Patience
 from pipespec.engine.request_protocol import Peer, RequestProtocol, Role, Surroundings
 from pipespec.engine.scheduler import Batch, DeviceScheduler, Done, Priority
-from pipespec.engine.stage import Stage
-from pipespec.engine.step import Outcome, Prefill, StepPlan, compute
+from pipespec.engine.stage import BatchingStage, Stage
+from pipespec.engine.step import Outcome, Prefill, StepPlan, compute, compute_batch
 from pipespec.engine.trace import StageTrace
 from pipespec.protocol.links import InProcessLink, Link
 from pipespec.protocol.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
@@ -73,8 +73,10 @@ class StageRunner:
         sends_features: bool = False,  # our drafter reads our features (a DREAM stage): send them (pipespec.engine.handoff)
         reads_features: bool = False,  # we read our verifier's features (a DREAM stage): step only once the prefill's came
         predraft: int = 0,  # branches pre-drafted per request while we wait (pipespec.engine.outcome_cache); 0: none
+        max_batch: int = 1,  # most requests one forward carries, where the stage batches (BatchingStage)
     ):
         self.stage = stage
+        self.max_batch = max_batch if isinstance(stage, BatchingStage) else 1
         # every drafter may pre-draft (a middle stage tells its own drafter a branch it took in its verdict)
         predraft = predraft if depth > 0 and not sends_features else 0
         self.role = Role(
@@ -143,6 +145,7 @@ class StageRunner:
             sends_features=config.sends_features(i),
             reads_features=kind_of(specs[i]).reads_target_features,
             predraft=specs[i].predraft,
+            max_batch=specs[i].max_batch,
             scheduler=scheduler,
         )
 
@@ -247,10 +250,14 @@ class StageRunner:
         return not self.inbox.empty()
 
     def next_batch(self) -> Batch | None:
-        """Our next work (the scheduler may not take it; a wait for drafts may start): a prefill first,
-        then a step, round robin. A request whose plan fails is failed, not the runner."""
+        """Our next work (the scheduler may not take it; a wait for drafts may start): a prefill first (alone:
+        between steps, so a long prompt delays the others by one prefill), then steps, round robin: as many
+        requests' steps as one forward carries (`max_batch`), all of the most urgent kind any has (a
+        verification before a draft). A request whose plan fails is failed, not the runner."""
         if self.unprefilled:
             return Batch(self, (Prefill(next(iter(self.unprefilled))),), Priority.CHECK)
+        plans: list[StepPlan] = []
+        best: Priority | None = None
         for rid, proto in list(self.requests.items()):
             try:
                 plan = self._plan(proto)
@@ -258,8 +265,17 @@ class StageRunner:
                 self._fail(rid, error)
                 self.deliver(_WAKE)  # another runner's poke may have asked: our own loop sends the failure
                 continue
-            if plan is not None:
-                return Batch(self, (plan,), self._priority(plan))
+            if plan is None:
+                continue
+            priority = self._priority(plan)
+            if best is None or priority < best:
+                plans, best = [], priority
+            if priority == best:
+                plans.append(plan)
+            if best is Priority.CHECK and len(plans) >= self.max_batch:
+                break  # none comes before these
+        if plans:
+            return Batch(self, tuple(plans[: self.max_batch]), best)
         if self.trace.enabled:
             self._trace_idle()
         return None
@@ -291,6 +307,8 @@ class StageRunner:
                 plan = proto.launched(plan)
             work.append((plan, proto.req.session, proto.req.spec))
         stage, depth, sends = self.stage, self.depth, self.role.sends_features
+        if len(work) > 1:  # one forward of the device for them all
+            return lambda: compute_batch(stage, work, depth, sends, planned)
         return lambda: [compute(stage, plan, session, spec, depth, sends, planned) for plan, session, spec in work]
 
     def wait_for_device(self, batch: Batch) -> None:
@@ -372,7 +390,8 @@ class StageRunner:
         self.scheduler.release(self)
         if done.future.cancelled():
             return
-        for plan, outcome in zip(done.batch.plans, done.future.result()):
+        outcomes = done.future.result()
+        for plan, outcome in zip(done.batch.plans, outcomes):
             if (proto := self.requests.get(plan.request_id)) is not None:
                 try:
                     self._take(proto, plan, outcome)
@@ -380,17 +399,20 @@ class StageRunner:
                     self._fail(plan.request_id, error)
             elif isinstance(plan, Prefill) and outcome.error is None:  # closed while it prefilled
                 self.scheduler.run_later(outcome.result.close)
-            if self.trace.enabled and outcome.planned:  # planned 0: launched before the trace began
-                self._trace_step(plan, outcome)  # handled now: the result is applied
+        if self.trace.enabled and outcomes and outcomes[0].planned:  # planned 0: launched before the trace began
+            self._trace_step(done.batch.plans, outcomes)  # handled now: the results are applied
 
-    def _trace_step(self, plan: StepPlan | Prefill, outcome: Outcome) -> None:
+    def _trace_step(self, plans: tuple[StepPlan | Prefill, ...], outcomes: list[Outcome]) -> None:
+        """One forward: its kind (a batch's plans share theirs), its drafts and accepted ones over every request it carried."""
+        plan, outcome, n = plans[0], outcomes[0], len(plans)
         if isinstance(plan, Prefill):
             self.trace.step("prefill", 0, 0, outcome.planned, outcome.timing)
-        elif outcome.error is not None:
-            self.trace.step("failed", 0, 0, outcome.planned, outcome.timing)
+        elif all(o.error is not None for o in outcomes):
+            self.trace.step("failed", 0, 0, outcome.planned, outcome.timing, n)
         else:
-            kind = "verify" if plan.drafts else "generate"
-            self.trace.step(kind, len(plan.drafts), outcome.result[0].accepted, outcome.planned, outcome.timing)
+            drafts = sum(len(p.drafts) for p in plans)
+            accepted = sum(o.result[0].accepted for o in outcomes if o.error is None)
+            self.trace.step("verify" if plan.drafts else "generate", drafts, accepted, outcome.planned, outcome.timing, n)
 
     def _take(self, proto: RequestProtocol, plan: StepPlan | Prefill, outcome: Outcome) -> None:
         """Apply one plan's outcome to its request."""

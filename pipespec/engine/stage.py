@@ -16,12 +16,15 @@ Optional capabilities are protocols of their own: a `TargetStage` tells the fron
 limit and end-of-sequence tokens; a `TreeSession` grows side lines in the same forward (a drafter's
 pre-drafted branches, pipespec.engine.outcome_cache); between a target and the DREAM drafter right
 before it, the target's sessions are `FeatureSource`s and the drafter's `FeatureReader`s
-(pipespec.engine.handoff). Which kind has which is said by the table of stage kinds (pipespec.stages.kinds).
+(pipespec.engine.handoff); a `BatchingStage` runs the forwards of several requests as one device forward
+(their runner then gathers every ready request's step into one batch). Which kind has which is said by
+the table of stage kinds (pipespec.stages.kinds).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -67,6 +70,16 @@ class TreeSession(Session, Protocol):
         `base` context tokens (base <= keep) followed by side_tokens, which the cache does not keep.
         -> ([len(tokens), V], [len(sides), V]) float32 logits."""
         ...
+
+
+@runtime_checkable
+class BatchingStage(Stage, Protocol):
+    """A stage whose sessions' forwards inside `one_forward()` are one forward of its device, whatever requests
+    they serve: the mock stages have it (a batched cost model: the forward's latency once, its cost per token
+    for every row of every request); the Hugging Face stages do not yet (a batched forward over many caches:
+    not built). Each session's logits are the ones it gets alone."""
+
+    def one_forward(self) -> AbstractContextManager[None]: ...
 
 
 @runtime_checkable

@@ -14,6 +14,7 @@ not on the event loop.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -21,7 +22,7 @@ import torch
 from pipespec.engine.choice import Decision, decide, generate_each
 from pipespec.engine.outcome_cache import ALTERNATIVES, Branch, Doubt
 from pipespec.engine.sampling import token_logprobs
-from pipespec.engine.stage import Session, Stage
+from pipespec.engine.stage import BatchingStage, Session, Stage
 from pipespec.engine.trace import Timing
 from pipespec.protocol.messages import RequestSpec, TargetFeatures
 
@@ -91,6 +92,22 @@ def compute(
     except Exception as error:
         return Outcome(None, error, planned, Timing(started, time.perf_counter(), 0.0))
     return Outcome(result, None, planned, timing)
+
+
+def compute_batch(
+    stage: BatchingStage,
+    work: Sequence[tuple[StepPlan, Session, RequestSpec]],
+    depth: int,
+    sends_features: bool,
+    planned: float,
+) -> list[Outcome]:
+    """Compute thread: several requests' steps as one forward of the stage's device; each outcome timed as that
+    forward (the seconds each request waited for it), its own CPU seconds kept."""
+    started = time.perf_counter()
+    with stage.one_forward():
+        outcomes = [compute(stage, plan, session, spec, depth, sends_features, planned) for plan, session, spec in work]
+    ended = time.perf_counter()
+    return [replace(o, timing=Timing(started, ended, o.timing.cpu_s)) for o in outcomes]
 
 
 def _open(stage: Stage, spec: RequestSpec, sends_features: bool) -> Session:

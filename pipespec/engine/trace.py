@@ -45,6 +45,7 @@ class Step:
     ended: float
     handled: float
     cpu_s: float  # the compute thread's CPU seconds within started..ended
+    requests: int = 1  # how many requests the forward carried (a batch: pipespec.engine.stage.BatchingStage)
 
     @property
     def compute_s(self) -> float:
@@ -114,8 +115,9 @@ class StageTrace:
         self._close_idle(now)
         return now
 
-    def step(self, kind: str, drafts: int, accepted: int, planned: float, timing: Timing) -> None:
-        self.steps.append(Step(kind, drafts, accepted, planned, timing.started, timing.ended, time.perf_counter(), timing.cpu_s))
+    def step(self, kind: str, drafts: int, accepted: int, planned: float, timing: Timing, requests: int = 1) -> None:
+        now = time.perf_counter()
+        self.steps.append(Step(kind, drafts, accepted, planned, timing.started, timing.ended, now, timing.cpu_s, requests))
 
     def handled(self, seconds: float) -> None:
         self.messages += 1

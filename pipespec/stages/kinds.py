@@ -154,6 +154,7 @@ class StageKind:
     reads_target_features: bool = False  # its sessions read its verifier's features (a DREAM drafter)
     gives_target_features: bool = False  # its sessions give the features a DREAM drafter right before it reads
     depends_on_chain: bool = False  # built from the options of every stage after it: one stage per chain
+    batches: bool = False  # one forward carries several requests (pipespec.engine.stage.BatchingStage): `max_batch` > 1
 
 
 # ---- places in a chain ------------------------------------------------------------------------------
@@ -202,7 +203,7 @@ KINDS: Mapping[str, StageKind] = {
             reads_target_features=True,
         ),
         StageKind("vlm", loads_model=True, options=ModelOptions, takes_images=True, gives_target_features=True),
-        StageKind("mock", options=MockOptions, place=_before_mocks_only, depends_on_chain=True),
+        StageKind("mock", options=MockOptions, place=_before_mocks_only, depends_on_chain=True, batches=True),
     )
 }
 

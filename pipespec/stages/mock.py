@@ -3,7 +3,9 @@
 Labelled as what they are: *not* real models. They exist for protocol tests (rollback storms at
 chosen agreement rates) and for scaling experiments past the hardware at hand (per-forward latencies
 of, say, 1B / 8B / 70B models): a forward lasts its emulated latency, the arithmetic of its logits
-included, and a tree of lines costs one forward, as on a GPU (pipespec.engine.stage.TreeSession). Their
+included, and a tree of lines costs one forward, as on a GPU (pipespec.engine.stage.TreeSession), as do
+the forwards of several requests in one batch (`one_forward`: the latency once, `per_token_ms` for every
+row; pipespec.engine.stage.BatchingStage). Their
 "KV cache" is the list of context tokens, held to the same length invariant as a real cache, so rollback
 bugs show up here first.
 
@@ -18,7 +20,8 @@ the whole chain agrees.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -47,6 +50,18 @@ class MockStage:
         self.world_seed = chain[-1].seed
         self.eos_token_ids = frozenset() if chain[-1].eos_token_id is None else frozenset({chain[-1].eos_token_id})
         self._ids = np.arange(self.vocab_size, dtype=np.int64)
+        self._batch: list[int] | None = None  # inside `one_forward`: the tokens its forwards fed so far
+
+    @contextmanager
+    def one_forward(self) -> Iterator[None]:
+        """The forwards inside are one emulated forward (on the compute thread: one batch at a time): each does
+        its arithmetic, and the batch sleeps once, for the latency and every token they fed."""
+        began, self._batch = time.perf_counter(), [0]
+        try:
+            yield
+        finally:
+            fed, self._batch = self._batch[0], None
+            self.sleep(fed, began)
 
     def open(self, request: RequestSpec) -> MockSession:
         began = time.perf_counter()
@@ -56,7 +71,11 @@ class MockStage:
 
     def sleep(self, fed: int, began: float) -> None:
         """Sleep out the emulated forward that began at `began` (perf_counter) and fed `fed` tokens: the
-        emulated device's time is its latency, the arithmetic that stands in for the model's included."""
+        emulated device's time is its latency, the arithmetic that stands in for the model's included; inside
+        `one_forward`, the batch's sleep pays for it."""
+        if self._batch is not None:
+            self._batch[0] += fed
+            return
         delay = (self.options.latency_ms + self.options.per_token_ms * fed) / 1000.0 - (time.perf_counter() - began)
         if delay > 0:
             time.sleep(delay)
