@@ -259,8 +259,9 @@ def _stage(raw: Any, i: int) -> StageSpec:
     if max_batch < 1:
         raise ConfigError(f"{where}.max_batch: must be >= 1 request a forward, got {max_batch}")
     if max_batch > 1 and not stage_kind.batches:
+        batching = ", ".join(name for name, k in KINDS.items() if k.batches)
         raise ConfigError(
-            f"{where}.max_batch: a {kind} stage carries one request a forward (no batched forward yet), got {max_batch}"
+            f"{where}.max_batch: kind {kind!r} carries one request a forward (only {batching} batches so far), got {max_batch}"
         )
     dtype = raw.get("dtype", "bfloat16")
     if dtype not in DTYPES:

@@ -266,7 +266,10 @@ def test_only_a_kind_that_batches_takes_a_max_batch_above_one():
     assert load_config(with_stage(0, max_batch=16)).stages[0].max_batch == 16
     assert load_config({"stages": [{"name": "t", "kind": "mock"}]}).stages[0].max_batch == 1
     config = {"stages": [{"name": "lookup", "kind": "ngram", "max_batch": 4}, {"name": "t", "kind": "mock"}]}
-    with pytest.raises(ConfigError, match=r"stages\[0\]\.max_batch: a ngram stage carries one request a forward"):
+    with pytest.raises(
+        ConfigError,
+        match=r"stages\[0\]\.max_batch: kind 'ngram' carries one request a forward \(only mock batches so far\), got 4",
+    ):
         load_config(config)
 
 

@@ -196,3 +196,41 @@ def test_the_runner_wakes_a_waiting_request_when_its_wait_runs_out_and_tells_it_
         assert not runner.around.drafter and runner.upstream is None
     finally:
         runner.scheduler.shutdown(wait=True)
+
+
+class Planned:
+    """A request whose next step is `plan` (what the runner asks of a request's protocol when it gathers a batch)."""
+
+    def __init__(self, plan: StepPlan):
+        self.step, self.wake_at = plan, None
+
+    def plan(self, clock):
+        return self.step
+
+
+class Batching:
+    """A stage that batches (pipespec.engine.stage.BatchingStage), as far as the runner's gathering reads it."""
+
+    name, vocab_size = "me", 50
+
+    def open(self, request):
+        raise AssertionError("not opened here")
+
+    def one_forward(self):
+        raise AssertionError("not run here")
+
+
+@pytest.mark.parametrize("max_batch, expected", [(1, ["a"]), (3, ["b", "d", "a"]), (8, ["b", "d", "a", "c"])])
+def test_a_batch_takes_the_most_urgent_steps_first_and_fills_its_slots_round_robin(max_batch, expected):
+    from pipespec.engine.runner import StageRunner
+    from pipespec.engine.scheduler import Priority
+
+    runner = StageRunner(Batching(), name="me", depth=1, max_lookahead=4, drafter_name="up", max_batch=max_batch)
+    try:
+        for rid, drafts in (("a", ()), ("b", (1,)), ("c", ()), ("d", (2,))):  # a and c draft; b and d verify
+            runner.requests[rid] = Planned(StepPlan(rid, 0, 0, 3, (7,), 0, drafts, None))
+        batch = runner.next_batch()
+        assert [plan.request_id for plan in batch.plans] == expected
+        assert batch.priority is (Priority.DRAFT if max_batch == 1 else Priority.CHECK)
+    finally:
+        runner.scheduler.shutdown(wait=True)

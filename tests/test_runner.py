@@ -13,8 +13,10 @@ import random
 
 import pytest
 
+import pipespec.engine.runner as runner_module
 from pipespec import GenerationError, LocalPipeline, load_config
 from pipespec.engine.stage import KVLengthError
+from pipespec.engine.step import compute_batch as batch
 from pipespec.protocol.links import DelayLink
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
@@ -79,11 +81,15 @@ def test_random_delays_keep_output_exact(agreement, k, target_alone):
 
 @pytest.mark.parametrize("agreement", [0.5, 0.9])
 @pytest.mark.parametrize("k", [2, 3])
-def test_batched_forwards_under_random_delays_keep_output_exact(agreement, k, target_alone):
+def test_batched_forwards_under_random_delays_keep_output_exact(agreement, k, target_alone, monkeypatch):
     """Every stage's forward carries every request ready at it (up to 16; the mock's batched cost model): each
     request's answer is still the target alone's, greedy and seeded, and the batches did carry several."""
     rng = random.Random(f"batched-{agreement}-{k}")
-    config = mock_config([agreement] * (k - 1) + [1.0], lookahead=rng.randint(2, 6), latencies=[0.3] * k, max_batch=16)
+    config = mock_config([agreement] * (k - 1) + [1.0], lookahead=rng.randint(2, 6), latencies=[0.3] * k, max_batch=4)
+    batches = []
+    monkeypatch.setattr(
+        runner_module, "compute_batch", lambda stage, work, *a: batches.append(len(work)) or batch(stage, work, *a)
+    )
     with LocalPipeline(config, link_factory=lambda peer: DelayLink(peer, 0.002, rng)) as p:
         p.start_trace()
         futures = [(p.submit(**r), target_alone.submit(**r)) for r in requests()]
@@ -93,10 +99,12 @@ def test_batched_forwards_under_random_delays_keep_output_exact(agreement, k, ta
         for runner in p.runners:
             assert not runner.requests and not runner.unprefilled, runner.name
     for got, want in results:
-        assert got.token_ids == want.token_ids
+        assert got.token_ids == want.token_ids and got.finish_reason == "length"
     carried = [max(s.requests for s in steps) for steps in traced]
-    assert all(1 < c <= 16 for c in carried), carried  # every stage's forwards carried several requests at times
+    assert carried == [4] * k, carried  # every stage's forwards carried several requests at times, at most 4
+    assert batches and max(batches) == 4  # each as one forward of the stage (compute_batch: the mock's one_forward)
     assert all(s.requests == 1 for steps in traced for s in steps if s.kind == "prefill")  # prefills one at a time
+    assert sum(pair.num_accepted_tokens for got, _ in results for pair in got.stats.pairs) > 0
 
 
 @pytest.mark.parametrize("agreement", [0.5, 0.9])

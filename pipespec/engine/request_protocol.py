@@ -205,17 +205,19 @@ class RequestProtocol:
             self._send(Peer.DRAFTER, prefill_message, req.spec.request_id, session.prefill_features)
             session.prefill_features = None  # sent: the target itself never needs them
 
-    def finished(self, plan: StepPlan, outcome: Outcome) -> None:
-        """Apply a step's outcome (no error) to the request."""
+    def finished(self, plan: StepPlan, outcome: Outcome, paces: bool = True) -> None:
+        """Apply a step's outcome (no error) to the request; `paces`: its forward updates the stage's pace (once a
+        forward: the first of the requests a batch carried)."""
         req, around = self.req, self.around
         seconds = outcome.timing.ended - outcome.timing.started
         req.stats.forwards += 1
-        req.stats.compute_s += seconds
+        req.stats.compute_s += seconds  # the forward's, however many requests it carried
         decision, hidden, grown = outcome.result
-        per_token = seconds / len(decision.tokens)
-        around.token_s = per_token if around.token_s is None else 0.8 * around.token_s + 0.2 * per_token
+        if paces:
+            per_token = seconds / len(decision.tokens)
+            around.token_s = per_token if around.token_s is None else 0.8 * around.token_s + 0.2 * per_token
+            around.patience.observe_forward(seconds)
         req.stats.tokens_fed += len(plan.feed) + len(plan.drafts)
-        around.patience.observe_forward(seconds)
         if predrafting.grown(req, plan, decision, grown):
             return  # a forward of a branch: the main line is as it was
         if plan.rev != req.rev:  # a verdict changed our tokens meanwhile: keep only the valid cache

@@ -252,12 +252,12 @@ class StageRunner:
     def next_batch(self) -> Batch | None:
         """Our next work (the scheduler may not take it; a wait for drafts may start): a prefill first (alone:
         between steps, so a long prompt delays the others by one prefill), then steps, round robin: as many
-        requests' steps as one forward carries (`max_batch`), all of the most urgent kind any has (a
-        verification before a draft). A request whose plan fails is failed, not the runner."""
+        requests' steps as one forward carries (`max_batch`), the most urgent first (a verification before a
+        draft), the rest filling its slots; the batch is as urgent as its most urgent. A request whose plan
+        fails is failed, not the runner."""
         if self.unprefilled:
             return Batch(self, (Prefill(next(iter(self.unprefilled))),), Priority.CHECK)
-        plans: list[StepPlan] = []
-        best: Priority | None = None
+        ready: list[tuple[Priority, StepPlan]] = []
         for rid, proto in list(self.requests.items()):
             try:
                 plan = self._plan(proto)
@@ -265,17 +265,14 @@ class StageRunner:
                 self._fail(rid, error)
                 self.deliver(_WAKE)  # another runner's poke may have asked: our own loop sends the failure
                 continue
-            if plan is None:
-                continue
-            priority = self._priority(plan)
-            if best is None or priority < best:
-                plans, best = [], priority
-            if priority == best:
-                plans.append(plan)
-            if best is Priority.CHECK and len(plans) >= self.max_batch:
-                break  # none comes before these
-        if plans:
-            return Batch(self, tuple(plans[: self.max_batch]), best)
+            if plan is not None:
+                ready.append((self._priority(plan), plan))
+                if self.max_batch == 1 or sum(p is Priority.CHECK for p, _ in ready) >= self.max_batch:
+                    break  # one request a forward: the first ready, round robin; or a batch of the most urgent, full
+        if ready:
+            ready.sort(key=lambda entry: entry[0])  # stable: round robin within a kind; the rest fill the slots
+            chosen = ready[: self.max_batch]
+            return Batch(self, tuple(plan for _, plan in chosen), chosen[0][0])
         if self.trace.enabled:
             self._trace_idle()
         return None
@@ -390,11 +387,11 @@ class StageRunner:
         self.scheduler.release(self)
         if done.future.cancelled():
             return
-        outcomes = done.future.result()
-        for plan, outcome in zip(done.batch.plans, outcomes):
+        outcomes = done.future.result()  # one per plan, an error among them (pipespec.engine.step)
+        for i, (plan, outcome) in enumerate(zip(done.batch.plans, outcomes)):
             if (proto := self.requests.get(plan.request_id)) is not None:
                 try:
-                    self._take(proto, plan, outcome)
+                    self._take(proto, plan, outcome, paces=i == 0)
                 except Exception as error:  # a bug in one request must not take down the others
                     self._fail(plan.request_id, error)
             elif isinstance(plan, Prefill) and outcome.error is None:  # closed while it prefilled
@@ -410,12 +407,13 @@ class StageRunner:
         elif all(o.error is not None for o in outcomes):
             self.trace.step("failed", 0, 0, outcome.planned, outcome.timing, n)
         else:
-            drafts = sum(len(p.drafts) for p in plans)
-            accepted = sum(o.result[0].accepted for o in outcomes if o.error is None)
+            done = [(p, o) for p, o in zip(plans, outcomes) if o.error is None]
+            drafts = sum(len(p.drafts) for p, _ in done)
+            accepted = sum(o.result[0].accepted for _, o in done)
             self.trace.step("verify" if plan.drafts else "generate", drafts, accepted, outcome.planned, outcome.timing, n)
 
-    def _take(self, proto: RequestProtocol, plan: StepPlan | Prefill, outcome: Outcome) -> None:
-        """Apply one plan's outcome to its request."""
+    def _take(self, proto: RequestProtocol, plan: StepPlan | Prefill, outcome: Outcome, paces: bool = True) -> None:
+        """Apply one plan's outcome to its request (`paces`: the first of a forward's, which updates the pace)."""
         if outcome.error is not None:
             self._fail(plan.request_id, outcome.error)
             return
@@ -424,7 +422,7 @@ class StageRunner:
                 del self.unprefilled[plan.request_id]
                 proto.prefilled(outcome.result, outcome.timing.ended - outcome.timing.started)
             else:
-                proto.finished(plan, outcome)
+                proto.finished(plan, outcome, paces)
         finally:
             self._route(proto)
 

@@ -20,8 +20,8 @@ at 0.93-1.01x the target alone in the planner's trials (experiments/results/plan
 The device stays busy until the runner that owns the finished batch has taken its results (on the
 event loop), so a runner never plans from state its own forward is about to change.
 
-A batch holds a list of plans, one request each. Today a runner offers one plan per batch; the
-interface lets one forward carry several requests later (batching across requests). Everything here
+A batch holds a list of plans, one request each: one, or, where the runner's stage batches
+(pipespec.engine.stage.BatchingStage), as many as its `max_batch`, run as one forward. Everything here
 runs on the event loop the runners share, except what `Worker.launch` returns: the compute thread
 runs it. While a runner has unread messages nothing is launched (it pokes again once it has read
 them), so a batch is never chosen from news that has arrived but not been read.

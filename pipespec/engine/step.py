@@ -3,7 +3,8 @@
 A request's protocol plans a step from its state (pipespec.engine.request_protocol): the context tokens to keep in the
 cache, its own unfed tokens, the drafts to verify (with their q rows under rejection sampling) and
 the target features to apply first (a DREAM stage). `compute` runs a plan on the device's compute
-thread (pipespec.engine.scheduler): one forward, then the choice at every position (pipespec.engine.choice), timed
+thread (pipespec.engine.scheduler; `compute_batch`: several requests' plans as one forward of a stage that
+batches): one forward, then the choice at every position (pipespec.engine.choice), timed
 for the trace (pipespec.engine.trace); an error is caught and returned, so it fails only its own request.
 The target of a request that asks for logprobs computes them here, from the same rows it decided on
 (pipespec.engine.sampling.token_logprobs); no other stage does.
@@ -102,12 +103,17 @@ def compute_batch(
     planned: float,
 ) -> list[Outcome]:
     """Compute thread: several requests' steps as one forward of the stage's device; each outcome timed as that
-    forward (the seconds each request waited for it), its own CPU seconds kept."""
-    started = time.perf_counter()
-    with stage.one_forward():
-        outcomes = [compute(stage, plan, session, spec, depth, sends_features, planned) for plan, session, spec in work]
-    ended = time.perf_counter()
-    return [replace(o, timing=Timing(started, ended, o.timing.cpu_s)) for o in outcomes]
+    whole forward (the seconds each request waited for it, the forward's CPU seconds). A plan's error is its
+    outcome's; an error of the forward itself (the device's) is every plan's."""
+    started, cpu = time.perf_counter(), time.thread_time()
+    try:
+        with stage.one_forward():
+            outcomes = [compute(stage, plan, session, spec, depth, sends_features, planned) for plan, session, spec in work]
+    except Exception as error:
+        failed = Timing(started, time.perf_counter(), time.thread_time() - cpu)
+        return [Outcome(None, error, planned, failed) for _ in work]
+    timing = Timing(started, time.perf_counter(), time.thread_time() - cpu)
+    return [replace(o, timing=timing) for o in outcomes]
 
 
 def _open(stage: Stage, spec: RequestSpec, sends_features: bool) -> Session:

@@ -56,12 +56,16 @@ class MockStage:
     def one_forward(self) -> Iterator[None]:
         """The forwards inside are one emulated forward (on the compute thread: one batch at a time): each does
         its arithmetic, and the batch sleeps once, for the latency and every token they fed."""
+        if self._batch is not None:
+            raise RuntimeError(f"mock {self.name!r}: one_forward inside one_forward")
         began, self._batch = time.perf_counter(), [0]
         try:
             yield
-        finally:
-            fed, self._batch = self._batch[0], None
-            self.sleep(fed, began)
+        except BaseException:
+            self._batch = None  # a failed forward: nothing to sleep out
+            raise
+        fed, self._batch = self._batch[0], None
+        self.sleep(fed, began)
 
     def open(self, request: RequestSpec) -> MockSession:
         began = time.perf_counter()
