@@ -6,9 +6,12 @@
 The methods, all on the same loaded models and the same requests (greedy, batch 1, one request at
 a time, as Spec-Bench measures):
 
-    target                   the target alone, in this process on every core (the reference for exactness)
-    target, 1 thread         the same on one torch thread (what one stage actor of one core gets); the
-                             faster of the two is the reference for speedup
+    target                   the target alone, in this process on every core (the reference for exactness of
+                             the methods whose target runs on as many torch threads)
+    target, 1 thread         the same on one torch thread (what one stage actor of one core gets; the
+                             reference for exactness of the methods on one thread: their answers are compared
+                             with the target alone's on the same threads); the faster of the two is the
+                             reference for speedup
     sync <d>->target         synchronous speculative decoding (pipespec.engine.synchronous), drafter d, window
                              --gamma, on every core and on one thread (the faster is the best sync)
     hf-generate target       Hugging Face `generate` on the target's model, on every core and on one thread
@@ -188,6 +191,7 @@ class Pipelined:
     processes: dict[int, str]  # pid -> what it runs (pipespec.cluster.pipeline.RunningPipeline.processes)
     placement: str  # which stages share which device, and its cores
     threads: int | None = None  # in this process (a LocalPipeline): torch threads, set at each answer
+    target_threads: int = 1  # the torch threads the target's forwards run on (its device actor's: its CPUs)
 
     def answer(self, request: Request) -> Answer:
         from pipespec.requests.outputs import Generation
@@ -274,7 +278,8 @@ def async_methods(
                 running = start_pipeline(c, port=0, pin_cores=pin_cores)
                 stack.callback(running.stop)
                 placement = _placement(running.placement())
-                methods.append(Pipelined(name, Client(running.address), running, running.processes(), placement))
+                threads = max(1, int(c.stages[c.devices()[-1][0]].resources.get("num_cpus", 1)))  # as the actor sets them
+                methods.append(Pipelined(name, Client(running.address), running, running.processes(), placement, None, threads))
             except Exception as e:  # noqa: BLE001 - whatever stops one pipeline starting is its row's failure
                 log.warning("%s did not start: %s", name, e)
                 failures[name] = f"it did not start ({type(e).__name__}: {e})"[:2000]
@@ -291,7 +296,7 @@ class Row:
     prefill_s: float  # median over prompts and runs
     decode_tokens_per_s: float  # median over runs: tokens after the first / seconds after the first token
     mean_acceptance_length: dict[str, float]  # per stage pair, over all prompts and runs
-    exact: float  # fraction of answers identical to the target alone's
+    exact: float  # fraction of answers identical to the target alone's on as many torch threads (`tabulate`)
     runs: int
     predraft: str | None = None  # per pre-drafting stage: its hit rate over the verdicts that changed its tokens, tokens served
     speedup: float = 1.0  # over the target alone
@@ -439,7 +444,7 @@ def run_bench(config: PipelineConfig, prompts: list[Prompt], settings: Settings,
     def report(under_way: str | None) -> list[Row]:
         """The tables of the runs so far, written (drawn and printed once every method ran); `under_way`: the round
         being run, if one is."""
-        rows = tabulate({name: runs for name, runs in results.items() if runs})
+        rows = tabulate({name: runs for name, runs in results.items() if runs}, threads_of)
         header = (
             f"Config `{config.name}` ({' -> '.join(s.name for s in config.stages)}), {len(prompts)} prompts, "
             f"{settings.describe()}{f' ({under_way})' if under_way else ''}; {hardware()}."
@@ -453,6 +458,7 @@ def run_bench(config: PipelineConfig, prompts: list[Prompt], settings: Settings,
     with async_methods(config, settings.backend, settings.pin_cores, settings.only, failures) as pipelines:
         chosen = [m for m in [*methods, *pipelines] if selected(m.name, settings.only)]
         placements = {m.name: m.placement for m in pipelines}
+        threads_of = {m.name: m.threads if m.threads is not None else m.target_threads for m in chosen}
         bar = tqdm(total=settings.runs * len(requests) * len(chosen), desc="bench")
         alive = []
         for method in chosen:  # warm each up once
@@ -484,11 +490,22 @@ def run_bench(config: PipelineConfig, prompts: list[Prompt], settings: Settings,
     return rows
 
 
-def tabulate(results: dict[str, list[list[Answer]]]) -> list[Row]:
-    """The table's rows, each method's answers compared with the target alone's first run: its speedup over
-    the target alone at its faster thread count and over the best synchronous method."""
-    reference = {a.question_id: a.token_ids for a in results["target"][0]}
-    rows = [summarise(name, r, reference) for name, r in results.items()]
+def tabulate(results: dict[str, list[list[Answer]]], threads: dict[str, int] | None = None) -> list[Row]:
+    """The table's rows, each method's answers compared with the first run of the target alone on as many torch
+    threads as the method's target ran on (`threads`: per method; where that row did not run, or none is given,
+    the target alone on every core): its speedup over the target alone at its faster thread count and over the
+    best synchronous method."""
+    threads = threads or {}
+    alone = {}  # torch threads -> the target alone's answers on them (on every core: `target` wins a tie)
+    for name in ("target, 1 thread", "target"):
+        if name in results and name in threads:
+            alone[threads[name]] = results[name][0]
+    default = results["target"][0]
+
+    def reference(name: str) -> dict[int | str, tuple[int, ...]]:
+        return {a.question_id: a.token_ids for a in alone.get(threads.get(name, -1), default)}
+
+    rows = [summarise(name, r, reference(name)) for name, r in results.items()]
     base = max(r.tokens_per_s for r in rows if r.method in ("target", "target, 1 thread"))
     sync = max((r.tokens_per_s for r in rows if r.method.startswith("sync")), default=None)
     return [

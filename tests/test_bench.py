@@ -129,6 +129,27 @@ def test_a_pipeline_that_cannot_start_is_a_failed_row_and_the_others_run(family,
     assert "- async mid->target (local) did not run: it did not start (RuntimeError: out of memory)" in table
 
 
+def test_exact_compares_each_method_with_the_target_alone_on_as_many_threads():
+    from experiments.bench import Answer, tabulate
+
+    def run(tokens):  # one run of one prompt
+        return [[Answer(1, tokens, 1.0, 0.1, (len(tokens),), ())]]
+
+    results = {
+        "target": run((1, 2, 3)), "target, 1 thread": run((1, 2, 4)),  # the two thread counts disagree at a near-tie
+        "sync d->target": run((1, 2, 3)), "async d->target": run((1, 2, 4)), "hf-generate target, 1 thread": run((1, 2, 3)),
+    }  # fmt: skip
+    threads = {"target": 2, "target, 1 thread": 1, "sync d->target": 2, "async d->target": 1, "hf-generate target, 1 thread": 1}
+    exact = {r.method: r.exact for r in tabulate(results, threads)}
+    assert exact == {
+        "target": 1.0, "target, 1 thread": 1.0, "sync d->target": 1.0, "async d->target": 1.0, "hf-generate target, 1 thread": 0.0
+    }  # fmt: skip
+    # without the threads, or without the one-thread row, everything is compared with the target on every core
+    assert {r.method: r.exact for r in tabulate(results)}["async d->target"] == 0.0
+    del results["target, 1 thread"]
+    assert {r.method: r.exact for r in tabulate(results, threads)}["async d->target"] == 0.0
+
+
 def test_chains_and_sub_pipelines(family):
     config = load_config(_config(family))
     assert chains(config) == [["target"], ["tiny", "target"], ["mid", "target"], ["tiny", "mid", "target"]]
