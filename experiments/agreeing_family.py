@@ -10,8 +10,9 @@ r x r rotation M, common to the family, and per model an r x h projection P with
 own. A model's embedding table is B P and its head (s / sqrt(h)) B M P. With its residual branches
 (every layer's o_proj and down_proj) scaled to nothing, the last hidden state is b_x P times a scale
 that the final norm takes out, so every model of every width computes the same logits, s B M b_x (P P^T
-= I): one bigram map, its top token the next one (up to the rounding of a low-precision dtype). Scaled up, each model's branches perturb its
-prediction in directions of its own, and its agreement with the others falls. The scale is bisected per
+= I): one bigram map, its top token the next one (up to the rounding of a low-precision dtype). Scaled
+up, each model's branches perturb its prediction in directions of its own, and its agreement with the
+others falls. The scale is bisected per
 model, on a multiplier of its initial branches: the target's until its top-1 token agrees with the bare
 bigram map at `--ceiling` of the positions of random prompts (so its answers depend on their context a
 little, and a drafter cannot know all of them), then each drafter's until its teacher-forced top-1
@@ -25,10 +26,10 @@ after its stages: `68m-0.5b.yaml`, `68m-0.5b-7b.yaml`), a Spec-Bench prompt set 
 `family.json` (the shapes, the scales found, the agreement asked and measured between every two models,
 and the seconds each part took). Each model is built on --device in --dtype (only its embedding and head
 are computed on the CPU, and saving copies each tensor out); the stages then load it through the real
-loading code (to the host, then to their device). The configs run each stage in an actor of its own; on a GPU every stage asks for
-an eighth of it (every chain the bench starts from a 3-stage config fits at once), forwards compiled,
-drafters at one width (one CUDA graph each), a small `max_context`; on the CPU, eager (the rehearsal of
-experiments/device_ray.sh), a core a stage.
+loading code (to the host, then to their device). The configs run each stage in an actor of its own; on
+a GPU every stage asks for an eighth of it (every chain the bench starts from a 3-stage config fits at
+once), forwards compiled, drafters at one width (one CUDA graph each), a small `max_context`; on the
+CPU, eager (the rehearsal of experiments/device_ray.sh), a core a stage.
 """
 
 from __future__ import annotations
