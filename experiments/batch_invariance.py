@@ -18,8 +18,8 @@ of 32000 rows) on random inputs:
 and one about a whole model: a random 2-layer Llama at hidden 1024 (`ModelShape`), a batch of
 equal-length sequences without padding or cache, the first sequence's logits at every batch size against
 alone, and on one thread against two; and a target stage's own forwards (`stage_threads`) on one thread
-against two, at a Llama's and at Qwen2.5-1.5B's layer shapes. Beside them the cost: milliseconds per product at each count and its cost per row, so a bucket's
-padding can be priced. Written to --out (default experiments/results/batch_invariance/): `invariance.md`
+against two, at a Llama's and at Qwen2.5-1.5B's layer shapes. Beside them the cost: milliseconds per
+product at each count, so a bucket's padding can be priced. Written to --out (default experiments/results/batch_invariance/): `invariance.md`
 and `invariance.json`.
 """
 
