@@ -221,6 +221,30 @@ def agreement(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
     return (a == b)[mask].float().mean().item()
 
 
+def calibration_prompts(recipe: Recipe) -> torch.Tensor:
+    """[n, P] the calibration's own prompts (another draw than the prompt set's)."""
+    return prompt_ids(recipe.calibration_prompts, recipe.prompt_words, recipe.vocab, recipe.seed + CALIBRATION_SEED)
+
+
+@torch.inference_mode()
+def continued(target: LlamaForCausalLM, prompts: torch.Tensor, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's greedy continuations of `prompts`: ([n, P + C] ids, [n, P + C] the positions whose next token
+    is the target's, where agreement is measured)."""
+    device = target.device
+    ids = target.generate(
+        input_ids=prompts.to(device), attention_mask=torch.ones_like(prompts, device=device), do_sample=False,
+        max_new_tokens=recipe.continuation, min_new_tokens=recipe.continuation, suppress_tokens=list(range(len(SPECIALS))),
+    ).cpu()  # fmt: skip
+    answers = torch.zeros_like(ids, dtype=torch.bool)
+    answers[:, recipe.prompt_words - 1 : -1] = True
+    return ids, answers
+
+
+def pairwise(shapes: Sequence[str], said: dict[str, torch.Tensor], answers: torch.Tensor) -> dict[str, float]:
+    """Each two models' agreement on what they said at the `answers` positions, as 'a~b'."""
+    return {f"{a}~{b}": agreement(said[a], said[b], answers) for a, b in itertools.combinations(shapes, 2)}
+
+
 @torch.inference_mode()
 def calibrate(model: LlamaForCausalLM, ids: torch.Tensor, reference: torch.Tensor, mask: torch.Tensor, rate: float,
               steps: int = 16) -> tuple[float, float]:  # fmt: skip
@@ -266,7 +290,7 @@ def build_family(out: Path, recipe: Recipe) -> dict:
     seconds: dict[str, float] = {}
     began = time.perf_counter()
     geometry = Geometry.draw(recipe.vocab, recipe.seed)
-    calib = prompt_ids(recipe.calibration_prompts, recipe.prompt_words, recipe.vocab, recipe.seed + CALIBRATION_SEED)
+    calib = calibration_prompts(recipe)
     *drafter_shapes, target_shape = recipe.shapes
     target = build(SHAPES[target_shape], geometry, recipe, recipe.seed + MODEL_SEED + len(drafter_shapes))
     seconds["build target"] = time.perf_counter() - began
@@ -275,14 +299,7 @@ def build_family(out: Path, recipe: Recipe) -> dict:
     everywhere = torch.ones_like(calib, dtype=torch.bool)
     scale, measured = calibrate(target, calib, geometry.bigram(calib), everywhere, recipe.ceiling)
     members = [Member(target_shape, target.num_parameters(), scale, measured, recipe.ceiling)]
-    with torch.inference_mode():
-        ids = target.generate(
-            input_ids=calib.to(target.device), attention_mask=torch.ones_like(calib, device=target.device),
-            max_new_tokens=recipe.continuation, min_new_tokens=recipe.continuation, do_sample=False,
-            suppress_tokens=list(range(len(SPECIALS))),
-        ).cpu()  # fmt: skip  # [n, P + C]
-    answers = torch.zeros_like(ids, dtype=torch.bool)
-    answers[:, recipe.prompt_words - 1 : -1] = True  # the positions whose next token is the target's
+    ids, answers = continued(target, calib, recipe)
     said = {target_shape: top1(target, ids)}
     seconds["calibrate target"] = time.perf_counter() - began
 
@@ -301,9 +318,7 @@ def build_family(out: Path, recipe: Recipe) -> dict:
     if recipe.device.startswith("cuda"):
         torch.cuda.empty_cache()
 
-    pairs = {
-        f"{a}~{b}": agreement(said[a], said[b], answers) for a, b in itertools.combinations(recipe.shapes, 2)
-    }  # teacher-forced top-1, over the target's continuations
+    pairs = pairwise(recipe.shapes, said, answers)  # teacher-forced top-1, over the target's continuations
     configs = [write_config(out, recipe, recipe.shapes[:k], dirs) for k in range(2, len(recipe.shapes) + 1)]
     prompts = write_prompts(out / "prompts.jsonl", tok, recipe)
     family = {
@@ -365,18 +380,9 @@ def measure(out: Path, family: dict, device: str | None = None) -> dict[str, flo
     recipe = Recipe(**{**family["recipe"], "shapes": tuple(family["recipe"]["shapes"]),
                        "agreement": tuple(family["recipe"]["agreement"])})  # fmt: skip
     device = device or recipe.device
-    calib = prompt_ids(recipe.calibration_prompts, recipe.prompt_words, recipe.vocab, recipe.seed + CALIBRATION_SEED)
     loaded = {n: AutoModelForCausalLM.from_pretrained(out / n, dtype=DTYPES[recipe.dtype]).to(device) for n in recipe.shapes}
-    target = loaded[recipe.shapes[-1]]
-    with torch.inference_mode():
-        ids = target.generate(
-            input_ids=calib.to(device), attention_mask=torch.ones_like(calib, device=device), do_sample=False,
-            max_new_tokens=recipe.continuation, min_new_tokens=recipe.continuation, suppress_tokens=list(range(len(SPECIALS))),
-        ).cpu()  # fmt: skip
-    answers = torch.zeros_like(ids, dtype=torch.bool)
-    answers[:, recipe.prompt_words - 1 : -1] = True
-    said = {n: top1(m, ids) for n, m in loaded.items()}
-    return {f"{a}~{b}": agreement(said[a], said[b], answers) for a, b in itertools.combinations(recipe.shapes, 2)}
+    ids, answers = continued(loaded[recipe.shapes[-1]], calibration_prompts(recipe), recipe)
+    return pairwise(recipe.shapes, {n: top1(m, ids) for n, m in loaded.items()}, answers)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -246,7 +246,7 @@ def markdown(result: dict) -> str:
     ]
     for p in result["products"]:
         same = "-" if p["thread_invariant"] is None else "yes" if p["thread_invariant"] else "**no**"
-        cells = " | ".join(f"{p['ms'][n] if n in p['ms'] else p['ms'][str(n)]:.3f}" for n in rows)
+        cells = " | ".join(f"{p['ms'][n]:.3f}" for n in rows)
         lines.append(
             f"| {p['product']} | {p['dtype']} | {p['threads']} | {p['classes']} | "
             f"{'yes' if p['content_invariant'] else '**no**'} | {same} | {cells} |"

@@ -237,6 +237,8 @@ class StageRunner:
 
     def _route(self, proto: RequestProtocol) -> None:
         """Send what `proto` says to send, each message on the link to its peer (none once that link is lost)."""
+        if not proto.sends:
+            return
         links = {Peer.DRAFTER: self.upstream, Peer.VERIFIER: self.downstream, Peer.COORDINATOR: self.coordinator}
         for peer, message, args in proto.sends:
             self._send(links[peer], message, *args)
@@ -258,6 +260,7 @@ class StageRunner:
         if self.unprefilled:
             return Batch(self, (Prefill(next(iter(self.unprefilled))),), Priority.CHECK)
         ready: list[tuple[Priority, StepPlan]] = []
+        checks = 0  # verifications among them: a batch of those is full at max_batch
         for rid, proto in list(self.requests.items()):
             try:
                 plan = self._plan(proto)
@@ -266,8 +269,10 @@ class StageRunner:
                 self.deliver(_WAKE)  # another runner's poke may have asked: our own loop sends the failure
                 continue
             if plan is not None:
-                ready.append((self._priority(plan), plan))
-                if self.max_batch == 1 or sum(p is Priority.CHECK for p, _ in ready) >= self.max_batch:
+                priority = self._priority(plan)
+                ready.append((priority, plan))
+                checks += priority is Priority.CHECK
+                if self.max_batch == 1 or checks >= self.max_batch:
                     break  # one request a forward: the first ready, round robin; or a batch of the most urgent, full
         if ready:
             ready.sort(key=lambda entry: entry[0])  # stable: round robin within a kind; the rest fill the slots
