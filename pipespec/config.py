@@ -261,7 +261,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
     if max_batch > 1 and not stage_kind.batches:
         batching = ", ".join(name for name, k in KINDS.items() if k.batches)
         raise ConfigError(
-            f"{where}.max_batch: kind {kind!r} carries one request a forward (only {batching} batches so far), got {max_batch}"
+            f"{where}.max_batch: kind {kind!r} carries one request a forward (only {batching} batch), got {max_batch}"
         )
     dtype = raw.get("dtype", "bfloat16")
     if dtype not in DTYPES:

@@ -11,7 +11,7 @@ import torch
 
 from pipespec import load_config
 from pipespec.engine import noise
-from pipespec.engine.stage import KVLengthError
+from pipespec.engine.stage import Feed, KVLengthError
 from pipespec.errors import ConfigError
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
@@ -139,7 +139,7 @@ def test_rows_drawn_together_are_the_rows_drawn_one_at_a_time():
 
 
 def test_the_forwards_of_one_batch_sleep_once_for_the_latency_and_every_token_fed(monkeypatch):
-    """`one_forward` (pipespec.engine.stage.BatchingStage): the mock's batched cost model. Each session's logits
+    """`forward_batch` (pipespec.engine.stage.BatchingStage): the mock's batched cost model. Each session's logits
     are those it gets alone; the batch sleeps once, what its latency and all the tokens fed cost."""
     import pipespec.stages.mock as mock
 
@@ -153,11 +153,10 @@ def test_the_forwards_of_one_batch_sleep_once_for_the_latency_and_every_token_fe
     sessions = [stage.open(RequestSpec("r", p, SamplingParams(), max_new_tokens=8)) for p in prompts]
     slept = []
     monkeypatch.setattr(mock.time, "sleep", slept.append)
-    with stage.one_forward():
-        batched = [s.forward(len(p) - 1, [p[-1], 11]) for s, p in zip(sessions, prompts)]
-        assert slept == []  # nothing slept while the batch's forwards ran
-    [seconds] = slept
+    batched = [rows for rows, _ in stage.forward_batch([Feed(s, len(p) - 1, [p[-1], 11]) for s, p in zip(sessions, prompts)])]
+    [seconds] = slept  # once, for the whole batch
     assert 0.050 + 0.010 * 5 < seconds <= 0.050 + 0.010 * 6  # once: the latency and 3 x 2 tokens, less the arithmetic
     with pytest.raises(RuntimeError, match="one_forward inside one_forward"), stage.one_forward(), stage.one_forward():
         pass
     assert all(torch.equal(a, b) for a, b in zip(alone, batched))
+    assert len(batched) == len(prompts)

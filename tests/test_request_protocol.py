@@ -216,7 +216,7 @@ class Batching:
     def open(self, request):
         raise AssertionError("not opened here")
 
-    def one_forward(self):
+    def forward_batch(self, feeds):
         raise AssertionError("not run here")
 
 

@@ -9,12 +9,12 @@ state is what the drafter's first block learns to predict (entropy-adaptive supe
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
 
 from pipespec.stages.dream.compression import attention_received
+from pipespec.stages.packing import Packing, Piece, packed
 from pipespec.stages.vlm import PER_TOKEN, VLMStage
 
 
@@ -45,7 +45,7 @@ class SequenceFeatures:
 
 class FeatureExtractor:
     """Hooks on a `VLMStage`'s model: every layer's output, the attention weights of the candidate
-    layers and the last (computed beside sdpa). A context manager: the hooks go when it closes.
+    layers and the last (the packed attention computes them when asked). A context manager: the hooks go when it closes.
 
         with FeatureExtractor(stage) as extract:
             feats = extract(prompt_ids, answer_ids, stage.tensors(image))
@@ -62,10 +62,7 @@ class FeatureExtractor:
         self.handles = [layer.register_forward_hook(self._on_layer) for layer in layers]
         self.attention_modules = []
         for i in sorted({*self.candidates, self.last}):
-            attn = layers[i].self_attn
-            if attn.config._attn_implementation != "sdpa_with_weights":
-                attn.config = copy.copy(attn.config)  # this layer only: sdpa that can also return its weights
-                attn.config._attn_implementation = "sdpa_with_weights"
+            attn = layers[i].self_attn  # its packed attention returns its weights while `keep_weights` (pipespec.stages.packing)
             self.handles.append(attn.register_forward_hook(lambda m, a, out, i=i: self.weights.__setitem__(i, out[1])))
             self.attention_modules.append(attn)
 
@@ -96,17 +93,20 @@ class FeatureExtractor:
         self.layer_out.clear()
         for m in self.attention_modules:
             m.keep_weights = True
+        cache = stage.caches.take()  # the packed attention's keys and values: one request's cache, from position 0
         try:
             if stage.has_rope_deltas:
                 stage.inner.rope_deltas = None
-            out = stage.model(input_ids=ids, use_cache=False, **extra)
+            with packed(Packing([Piece(cache, 0, T)], torch.arange(T, device=stage.device)[None])):
+                out = stage.model(input_ids=ids, use_cache=False, **extra)
         finally:
+            stage.caches.give(cache)
             for m in self.attention_modules:
                 m.keep_weights = False
         taps = stage.taps
         entropy = []
         for i in self.candidates:
-            p = self.weights[i][0].float()  # [heads, T, T]
+            p = self.weights[i][0].float()  # [heads, T, C]: the cache's keys past T weigh 0
             entropy.append(-(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean(0))  # [T]
         image_mask = ids[0] == stage.image_token_id
         received = attention_received(self.weights[self.last][0][:, : P - 1, : P - 1], image_mask[: P - 1])  # as at prefill

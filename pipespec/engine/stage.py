@@ -17,14 +17,14 @@ limit and end-of-sequence tokens; a `TreeSession` grows side lines in the same f
 pre-drafted branches, pipespec.engine.outcome_cache); between a target and the DREAM drafter right
 before it, the target's sessions are `FeatureSource`s and the drafter's `FeatureReader`s
 (pipespec.engine.handoff); a `BatchingStage` runs the forwards of several requests as one device forward
-(their runner then gathers every ready request's step into one batch). Which kind has which is said by
+(their runner then gathers every ready request's step into one batch, up to its `max_batch`). Which kind has which is said by
 the table of stage kinds (pipespec.stages.kinds).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -72,14 +72,27 @@ class TreeSession(Session, Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Feed:
+    """One request's part of a batched forward: `session.forward(keep, tokens)`, and a tree session's side
+    lines (`TreeSession.forward_tree`'s `sides`; none for other sessions)."""
+
+    session: Session
+    keep: int
+    tokens: Sequence[int]
+    sides: Sequence[tuple[int, Sequence[int]]] = ()
+
+
 @runtime_checkable
 class BatchingStage(Stage, Protocol):
-    """A stage whose sessions' forwards inside `one_forward()` are one forward of its device, whatever requests
-    they serve: the mock stages have it (a batched cost model: the forward's latency once, its cost per token
-    for every row of every request); the Hugging Face stages do not yet (a batched forward over many caches:
-    not built). Each session's logits are the ones it gets alone."""
+    """A stage that runs the forwards of several requests as one forward of its device: the model stages pack
+    their rows into one forward (pipespec.stages.packed_forwards), the mocks emulate it (the forward's latency
+    once, its cost per token for every row of every request). Each request's logits are bitwise the ones it
+    gets alone (a model stage's, wherever its forwards are at least 4 rows wide: pipespec.stages.packing)."""
 
-    def one_forward(self) -> AbstractContextManager[None]: ...
+    def forward_batch(self, feeds: Sequence[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """-> per feed, ([len(tokens), V], [len(sides), V]) float32 logits, as its session's forward gives them."""
+        ...
 
 
 @runtime_checkable

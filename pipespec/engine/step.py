@@ -23,7 +23,7 @@ import torch
 from pipespec.engine.choice import Decision, decide, generate_each
 from pipespec.engine.outcome_cache import ALTERNATIVES, Branch, Doubt
 from pipespec.engine.sampling import token_logprobs
-from pipespec.engine.stage import BatchingStage, Session, Stage
+from pipespec.engine.stage import BatchingStage, Feed, Session, Stage
 from pipespec.engine.trace import Timing
 from pipespec.protocol.messages import RequestSpec, TargetFeatures
 
@@ -102,18 +102,31 @@ def compute_batch(
     sends_features: bool,
     planned: float,
 ) -> list[Outcome]:
-    """Compute thread: several requests' steps as one forward of the stage's device; each outcome timed as that
-    whole forward (the seconds each request waited for it, the forward's CPU seconds). A plan's error is its
-    outcome's; an error of the forward itself (the device's) is every plan's."""
+    """Compute thread: several requests' steps as one forward of the stage's device (`forward_batch`); each
+    outcome timed as that whole forward (the seconds each request waited for it, the forward's CPU seconds).
+    A plan's error is its outcome's; an error of the forward itself (the device's) is every plan's in it."""
     started, cpu = time.perf_counter(), time.thread_time()
+    errors: dict[int, BaseException] = {}
+    feeds: dict[int, Feed] = {}
+    for i, (plan, session, _) in enumerate(work):
+        try:
+            feeds[i] = _feed(plan, session)
+        except Exception as error:
+            errors[i] = error
+    results: dict[int, object] = {}
     try:
-        with stage.one_forward():
-            outcomes = [compute(stage, plan, session, spec, depth, sends_features, planned) for plan, session, spec in work]
+        rows = stage.forward_batch(list(feeds.values())) if feeds else []
     except Exception as error:
-        failed = Timing(started, time.perf_counter(), time.thread_time() - cpu)
-        return [Outcome(None, error, planned, failed) for _ in work]
+        errors.update(dict.fromkeys(feeds, error))
+        rows = []
+    for i, (logits, side_rows) in zip(feeds, rows):
+        plan, session, spec = work[i]
+        try:
+            results[i] = _conclude(plan, session, spec, depth, sends_features, logits, side_rows)
+        except Exception as error:
+            errors[i] = error
     timing = Timing(started, time.perf_counter(), time.thread_time() - cpu)
-    return [replace(o, timing=timing) for o in outcomes]
+    return [Outcome(results.get(i), errors.get(i), planned, timing) for i in range(len(work))]
 
 
 def _open(stage: Stage, spec: RequestSpec, sends_features: bool) -> Session:
@@ -129,16 +142,35 @@ def _open(stage: Stage, spec: RequestSpec, sends_features: bool) -> Session:
 def _step(
     plan: StepPlan, session: Session, spec: RequestSpec, depth: int, sends_features: bool
 ) -> tuple[Decision, torch.Tensor | None, tuple[Decision, ...]]:
-    """One forward over our unfed tokens and the drafts (and the riders' lines), then decide (the target:
-    and the logprobs asked for)."""
+    """One forward over our unfed tokens and the drafts (and the riders' lines), then decide."""
+    feed = _feed(plan, session)
+    if feed.sides:
+        logits, side_rows = session.forward_tree(feed.keep, feed.tokens, feed.sides)  # [F + n, V], [R, V]
+    else:
+        logits, side_rows = session.forward(feed.keep, feed.tokens), None  # [F + n, V]
+    return _conclude(plan, session, spec, depth, sends_features, logits, side_rows)
+
+
+def _feed(plan: StepPlan, session: Session) -> Feed:
+    """The target features applied to the session first; -> what its forward feeds: our unfed tokens and the drafts."""
     for features in plan.features:
         session.add_features(features)
+    return Feed(session, plan.keep, plan.feed + plan.drafts, tuple((r.base, r.feed) for r in plan.riders))
+
+
+def _conclude(
+    plan: StepPlan,
+    session: Session,
+    spec: RequestSpec,
+    depth: int,
+    sends_features: bool,
+    logits: torch.Tensor,  # [F + n, V]
+    side_rows: torch.Tensor | None,  # [R, V]: the riders' (None: none)
+) -> tuple[Decision, torch.Tensor | None, tuple[Decision, ...]]:
+    """Decide at every position of the forward's rows (the target: and the logprobs asked for); grow each rider."""
+    grown = ()
     if plan.riders:
-        sides = [(r.base, r.feed) for r in plan.riders]
-        logits, side_rows = session.forward_tree(plan.keep, plan.feed + plan.drafts, sides)  # [F + n, V], [R, V]
         grown = tuple(map(_cpu, generate_each(side_rows, [r.start for r in plan.riders], spec.params, depth)))
-    else:
-        logits, grown = session.forward(plan.keep, plan.feed + plan.drafts), ()  # [F + n, V]
     rows = logits[len(plan.feed) - 1 :]  # [n + 1, V]: positions start .. start + n
     decision = _cpu(decide(rows, plan.drafts, plan.draft_probs, spec.params, plan.start, depth))
     if plan.doubts:

@@ -2,10 +2,11 @@
 
 Loaded from a directory with `AutoModelForCausalLM.from_pretrained` (bf16 by default: on this CPU a
 4-token verification costs about what one token does). Each request owns a `StaticKV` of the stage's
-fixed capacity; the prompt is prefilled eagerly, and every later `forward` runs at the stage's fixed
-widths, compiled (pipespec.stages.forwards); a rollback sets the cache's length. The length invariant
-is asserted after every call. Logits come out at the pipeline's width (pipespec.stages.vocabulary), on
-the stage's device (pipespec.stages.device).
+fixed capacity; the prompt is prefilled eagerly, and every later forward runs at the stage's fixed
+widths, compiled, the forwards of up to `max_batch` requests packed into one (`forward_batch`,
+pipespec.stages.packed_forwards); a rollback sets the cache's length. The length invariant is asserted
+after every call. Logits come out at the pipeline's width (pipespec.stages.vocabulary), on the stage's
+device (pipespec.stages.device).
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from pipespec.engine.stage import check_keep, check_length
+from pipespec.engine.stage import Feed, check_keep, check_length
 from pipespec.protocol.messages import RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.device import stage_device
-from pipespec.stages.forwards import Forwards, Shapes, compiles
+from pipespec.stages.forwards import Shapes, compiles
 from pipespec.stages.kinds import ModelOptions
 from pipespec.stages.kv_pool import KVPool
+from pipespec.stages.packed_forwards import CacheFeed, PackedForwards
+from pipespec.stages.packing import Packing, Piece, packed, use_packed_attention
 from pipespec.stages.static_kv import StaticKV
 from pipespec.stages.vocabulary import LogitsFit
 from pipespec.stages.weight_layout import column_major
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
     from pipespec.config import StageSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_NO_SIDES = torch.empty(0)  # a model stage's sessions grow no side lines (pipespec.engine.stage.TreeSession)
 
 
 class CausalLMStage:
@@ -44,6 +48,7 @@ class CausalLMStage:
         if model is None:
             model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=self.dtype)
         self.model = column_major(model.to(self.device, self.dtype).eval())
+        use_packed_attention(self.model)
         self.fit = LogitsFit.of(name, self.model.get_output_embeddings().out_features, at.width, at.valid)
         self.vocab_size = self.fit.width
         eos = self.model.generation_config.eos_token_id
@@ -54,19 +59,29 @@ class CausalLMStage:
         limit = getattr(self.model.config, "max_position_embeddings", None)
         self.shapes = Shapes.of(options, limit, self.device, target=len(at.chain) <= 1)
         self.max_context = self.shapes.context
-        self.forwards = Forwards(name, self._step, self.shapes, compiles(options), self.device)
+        self.forwards = PackedForwards(name, self._step, self.shapes, spec.max_batch, compiles(options), self.device)
         self.caches = KVPool(self.new_cache)
         self.forwards.warm_up(self.caches, min(self.eos_token_ids, default=0))
 
     def new_cache(self) -> StaticKV:
         return StaticKV(self.model.config, self.shapes.capacity, self.dtype, self.device)
 
-    def _step(self, cache: StaticKV, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor]:
-        """ids [1, w] at cache positions [w] -> (logits [1, w, V'])."""
-        out = self.model(
-            input_ids=ids, past_key_values=cache, cache_position=positions, position_ids=positions[None], use_cache=True
-        )
-        return (out.logits,)
+    def _step(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor]:
+        """Packed ids [1, T] at positions [1, T] -> (logits [1, T, V'])."""
+        return (self.model(input_ids=ids, position_ids=positions, use_cache=False).logits,)
+
+    def forward_batch(self, feeds: Sequence[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every feed's forward as one (pipespec.engine.stage.BatchingStage)."""
+        for f in feeds:
+            check_keep(self.name, f.keep, f.session.cache.length)
+            if f.sides:
+                raise ValueError(f"stage {self.name!r}: a model stage grows no side lines (not a TreeSession)")
+        outs = self.forwards([CacheFeed(f.session.cache, f.keep, f.tokens) for f in feeds])
+        rows = []
+        for f, (logits,) in zip(feeds, outs):
+            check_length(self.name, f.session.cache.length, f.keep + len(f.tokens))
+            rows.append((self.fit(logits.float()), _NO_SIDES))  # [n, V]
+        return rows
 
     def open(self, request: RequestSpec) -> CausalLMSession:
         prompt = request.text_prompt
@@ -89,18 +104,16 @@ class CausalLMSession:
 
     @torch.inference_mode()
     def prefill(self, tokens: Sequence[int]) -> None:
-        """Eager, at the prompt's own length."""
+        """Eager, at the prompt's own length: one piece of a packed forward."""
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.stage.device)  # [1, P - 1]
-        positions = torch.arange(len(tokens), device=self.stage.device)  # [P - 1]
-        self.stage.model(input_ids=ids, past_key_values=self.cache, position_ids=positions[None], use_cache=True)
-        check_length(self.stage.name, self.cache.length, len(tokens))
+        positions = torch.arange(len(tokens), device=self.stage.device)[None]  # [1, P - 1]
+        with packed(Packing([Piece(self.cache, 0, len(tokens))], positions)):
+            self.stage.model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=1)
+        self.cache.rewind(len(tokens))
 
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
-        name = self.stage.name
-        check_keep(name, keep, self.cache.length)
-        (logits,) = self.stage.forwards(self.cache, keep, tokens)
-        check_length(name, self.cache.length, keep + len(tokens))
-        return self.stage.fit(logits.float())  # [n, V]
+        ((logits, _),) = self.stage.forward_batch([Feed(self, keep, tokens)])
+        return logits  # [n, V]
 
     def close(self) -> None:
         if self.cache is not None:

@@ -193,7 +193,7 @@ def _before_mocks_only(chain: Sequence[SpecLike], i: int) -> None:
 KINDS: Mapping[str, StageKind] = {
     kind.name: kind
     for kind in (  # in the order error messages list them
-        StageKind("causal_lm", loads_model=True, options=ModelOptions),
+        StageKind("causal_lm", loads_model=True, options=ModelOptions, batches=True),
         StageKind("ngram", options=NgramOptions, place=_first_only),
         StageKind(
             "dream",
@@ -202,7 +202,7 @@ KINDS: Mapping[str, StageKind] = {
             place=_right_before_a_feature_giving_target,
             reads_target_features=True,
         ),
-        StageKind("vlm", loads_model=True, options=ModelOptions, takes_images=True, gives_target_features=True),
+        StageKind("vlm", loads_model=True, options=ModelOptions, takes_images=True, gives_target_features=True, batches=True),
         StageKind("mock", options=MockOptions, place=_before_mocks_only, depends_on_chain=True, batches=True),
     )
 }

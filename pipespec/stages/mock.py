@@ -4,7 +4,7 @@ Labelled as what they are: *not* real models. They exist for protocol tests (rol
 chosen agreement rates) and for scaling experiments past the hardware at hand (per-forward latencies
 of, say, 1B / 8B / 70B models): a forward lasts its emulated latency, the arithmetic of its logits
 included, and a tree of lines costs one forward, as on a GPU (pipespec.engine.stage.TreeSession), as do
-the forwards of several requests in one batch (`one_forward`: the latency once, `per_token_ms` for every
+the forwards of several requests in one batch (`forward_batch`: the latency once, `per_token_ms` for every
 row; pipespec.engine.stage.BatchingStage). Their
 "KV cache" is the list of context tokens, held to the same length invariant as a real cache, so rollback
 bugs show up here first.
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from pipespec.engine import noise
-from pipespec.engine.stage import check_keep, check_length
+from pipespec.engine.stage import Feed, check_keep, check_length
 from pipespec.protocol.messages import RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.kinds import MockOptions
@@ -51,6 +51,11 @@ class MockStage:
         self.eos_token_ids = frozenset() if chain[-1].eos_token_id is None else frozenset({chain[-1].eos_token_id})
         self._ids = np.arange(self.vocab_size, dtype=np.int64)
         self._batch: list[int] | None = None  # inside `one_forward`: the tokens its forwards fed so far
+
+    def forward_batch(self, feeds: Sequence[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each feed's `forward_tree`, all of them one emulated forward (pipespec.engine.stage.BatchingStage)."""
+        with self.one_forward():
+            return [f.session.forward_tree(f.keep, f.tokens, f.sides) for f in feeds]
 
     @contextmanager
     def one_forward(self) -> Iterator[None]:

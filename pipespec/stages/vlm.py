@@ -4,11 +4,12 @@ Loaded with `AutoModelForImageTextToText.from_pretrained` (LLaVA, LLaVA-NeXT, Id
 Qwen2-VL/2.5-VL, Gemma 3, Mistral 3, ...). The front door has already run the model's processor:
 the request carries the expanded prompt ids and the pixel arrays (`ImageInputs`). `open` prefills
 every prompt token but the last together with the pixel arrays (the image is encoded once, here);
-every later `forward` feeds token ids only, at the stage's fixed widths over a per-request `StaticKV`
-whose length a rollback sets, compiled (pipespec.stages.forwards). Models with multimodal rotary
-positions (Qwen2-VL) keep their position offset on the model object; each session keeps its own and
-puts it back before each of its forwards, so concurrent requests with different images never share
-one (such models run eagerly: a compiled forward would bake one request's offset in).
+every later forward feeds token ids only, at the stage's fixed widths over a per-request `StaticKV`
+whose length a rollback sets, compiled, the forwards of up to `max_batch` requests packed into one
+(`forward_batch`, pipespec.stages.packed_forwards). Models with multimodal rotary positions (Qwen2-VL)
+compute a request's position offset in its prefill, from the image's grid; the session keeps it
+(`shift`) and its later forwards give the model their rotary positions, offset, so requests with
+different images share one compiled forward.
 
 What the DREAM drafter needs of the target is exposed on the session: `prefill_features` holds the merged
 input embeddings, the last layer's post-norm hidden states and (when a drafter reads them, the build
@@ -18,26 +19,26 @@ post-norm hidden states of the tokens fed by the latest `forward`.
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from transformers import AttentionInterface, AutoModelForImageTextToText
-from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers import AutoModelForImageTextToText
 
-from pipespec.engine.stage import check_keep, check_length
+from pipespec.engine.stage import Feed, check_keep, check_length
 from pipespec.errors import ConfigError
 from pipespec.protocol.messages import ImageInputs, PrefillFeatures, RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
-from pipespec.stages.causal_lm import DTYPES
+from pipespec.stages.causal_lm import _NO_SIDES, DTYPES
 from pipespec.stages.device import stage_device
 from pipespec.stages.dream.compression import attention_received
-from pipespec.stages.forwards import Forwards, Shapes, compiles
+from pipespec.stages.forwards import Shapes, compiles
 from pipespec.stages.kinds import ModelOptions
 from pipespec.stages.kv_pool import KVPool
+from pipespec.stages.packed_forwards import CacheFeed, PackedForwards
+from pipespec.stages.packing import Packing, Piece, packed, use_packed_attention
 from pipespec.stages.static_kv import StaticKV
 from pipespec.stages.vocabulary import LogitsFit
 from pipespec.stages.weight_layout import column_major
@@ -48,34 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PER_TOKEN = ("token_type_ids", "mm_token_type_ids")  # processor arrays with one entry per prompt token [1, P]
-
-
-def _sdpa_with_weights(
-    module: torch.nn.Module,
-    query: torch.Tensor,  # [1, heads, q, d]
-    key: torch.Tensor,  # [1, kv_heads, k, d]
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,  # sdpa's: None (causal), bool (True = attend) or additive
-    scaling: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """sdpa's output unchanged, plus the attention weights sdpa never materialises (when asked)."""
-    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-    if not getattr(module, "keep_weights", False):
-        return out, None
-    k = repeat_kv(key, query.shape[1] // key.shape[1]).float()
-    scores = (query.float() @ k.transpose(-1, -2)) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
-    q_len, k_len = query.shape[2], key.shape[2]
-    if attention_mask is None:  # causal as sdpa's is_causal: query i sees keys 0..i (a prefill from position 0)
-        attention_mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril()
-    if attention_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attention_mask, float("-inf"))
-    else:
-        scores = scores + attention_mask.float()
-    return out, scores.softmax(-1)  # [1, heads, q, k]
-
-
-AttentionInterface.register("sdpa_with_weights", _sdpa_with_weights)
 
 
 class _Taps:
@@ -89,10 +62,8 @@ class _Taps:
         self.last_attention: torch.nn.Module | None = None
         decoder.register_forward_pre_hook(self._on_decoder, with_kwargs=True)
         decoder.norm.register_forward_hook(self._on_norm)
-        if image_attention:
+        if image_attention:  # its packed attention also returns its weights when asked (pipespec.stages.packing)
             attn = self.last_attention = decoder.layers[-1].self_attn
-            attn.config = copy.copy(attn.config)  # this layer only: sdpa that can also return its weights
-            attn.config._attn_implementation = "sdpa_with_weights"
             attn.keep_weights = False  # set before the forwards compile: flipping it in a prefill then costs no recompile
             attn.register_forward_hook(self._on_attention)
 
@@ -130,22 +101,14 @@ class VLMStage:
         self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else eos or [])
         image_token = getattr(config, "image_token_id", None)
         self.image_token_id = getattr(config, "image_token_index", None) if image_token is None else image_token
+        use_packed_attention(self.model)
         self.taps = _Taps(self.model, at.sends_features)
         self.inner = self.model.model
         self.has_rope_deltas = hasattr(self.inner, "rope_deltas")
         options = spec.options if spec.options is not None else ModelOptions()
-        compiled = compiles(options)
-        if compiled and self.has_rope_deltas:  # its positions live on the model object, between forwards
-            if options.compile:
-                raise ConfigError(
-                    f"stage {name!r}: {config.model_type} keeps its multimodal rotary positions on the model, "
-                    f"which a compiled forward cannot read per request; set compile: false"
-                )
-            log.info("stage %r: %s runs its forwards eagerly (multimodal rotary positions)", name, config.model_type)
-            compiled = False
         self.shapes = Shapes.of(options, self.max_context, self.device, target=len(at.chain) <= 1)
         self.max_context = self.shapes.context
-        self.forwards = Forwards(name, self._step, self.shapes, compiled, self.device)
+        self.forwards = PackedForwards(name, self._step, self.shapes, spec.max_batch, compiles(options), self.device)
         self.caches = KVPool(self.new_cache)
         self.forwards.warm_up(self.caches, min(self.eos_token_ids, default=0))
 
@@ -172,10 +135,25 @@ class VLMStage:
             out[key] = t
         return out
 
-    def _step(self, cache: StaticKV, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids [1, w] at cache positions [w] -> (logits [1, w, V'], post-norm hidden states [1, w, H])."""
-        out = self.model(input_ids=ids, past_key_values=cache, cache_position=positions, use_cache=True)
+    def _step(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Packed ids [1, T] at rotary positions [1, T] -> (logits [1, T, V'], post-norm hidden states [1, T, H])."""
+        out = self.model(input_ids=ids, position_ids=positions, use_cache=False)
         return out.logits, self.taps.hidden
+
+    def forward_batch(self, feeds: Sequence[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every feed's forward as one (pipespec.engine.stage.BatchingStage); each session keeps its rows' hidden states."""
+        for f in feeds:
+            check_keep(self.name, f.keep, f.session.cache.length)
+            assert f.keep >= f.session.prompt_len - 1, f"rollback into the prompt ({f.keep} < {f.session.prompt_len - 1}): the image is gone"
+            if f.sides:
+                raise ValueError(f"stage {self.name!r}: a model stage grows no side lines (not a TreeSession)")
+        outs = self.forwards([CacheFeed(f.session.cache, f.keep, f.tokens, f.session.shift) for f in feeds])
+        rows = []
+        for f, (logits, hidden) in zip(feeds, outs):
+            f.session.hidden = hidden.detach()
+            check_length(self.name, f.session.cache.length, f.keep + len(f.tokens))
+            rows.append((self.fit(logits.float()), _NO_SIDES))  # [n, V]
+        return rows
 
 
 class VLMSession:
@@ -185,7 +163,7 @@ class VLMSession:
         self.prompt_len = len(prompt)
         self.last_prompt_token = prompt[-1]
         self.cache = stage.caches.take()
-        self.rope_deltas: torch.Tensor | None = None
+        self.shift = 0  # rotary positions past the prompt: cache positions + shift (Qwen2-VL's rope delta after an image)
         hidden = stage.model.get_input_embeddings().embedding_dim
         nothing = torch.empty(0, hidden, device=stage.device)
         empty = PrefillFeatures(nothing, nothing, torch.empty(0, dtype=torch.bool, device=stage.device))
@@ -198,18 +176,17 @@ class VLMSession:
         length = self.prompt_len - 1
         pixels = stage.tensors(image, length) if image is not None else {}
         ids = torch.tensor([self.prompt[:-1]], dtype=torch.long, device=stage.device)  # [1, P - 1]
+        positions = torch.arange(length, device=stage.device)[None]  # [1, P - 1] in the cache (the model makes its rotary ones)
         taps.attention = None
         if taps.last_attention is not None:
             taps.last_attention.keep_weights = True
         try:
-            with torch.inference_mode():
-                self._with_rope_deltas(
-                    lambda: stage.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1, **pixels)
-                )
+            with torch.inference_mode(), packed(Packing([Piece(self.cache, 0, length)], positions)):
+                self._with_rope_deltas(lambda: stage.model(input_ids=ids, use_cache=False, logits_to_keep=1, **pixels))
         finally:
             if taps.last_attention is not None:
                 taps.last_attention.keep_weights = False
-        check_length(stage.name, self.cache.length, length)
+        self.cache.rewind(length)
         hidden = taps.hidden[0].detach()
         image_mask = torch.tensor(self.prompt[:-1], device=hidden.device) == stage.image_token_id
         received = None
@@ -218,23 +195,19 @@ class VLMSession:
         self.prefill_features = PrefillFeatures(taps.embeddings[0].detach(), hidden, image_mask, received)
 
     def _with_rope_deltas(self, run: Callable[[], Any]) -> Any:
-        """Run with this session's multimodal rotary offset on the model (Qwen2-VL keeps it there)."""
+        """Run the prefill with no multimodal rotary offset on the model (Qwen2-VL keeps the one it computes
+        there, from the image's grid), and keep the one it leaves as this request's `shift`."""
         inner = self.stage.inner
         if not self.stage.has_rope_deltas:
             return run()
-        inner.rope_deltas = self.rope_deltas
+        inner.rope_deltas = None
         out = run()
-        self.rope_deltas = inner.rope_deltas
+        self.shift = 0 if inner.rope_deltas is None else int(inner.rope_deltas.reshape(-1)[0])
         return out
 
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
-        name = self.stage.name
-        check_keep(name, keep, self.cache.length)
-        assert keep >= self.prompt_len - 1, f"rollback into the prompt ({keep} < {self.prompt_len - 1}): the image is gone"
-        logits, hidden = self._with_rope_deltas(lambda: self.stage.forwards(self.cache, keep, tokens))
-        self.hidden = hidden.detach()
-        check_length(name, self.cache.length, keep + len(tokens))
-        return self.stage.fit(logits.float())  # [n, V]
+        ((logits, _),) = self.stage.forward_batch([Feed(self, keep, tokens)])
+        return logits  # [n, V]
 
     def close(self) -> None:
         if self.cache is not None:

@@ -1,0 +1,139 @@
+"""How a Hugging Face stage runs its decode and verification forwards: every request's feed packed into one.
+
+Each request's feed is cut into pieces at the stage's fixed widths, as alone (pipespec.stages.forwards:
+a piece of n tokens padded, after its real tokens, to the least width that holds it), and one forward
+carries the next piece of every request given (pipespec.stages.packing): the rows of all of them, then
+padding rows up to the forward's row bucket, a power of two. A feed of more than one piece (a long
+rollback's catch-up) takes one forward per piece, the other requests riding along in the first.
+
+So a request's rows see the shapes they see alone: the same width of its own piece, the same cache,
+its products in a forward of at least as many rows (at least 4 on a target: the row count that no
+longer changes a row, measured). Compiled, the graph depends only on the row bucket: the buckets from the
+least width to `max_batch` x `max_width` are compiled when the stage starts (`warm_up`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from pipespec.stages.cuda_graphs import GraphedStep
+from pipespec.stages.forwards import _GRAPHS, MOST_GRAPHS, Shapes, _without_registry_guards
+from pipespec.stages.kv_pool import KVPool
+from pipespec.stages.packing import Packing, Piece, packed
+from pipespec.stages.static_kv import StaticKV
+
+log = logging.getLogger(__name__)
+
+# One packed forward: (ids [1, T], rotary positions [1, T]) -> outputs [1, T, ...] each.
+PackedStep = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
+
+
+@dataclass(frozen=True)
+class CacheFeed:
+    """What one request's forward feeds: `tokens` after the first `keep` entries of `cache`. Its rows' rotary
+    positions are their cache positions plus `shift` (a multimodal rotary model's offset after an image)."""
+
+    cache: StaticKV
+    keep: int
+    tokens: Sequence[int]
+    shift: int = 0
+
+
+class PackedForwards:
+    """A stage's forwards over many requests at once: `step` at fixed row buckets, eager or compiled."""
+
+    def __init__(self, stage: str, step: PackedStep, shapes: Shapes, max_batch: int, compiled: bool, device: torch.device):
+        self.stage = stage
+        self.shapes = shapes
+        self.compiled = compiled
+        self.warmup_s = 0.0
+        widest = max_batch * shapes.widths[-1]
+        self.buckets = tuple(2**i for i in range(widest.bit_length()) if shapes.widths[0] <= 2**i <= widest)
+        if compiled:  # every stage's buckets are graphs of one function (a stage kind's `_step`): room for all of them
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MOST_GRAPHS)
+            step = torch.compile(step, dynamic=False, options={"guard_filter_fn": _without_registry_guards})
+        self.step = step
+        # on a GPU, a forward of one request replays the CUDA graph of its cache and width (captured over the
+        # positions tensor: any positions); a forward of several runs compiled, unreplayed
+        self.graphs = GraphedStep(self._alone) if compiled and device.type == "cuda" else None
+
+    @torch.inference_mode()
+    def __call__(self, feeds: Sequence[CacheFeed]) -> list[tuple[torch.Tensor, ...]]:
+        """Run every feed; -> per feed, each output of `step` for its real rows [n, ...]."""
+        for feed in feeds:
+            if feed.keep + len(feed.tokens) > self.shapes.context:
+                raise ValueError(
+                    f"stage {self.stage!r}: {feed.keep + len(feed.tokens)} context tokens exceed its max_context of {self.shapes.context}"
+                )
+        cuts = [self.shapes.pieces(len(feed.tokens)) for feed in feeds]
+        parts: list[list[list[torch.Tensor]]] = [[] for _ in feeds]
+        for round_ in range(max(map(len, cuts))):
+            riders = [i for i, pieces in enumerate(cuts) if round_ < len(pieces)]
+            outs, spans = self._forward([(feeds[i], cuts[i][round_]) for i in riders])
+            for i, (offset, length) in zip(riders, spans):
+                parts[i].append([out[0, offset : offset + length] for out in outs])
+        for feed in feeds:
+            feed.cache.rewind(feed.keep + len(feed.tokens))
+        return [tuple(p[0] if len(p) == 1 else torch.cat(p) for p in zip(*pieces)) for pieces in parts]
+
+    def _forward(self, work: Sequence[tuple[CacheFeed, tuple[int, int, int]]]) -> tuple[tuple[torch.Tensor, ...], list[tuple[int, int]]]:
+        """One packed forward of a piece (start, length, width) of each feed -> (outputs [1, T, ...], each piece's (row, length))."""
+        ids: list[int] = []
+        positions: list[int] = []  # in the cache
+        shifts: list[int] = []  # to the rotary positions
+        pieces, spans = [], []
+        for feed, (start, length, width) in work:
+            piece = list(feed.tokens[start : start + length])
+            at = feed.keep + start
+            pieces.append(Piece(feed.cache, len(ids), width))
+            spans.append((len(ids), length))
+            ids += piece + piece[-1:] * (width - length)
+            positions += range(at, at + width)
+            shifts += [feed.shift] * width
+        rows = self.bucket(len(ids))
+        positions += range(rows - len(ids))  # rows of no request
+        shifts += [0] * (rows - len(shifts))
+        ids += ids[-1:] * (rows - len(ids))
+        device = work[0][0].cache.device
+        ids_t = torch.tensor([ids], dtype=torch.long, device=device)  # [1, T]
+        positions_t = torch.tensor([positions], dtype=torch.long, device=device)  # [1, T]
+        rotary = positions_t + torch.tensor([shifts], dtype=torch.long, device=device) if any(shifts) else positions_t
+        if self.graphs is not None and len(pieces) == 1:
+            with _GRAPHS:  # a replay's outputs: overwritten by the next one, copied now
+                return tuple(out.clone() for out in self.graphs(pieces[0].cache, ids_t, torch.cat([positions_t, rotary]))), spans
+        with packed(Packing(pieces, positions_t)):
+            return self.step(ids_t, rotary), spans
+
+    def _alone(self, cache: StaticKV, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One request's piece (ids [1, w]; positions [2, w]: in the cache, rotary): what a CUDA graph captures,
+        per cache and width."""
+        with packed(Packing([Piece(cache, 0, ids.shape[1])], positions[:1])):
+            return self.step(ids, positions[1:])
+
+    def bucket(self, rows: int) -> int:
+        """The rows of the forward that carries `rows` packed rows: the least bucket that holds them."""
+        for bucket in self.buckets:
+            if bucket >= rows:
+                return bucket
+        return 1 << (rows - 1).bit_length()  # past the widest (more requests than `max_batch`): compiled when first met
+
+    def warm_up(self, caches: KVPool[StaticKV], filler: int) -> None:
+        """Run every bucket once on caches of the stage's pool (compiling it, when compiled); the time is logged and kept."""
+        began = time.perf_counter()
+        widest = self.shapes.widths[-1]
+        held = [caches.take() for _ in range(max(1, self.buckets[-1] // widest))]
+        try:
+            for bucket in self.buckets:
+                width = min(bucket, widest)
+                self([CacheFeed(cache, 0, [filler] * width) for cache in held[: max(1, bucket // widest)]])
+        finally:
+            for cache in held:
+                caches.give(cache)
+        self.warmup_s = time.perf_counter() - began
+        how = "compiled" if self.compiled else "eager"
+        log.info("stage %r: %s forwards at row buckets %s warmed up in %.1f s", self.stage, how, self.buckets, self.warmup_s)

@@ -1,0 +1,157 @@
+"""Several requests' tokens as one forward of a Hugging Face model: packed rows, attention per request.
+
+A batched forward of many requests (pipespec.engine.stage.BatchingStage) packs their pieces of tokens
+along one sequence, `[1, T]`, each piece at its own positions (`position_ids`), so every matrix product
+of the model runs once over all T rows. Attention is the one part that must not mix requests: the model's
+text layers run the attention registered here ("pipespec_packed"), a custom op that dynamo does not trace
+into, so a compiled forward's graph depends on T alone, not on how many requests it carries or where
+each one stands. The op reads what the forward packed (`Packing`, set around the forward by `packed`),
+and for each piece writes its keys and values into the request's `StaticKV` at its positions and attends
+over that whole cache, the keys past each row's position masked (and those a sliding window drops),
+exactly the call it makes when the request is alone. Rows that pad T past the pieces belong to no
+request: their attention output is zero.
+
+What keeps a request's logits bitwise the same whatever shares its forward (issue 56, measured by
+experiments/batch_invariance.py on this CPU): a product's row depends on the row count only below 4 rows
+(fp32; bf16 never), and the target's forwards are at least 4 rows wide; every other operation of a
+layer is per row; and attention is this per-request call, of the same shapes alone or packed.
+
+A prefill is one piece too (at position 0, eager): the request's cache is written by the same op.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import repeat_kv
+
+from pipespec.stages.static_kv import StaticKV
+
+IMPLEMENTATION = "pipespec_packed"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One request's rows of a packed forward: `width` rows from row `offset` (their positions: the packing's)."""
+
+    cache: StaticKV
+    offset: int
+    width: int
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.offset, self.offset + self.width)
+
+
+@dataclass
+class Packing:
+    """What one packed forward carries: its pieces, in row order, every row's position, and the pieces' masks,
+    built once per forward from the positions tensor (a CUDA graph captured over it serves any positions)."""
+
+    pieces: Sequence[Piece]
+    positions: torch.Tensor  # [1, T] long: each row's position in its request's context
+    _masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+
+    def mask(self, i: int, window: int) -> torch.Tensor:
+        """[1, 1, width, capacity] bool: which of its cache's keys each row of piece i sees (True: attend)."""
+        mask = self._masks.get((i, window))
+        if mask is None:
+            piece = self.pieces[i]
+            rows = self.positions[0, piece.rows][:, None]  # [w, 1]
+            keys = torch.arange(piece.cache.capacity, device=rows.device)[None, :]  # [1, C]
+            mask = keys <= rows
+            if window:
+                mask &= keys > rows - window
+            mask = self._masks[(i, window)] = mask[None, None]
+        return mask
+
+
+_current = threading.local()  # a stage's forwards run on its compute thread; two stages may share a process
+
+
+@contextmanager
+def packed(packing: Packing) -> Iterator[None]:
+    """The forwards inside (on this thread) carry `packing`'s pieces."""
+    _current.packing = packing
+    try:
+        yield
+    finally:
+        _current.packing = None
+
+
+def _packing() -> Packing:
+    packing = getattr(_current, "packing", None)
+    if packing is None:
+        raise RuntimeError("a packed attention ran outside `packed(...)`: the model's forward was not given its pieces")
+    return packing
+
+
+@torch.library.custom_op("pipespec::packed_attention", mutates_args=())
+def packed_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scaling: float, window: int
+) -> torch.Tensor:
+    """query [1, heads, T, d], key and value [1, kv_heads, T, d] of the packed rows -> [1, T, heads, d]: each
+    piece's attention over its own cache, its keys and values written there first."""
+    packing = _packing()
+    out = query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3])  # [1, T, heads, d]
+    groups = query.shape[1] // key.shape[1]
+    for i, piece in enumerate(packing.pieces):
+        rows, at = piece.rows, packing.positions[0, piece.rows]  # [w]
+        held = piece.cache.layers[layer]
+        held.keys.index_copy_(2, at, key[:, :, rows])
+        held.values.index_copy_(2, at, value[:, :, rows])
+        keys, values = repeat_kv(held.keys, groups), repeat_kv(held.values, groups)  # [1, heads, C, d]
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, rows], keys, values, attn_mask=packing.mask(i, window), scale=scaling
+        )  # [1, heads, w, d]
+        out[:, rows] = attended.transpose(1, 2)
+    return out
+
+
+@packed_attention.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scaling: float, window: int) -> torch.Tensor:
+    return query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
+
+
+def attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, heads, T, d]
+    key: torch.Tensor,  # [1, kv_heads, T, d]: the packed rows' own
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,  # None: an implementation transformers has no mask for
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The text layers' attention (transformers' AttentionInterface) -> ([1, T, heads, d], the attention
+    weights [1, heads, T, C] where the module keeps them: a prefill of one piece, eager)."""
+    if kwargs.get("softcap") is not None:
+        raise ValueError("packed attention does not support attention logit softcapping")
+    scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    out = packed_attention(query, key, value, module.layer_idx, scale, int(sliding_window or 0))
+    if not getattr(module, "keep_weights", False):
+        return out, None
+    return out, _weights(query, scale, int(sliding_window or 0), module.layer_idx)
+
+
+def _weights(query: torch.Tensor, scale: float, window: int, layer: int) -> torch.Tensor:
+    """The one piece's attention weights [1, heads, w, C] (what sdpa never materialises)."""
+    (piece,) = _packing().pieces
+    held = piece.cache.layers[layer]
+    keys = repeat_kv(held.keys, query.shape[1] // held.keys.shape[1]).float()
+    scores = (query.float() @ keys.transpose(-1, -2)) * scale
+    return scores.masked_fill(~_packing().mask(0, window), float("-inf")).softmax(-1)
+
+
+AttentionInterface.register(IMPLEMENTATION, attention)
+
+
+def use_packed_attention(model: PreTrainedModel) -> None:
+    """Make `model`'s text layers attend with `attention` (a vision tower keeps its own)."""
+    model.config.get_text_config(decoder=True)._attn_implementation = IMPLEMENTATION
