@@ -1,15 +1,23 @@
 """How a Hugging Face stage runs its decode and verification forwards: every request's feed packed into one.
 
-Each request's feed is cut into pieces at the stage's fixed widths, as alone (pipespec.stages.forwards:
-a piece of n tokens padded, after its real tokens, to the least width that holds it), and one forward
-carries the next piece of every request given (pipespec.stages.packing): the rows of all of them, then
-padding rows up to the forward's row bucket, a power of two. A feed of more than one piece (a long
-rollback's catch-up) takes one forward per piece, the other requests riding along in the first.
+Each request's feed is cut into pieces of at most `max_width` tokens, and one forward carries the next
+piece of every request given (pipespec.stages.packing): their tokens, each at its own positions, then
+rows of no request up to the forward's row bucket, a power of two from the stage's least width
+(pipespec.stages.forwards.least_width) to `max_batch` x `max_width`. A feed of more than one piece (a
+long rollback's catch-up) takes one forward per piece, the other requests riding along in the first.
 
-So a request's rows see the shapes they see alone: the same width of its own piece, the same cache,
-its products in a forward of at least as many rows (at least 4 on a target: the row count that no
-longer changes a row, measured). Compiled, the graph depends only on the row bucket: the buckets from the
-least width to `max_batch` x `max_width` are compiled when the stage starts (`warm_up`).
+What keeps a request's logits what they are alone (measured on this CPU: experiments/batch_invariance.py,
+tests/test_packed_forwards.py): a matrix product's row depends on the row count only below 4 rows, and
+a target's forward has at least 4 (its least width: the smallest bucket); attention is per request, over
+its own cache, with at least as many query rows as that least width (a short piece's last query
+repeated), where a query row no longer depends on how many there are. Only the target needs it: a
+drafter's least width is 1 (its logits pick drafts, never the answer).
+
+Compiled, a graph depends only on the row bucket: every bucket is compiled when the stage starts
+(`warm_up`). On a GPU a forward of one request replays the CUDA graph of its cache and bucket
+(pipespec.stages.cuda_graphs; there the least width is `max_width`, the kernels changing with the row
+count), and a forward of several runs compiled, unreplayed: on a GPU a request's logits are promised
+the same only between forwards of one request.
 """
 
 from __future__ import annotations
@@ -52,8 +60,9 @@ class PackedForwards:
         self.shapes = shapes
         self.compiled = compiled
         self.warmup_s = 0.0
+        self.least = shapes.widths[0]  # a piece's attention runs over at least this many query rows
         widest = max_batch * shapes.widths[-1]
-        self.buckets = tuple(2**i for i in range(widest.bit_length()) if shapes.widths[0] <= 2**i <= widest)
+        self.buckets = tuple(2**i for i in range(widest.bit_length()) if self.least <= 2**i <= widest)
         if compiled:  # every stage's buckets are graphs of one function (a stage kind's `_step`): room for all of them
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MOST_GRAPHS)
             step = torch.compile(step, dynamic=False, options={"guard_filter_fn": _without_registry_guards})
@@ -82,23 +91,22 @@ class PackedForwards:
         return [tuple(p[0] if len(p) == 1 else torch.cat(p) for p in zip(*pieces)) for pieces in parts]
 
     def _forward(self, work: Sequence[tuple[CacheFeed, tuple[int, int, int]]]) -> tuple[tuple[torch.Tensor, ...], list[tuple[int, int]]]:
-        """One packed forward of a piece (start, length, width) of each feed -> (outputs [1, T, ...], each piece's (row, length))."""
+        """One packed forward of a piece (start, length, _) of each feed -> (outputs [1, T, ...], each piece's (row, length))."""
         ids: list[int] = []
         positions: list[int] = []  # in the cache
         shifts: list[int] = []  # to the rotary positions
         pieces, spans = [], []
-        for feed, (start, length, width) in work:
-            piece = list(feed.tokens[start : start + length])
+        for feed, (start, length, _) in work:
             at = feed.keep + start
-            pieces.append(Piece(feed.cache, len(ids), width))
+            pieces.append(Piece(feed.cache, len(ids), length))
             spans.append((len(ids), length))
-            ids += piece + piece[-1:] * (width - length)
-            positions += range(at, at + width)
-            shifts += [feed.shift] * width
-        rows = self.bucket(len(ids))
-        positions += range(rows - len(ids))  # rows of no request
-        shifts += [0] * (rows - len(shifts))
-        ids += ids[-1:] * (rows - len(ids))
+            ids += feed.tokens[start : start + length]
+            positions += range(at, at + length)
+            shifts += [feed.shift] * length
+        pad = self.bucket(len(ids)) - len(ids)  # rows of no request (alone on a GPU: its own padding)
+        positions += range(positions[-1] + 1, positions[-1] + 1 + pad)
+        shifts += shifts[-1:] * pad
+        ids += ids[-1:] * pad
         device = work[0][0].cache.device
         ids_t = torch.tensor([ids], dtype=torch.long, device=device)  # [1, T]
         positions_t = torch.tensor([positions], dtype=torch.long, device=device)  # [1, T]
@@ -106,13 +114,13 @@ class PackedForwards:
         if self.graphs is not None and len(pieces) == 1:
             with _GRAPHS:  # a replay's outputs: overwritten by the next one, copied now
                 return tuple(out.clone() for out in self.graphs(pieces[0].cache, ids_t, torch.cat([positions_t, rotary]))), spans
-        with packed(Packing(pieces, positions_t)):
+        with packed(Packing(pieces, positions_t, self.least)):
             return self.step(ids_t, rotary), spans
 
     def _alone(self, cache: StaticKV, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One request's piece (ids [1, w]; positions [2, w]: in the cache, rotary): what a CUDA graph captures,
         per cache and width."""
-        with packed(Packing([Piece(cache, 0, ids.shape[1])], positions[:1])):
+        with packed(Packing([Piece(cache, 0, ids.shape[1])], positions[:1], self.least)):
             return self.step(ids, positions[1:])
 
     def bucket(self, rows: int) -> int:

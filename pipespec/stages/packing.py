@@ -13,8 +13,10 @@ request: their attention output is zero.
 
 What keeps a request's logits bitwise the same whatever shares its forward (issue 56, measured by
 experiments/batch_invariance.py on this CPU): a product's row depends on the row count only below 4 rows
-(fp32; bf16 never), and the target's forwards are at least 4 rows wide; every other operation of a
-layer is per row; and attention is this per-request call, of the same shapes alone or packed.
+(fp32; bf16 never), and a target's forwards have at least 4 rows; every other operation of a layer is
+per row; and attention is this per-request call, of the same shapes alone or packed: a piece shorter
+than `Packing.least` attends with its last query row repeated up to it, as a query row's result depends
+on the query count only below 4 (pipespec.stages.forwards).
 
 A prefill is one piece too (at position 0, eager): the request's cache is written by the same op.
 """
@@ -56,14 +58,15 @@ class Packing:
 
     pieces: Sequence[Piece]
     positions: torch.Tensor  # [1, T] long: each row's position in its request's context
+    least: int = 1  # a piece's attention runs over at least this many query rows (its last one repeated)
     _masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
 
     def mask(self, i: int, window: int) -> torch.Tensor:
-        """[1, 1, width, capacity] bool: which of its cache's keys each row of piece i sees (True: attend)."""
+        """[1, 1, q, capacity] bool: which of its cache's keys each query row of piece i sees (True: attend)."""
         mask = self._masks.get((i, window))
         if mask is None:
             piece = self.pieces[i]
-            rows = self.positions[0, piece.rows][:, None]  # [w, 1]
+            rows = _at_least(self.positions[0, piece.rows], self.least, 0)[:, None]  # [q, 1]
             keys = torch.arange(piece.cache.capacity, device=rows.device)[None, :]  # [1, C]
             mask = keys <= rows
             if window:
@@ -108,10 +111,18 @@ def packed_attention(
         held.values.index_copy_(2, at, value[:, :, rows])
         keys, values = repeat_kv(held.keys, groups), repeat_kv(held.values, groups)  # [1, heads, C, d]
         attended = torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, rows], keys, values, attn_mask=packing.mask(i, window), scale=scaling
-        )  # [1, heads, w, d]
-        out[:, rows] = attended.transpose(1, 2)
+            _at_least(query[:, :, rows], packing.least, 2), keys, values, attn_mask=packing.mask(i, window), scale=scaling
+        )  # [1, heads, q, d]
+        out[:, rows] = attended[:, :, : piece.width].transpose(1, 2)
     return out
+
+
+def _at_least(t: torch.Tensor, rows: int, dim: int) -> torch.Tensor:
+    """`t` with its last entry along `dim` repeated until it has at least `rows` there."""
+    short = rows - t.shape[dim]
+    if short <= 0:
+        return t
+    return torch.cat([t, t.narrow(dim, t.shape[dim] - 1, 1).expand(*t.shape[:dim], short, *t.shape[dim + 1 :])], dim)
 
 
 @packed_attention.register_fake

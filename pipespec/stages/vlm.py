@@ -144,7 +144,9 @@ class VLMStage:
         """Every feed's forward as one (pipespec.engine.stage.BatchingStage); each session keeps its rows' hidden states."""
         for f in feeds:
             check_keep(self.name, f.keep, f.session.cache.length)
-            assert f.keep >= f.session.prompt_len - 1, f"rollback into the prompt ({f.keep} < {f.session.prompt_len - 1}): the image is gone"
+            assert f.keep >= f.session.prompt_len - 1, (
+                f"rollback into the prompt ({f.keep} < {f.session.prompt_len - 1}): the image is gone"
+            )
             if f.sides:
                 raise ValueError(f"stage {self.name!r}: a model stage grows no side lines (not a TreeSession)")
         outs = self.forwards([CacheFeed(f.session.cache, f.keep, f.tokens, f.session.shift) for f in feeds])
