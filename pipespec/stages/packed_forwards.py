@@ -90,7 +90,9 @@ class PackedForwards:
             feed.cache.rewind(feed.keep + len(feed.tokens))
         return [tuple(p[0] if len(p) == 1 else torch.cat(p) for p in zip(*pieces)) for pieces in parts]
 
-    def _forward(self, work: Sequence[tuple[CacheFeed, tuple[int, int, int]]]) -> tuple[tuple[torch.Tensor, ...], list[tuple[int, int]]]:
+    def _forward(
+        self, work: Sequence[tuple[CacheFeed, tuple[int, int, int]]]
+    ) -> tuple[tuple[torch.Tensor, ...], list[tuple[int, int]]]:
         """One packed forward of a piece (start, length, _) of each feed -> (outputs [1, T, ...], each piece's (row, length))."""
         ids: list[int] = []
         positions: list[int] = []  # in the cache
