@@ -268,7 +268,7 @@ def test_only_a_kind_that_batches_takes_a_max_batch_above_one():
     config = {"stages": [{"name": "lookup", "kind": "ngram", "max_batch": 4}, {"name": "t", "kind": "mock"}]}
     with pytest.raises(
         ConfigError,
-        match=r"stages\[0\]\.max_batch: kind 'ngram' carries one request a forward \(only causal_lm, vlm, mock batch\), got 4",
+        match=r"stages\[0\]\.max_batch: kind 'ngram' carries one request a forward \(only causal_lm, dream, vlm, mock batch\), got 4",
     ):
         load_config(config)
 

@@ -83,6 +83,37 @@ def test_cached_steps_equal_one_forward():
     torch.testing.assert_close(torch.cat([first, *rest], dim=1), full, rtol=1e-5, atol=1e-5)
 
 
+def test_a_packed_forward_of_several_requests_equals_each_alone():
+    """`forward_packed` (a dream stage's batched step): each request's rows over its own caches and memory, the
+    products over all of them; a request's features are its own forward's, and its caches end as they would."""
+    from pipespec.stages.dream.model import Memory
+
+    model = drafter()
+    rng = torch.Generator().manual_seed(1)
+    requests = []
+    for n_cached, n_new in ((3, 1), (0, 4), (5, 2)):
+        memory = torch.randn(1, 8, 32, generator=rng)
+        requests.append((torch.randn(1, n_cached + n_new, 32, generator=rng), n_cached, memory))
+    with torch.no_grad():
+        alone, packed_caches, rows, spans, offset = [], [], [], [], 0
+        for inputs, n_cached, memory in requests:
+            positions, kv = torch.arange(inputs.shape[1]), model.block1.project(memory)
+            caches, other = model.new_caches(capacity=8), model.new_caches(capacity=8)
+            for c in (caches, other) if n_cached else ():
+                model(inputs[:, :n_cached], positions[:n_cached], None, torch.arange(8), c, kv)
+            alone.append(model(inputs[:, n_cached:], positions[n_cached:], None, torch.arange(8), caches, kv)[0][0])
+            rows.append((inputs[0, n_cached:], positions[n_cached:]))
+            n = inputs.shape[1] - n_cached
+            spans.append((slice(offset, offset + n), other, Memory(kv, torch.arange(8), torch.ones(8, dtype=torch.bool))))
+            packed_caches.append((caches, other))
+            offset += n
+        inputs = torch.cat([x for x, _ in rows])[None]
+        f = model.forward_packed(inputs, torch.cat([p for _, p in rows]), spans)[0]
+    for want, (span, _, _), (caches, other) in zip(alone, spans, packed_caches):
+        torch.testing.assert_close(f[span], want, rtol=1e-5, atol=1e-5)
+        assert int(other.block0.length) == int(caches.block0.length) and other.end() == caches.end()
+
+
 @pytest.mark.parametrize("cross_attention", [True, False])
 def test_the_fixed_capacity_memory_equals_the_held_entries_alone(cross_attention):
     """FeatureMemory keeps each entry (and its keys and values, projected when stored) at its position; a

@@ -83,6 +83,9 @@ class Feed:
     sides: Sequence[tuple[int, Sequence[int]]] = ()
 
 
+NO_SIDES = torch.empty(0)  # the side rows of a feed without side lines (a session that is not a TreeSession)
+
+
 @runtime_checkable
 class BatchingStage(Stage, Protocol):
     """A stage that runs the forwards of several requests as one forward of its device: the model stages pack

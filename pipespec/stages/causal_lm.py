@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from pipespec.engine.stage import Feed, check_keep, check_length
+from pipespec.engine.stage import NO_SIDES, Feed, check_keep, check_length
 from pipespec.protocol.messages import RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.device import stage_device
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from pipespec.config import StageSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_NO_SIDES = torch.empty(0)  # a model stage's sessions grow no side lines (pipespec.engine.stage.TreeSession)
 
 
 class CausalLMStage:
@@ -80,7 +79,7 @@ class CausalLMStage:
         rows = []
         for f, (logits,) in zip(feeds, outs):
             check_length(self.name, f.session.cache.length, f.keep + len(f.tokens))
-            rows.append((self.fit(logits.float()), _NO_SIDES))  # [n, V]
+            rows.append((self.fit(logits.float()), NO_SIDES))  # [n, V]
         return rows
 
     def open(self, request: RequestSpec) -> CausalLMSession:

@@ -201,6 +201,7 @@ KINDS: Mapping[str, StageKind] = {
             options=DreamOptions,
             place=_right_before_a_feature_giving_target,
             reads_target_features=True,
+            batches=True,
         ),
         StageKind("vlm", loads_model=True, options=ModelOptions, takes_images=True, gives_target_features=True, batches=True),
         StageKind("mock", options=MockOptions, place=_before_mocks_only, depends_on_chain=True, batches=True),

@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from transformers import AutoModelForImageTextToText
 
-from pipespec.engine.stage import Feed, check_keep, check_length
+from pipespec.engine.stage import NO_SIDES, Feed, check_keep, check_length
 from pipespec.errors import ConfigError
 from pipespec.protocol.messages import ImageInputs, PrefillFeatures, RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
-from pipespec.stages.causal_lm import _NO_SIDES, DTYPES
+from pipespec.stages.causal_lm import DTYPES
 from pipespec.stages.device import stage_device
 from pipespec.stages.dream.compression import attention_received
 from pipespec.stages.forwards import Shapes, compiles
@@ -154,7 +154,7 @@ class VLMStage:
         for f, (logits, hidden) in zip(feeds, outs):
             f.session.hidden = hidden.detach()
             check_length(self.name, f.session.cache.length, f.keep + len(f.tokens))
-            rows.append((self.fit(logits.float()), _NO_SIDES))  # [n, V]
+            rows.append((self.fit(logits.float()), NO_SIDES))  # [n, V]
         return rows
 
 

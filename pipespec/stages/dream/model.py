@@ -20,6 +20,7 @@ final norm and head; no cross-attention, no intermediate block.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -119,16 +120,35 @@ class SelfBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: BlockCache | None) -> torch.Tensor:
         """x [B, n, H] at positions [n] (B = 1 with a cache); keys are the cache's and these."""
+        q, k, v = self._qkv(x, positions)
+        return self._finish(x, self._attend(q, k, v, positions, cache))
+
+    def forward_packed(self, x: torch.Tensor, positions: torch.Tensor, spans: Sequence[tuple[slice, BlockCache]]) -> torch.Tensor:
+        """x [1, T, H] at positions [T]: several requests' rows, each span of them over its own cache."""
+        q, k, v = self._qkv(x, positions)
+        out = [self._attend(q[:, :, rows], k[:, :, rows], v[:, :, rows], positions[rows], cache) for rows, cache in spans]
+        return self._finish(x, torch.cat(out, dim=2))
+
+    def _qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> q, k, v [B, heads, n, d], rotated to their positions."""
         c = self.config
         B, n, _ = x.shape
         q, k, v = self.qkv(self.input_norm(x)).view(B, n, 3, c.num_heads, c.head_dim).permute(2, 0, 3, 1, 4)
-        q, k = rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta)  # [B, heads, n, d]
+        return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cache: BlockCache | None
+    ) -> torch.Tensor:
+        """One request's (or a training batch's) attention -> [B, heads, n, d]."""
         mask = positions[None, :] <= positions[:, None]  # [n, n]: a query sees itself and earlier positions
         if cache is not None:  # and the cached ones before it
             cache.extend(positions, k[0], v[0])
             k, v = cache.keys[None], cache.values[None]
             mask = cache.in_use()[None, :] & (cache.positions[None, :] <= positions[:, None])  # [n, C]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def _finish(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        B, n, _ = x.shape
         x = x + self.o(out.transpose(1, 2).reshape(B, n, -1))
         return x + self.mlp(self.post_norm(x))
 
@@ -176,13 +196,34 @@ class CrossBlock(nn.Module):
     ) -> torch.Tensor:
         """x [B, n, H] at positions [n]; memory [B, m, H] at memory_positions [m], or its `project`ion;
         memory_held [m] bool: the entries that hold a feature (None: all)."""
+        if len(memory_positions) == 0:  # nothing to attend to yet (a one-token prompt)
+            return x
+        q = self._query(x)
+        kv = memory_kv if memory_kv is not None else self.project(memory)
+        return self._finish(x, self._attend(q, positions, kv, memory_positions, memory_held))
+
+    def forward_packed(self, x: torch.Tensor, positions: torch.Tensor, spans: Sequence[tuple[slice, Memory]]) -> torch.Tensor:
+        """x [1, T, H] at positions [T]: several requests' rows, each span of them over its own memory's projection."""
+        q = self._query(x)
+        out = [self._attend(q[:, :, rows], positions[rows], m.kv, m.positions, m.held) for rows, m in spans]
+        return self._finish(x, torch.cat(out, dim=2))
+
+    def _query(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, n, H] -> q [B, heads, n, d]."""
         c = self.config
         B, n, _ = x.shape
-        m = len(memory_positions)
-        if m == 0:  # nothing to attend to yet (a one-token prompt)
-            return x
-        q = self.q_norm(self.q(self.input_norm(x)).view(B, n, c.num_heads, c.head_dim)).transpose(1, 2)
-        k, v = memory_kv if memory_kv is not None else self.project(memory)
+        return self.q_norm(self.q(self.input_norm(x)).view(B, n, c.num_heads, c.head_dim)).transpose(1, 2)
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        positions: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        memory_positions: torch.Tensor,
+        memory_held: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """One request's (or a training batch's) attention over its memory -> [B, heads, n, d]."""
+        k, v = kv
         distance = (positions[:, None] - 1 - memory_positions[None, :]).to(q.dtype)  # [n, m]
         mask = distance >= 0  # entries strictly before the query
         if memory_held is not None:
@@ -191,9 +232,21 @@ class CrossBlock(nn.Module):
         bias = -F.softplus(self.recency).to(q.dtype)[:, None, None] * distance.clamp(min=0)  # [heads, n, m]
         bias = bias.masked_fill(~(mask | ~seen[:, None]), float("-inf"))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-        out = out * seen[None, None, :, None]
+        return out * seen[None, None, :, None]
+
+    def _finish(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        B, n, _ = x.shape
         x = x + torch.tanh(self.attn_gate) * self.o(out.transpose(1, 2).reshape(B, n, -1))
         return x + torch.tanh(self.mlp_gate) * self.mlp(self.post_norm(x))
+
+
+@dataclass(frozen=True)
+class Memory:
+    """One request's feature memory as a packed forward reads it: its projection, positions and held entries."""
+
+    kv: tuple[torch.Tensor, torch.Tensor]  # [1, heads, m, d] each
+    positions: torch.Tensor  # [m]
+    held: torch.Tensor  # [m] bool
 
 
 class PreviousFeatureFuse(nn.Module):
@@ -274,3 +327,15 @@ class DreamDrafter(nn.Module):
         c = self.block1(a, positions, memory, memory_positions, memory_kv, memory_held)
         f = self.norm(self.block2(c, positions, caches.block2 if caches else None))
         return f, a
+
+    def forward_packed(
+        self,
+        inputs: torch.Tensor,  # [1, T, H]: several requests' input embeddings, packed
+        positions: torch.Tensor,  # [T] their positions
+        requests: Sequence[tuple[slice, DraftCaches, Memory]],  # each request's rows, caches and memory, in row order
+    ) -> torch.Tensor:
+        """Inference over several requests at once (cross-attention drafters): the products over every row, each
+        request's attention over its own caches and memory. -> f [1, T, H]."""
+        a = self.block0.forward_packed(inputs, positions, [(rows, caches.block0) for rows, caches, _ in requests])
+        c = self.block1.forward_packed(a, positions, [(rows, memory) for rows, _, memory in requests])
+        return self.norm(self.block2.forward_packed(c, positions, [(rows, caches.block2) for rows, caches, _ in requests]))

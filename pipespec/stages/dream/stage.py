@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pipespec.engine.stage import check_keep, check_length
+from pipespec.engine.stage import NO_SIDES, Feed, check_keep, check_length
 from pipespec.protocol.messages import RequestSpec, TargetFeatures
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.causal_lm import DTYPES
 from pipespec.stages.device import stage_device
 from pipespec.stages.dream.checkpoint import DreamCheckpoint, load
 from pipespec.stages.dream.compression import kept_positions
-from pipespec.stages.dream.model import DraftCaches, DreamConfig
+from pipespec.stages.dream.model import DraftCaches, DreamConfig, Memory
 from pipespec.stages.forwards import Forwards, Shapes, compiles
 from pipespec.stages.kinds import DreamOptions
 from pipespec.stages.kv_pool import KVPool
@@ -196,6 +196,44 @@ class DreamStage:
         """ids [1, w] at positions [w] -> (logits [1, w, V])."""
         return (self.draft(state, self.embed[ids], positions) @ self.lm_head.T,)
 
+    def forward_batch(self, feeds: Sequence[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every feed's forward as one (pipespec.engine.stage.BatchingStage): one request's compiled at its width;
+        several requests' packed into one eager forward (`DreamDrafter.forward_packed`: a drafter's logits pick
+        drafts, never the answer, so they need not be the same bits as alone). The EAGLE-style ablation runs them
+        one by one."""
+        if len(feeds) == 1 or not self.drafter.config.cross_attention:
+            return [(f.session.forward(f.keep, f.tokens), NO_SIDES) for f in feeds]
+        sessions = [f.session for f in feeds]
+        starts = [s.begin(f.keep, f.tokens) for s, f in zip(sessions, feeds)]
+        for s in sessions:
+            if s.fed > self.shapes.context:
+                raise ValueError(f"stage {self.name!r}: {s.fed} context tokens exceed its max_context of {self.shapes.context}")
+        logits = self._packed([(s.state, s.tokens[start : s.fed], start) for s, start in zip(sessions, starts)])
+        return [(s.end(rows, len(f.tokens)), NO_SIDES) for s, f, rows in zip(sessions, feeds, logits)]
+
+    @torch.inference_mode()
+    def _packed(self, work: Sequence[tuple[DraftState, Sequence[int], int]]) -> list[torch.Tensor]:
+        """Each (state, ids, first position) fed in one forward -> each one's logits [n, V]."""
+        ids: list[int] = []
+        positions: list[int] = []
+        spans = []
+        for _, tokens, start in work:
+            spans.append(slice(len(ids), len(ids) + len(tokens)))
+            ids += tokens
+            positions += range(start, start + len(tokens))
+        ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)  # [T]
+        positions_t = torch.tensor(positions, dtype=torch.long, device=self.device)  # [T]
+        requests = []
+        for (state, _, _), rows in zip(work, spans):
+            state.caches.keep_before(positions[rows.start])
+            memory = state.memory
+            requests.append((rows, state.caches, Memory((memory.kv[0][None], memory.kv[1][None]), memory.positions, memory.held)))
+        f = self.drafter.forward_packed(self.embed[ids_t][None], positions_t, requests)[0]  # [T, H]
+        for (state, _, _), rows in zip(work, spans):  # kept as own features once every request's step has read its memory
+            state.memory.put_own(positions_t[rows], f[rows])
+        logits = f @ self.lm_head.T  # [T, V]
+        return [logits[rows] for rows in spans]
+
 
 class DreamSession:
     def __init__(self, stage: DreamStage, prompt: Sequence[int]):
@@ -239,6 +277,14 @@ class DreamSession:
         self.fed = self.prompt_len - 1
 
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
+        start = self.begin(keep, tokens)
+        (logits,) = self.stage.forwards(self.state, start, self.tokens[start : self.fed])  # [fed - start, V]
+        return self.end(logits, len(tokens))
+
+    def begin(self, keep: int, tokens: Sequence[int]) -> int:
+        """Before a forward that feeds `tokens` after `keep` context tokens: the prompt prefilled first if it is
+        not yet, own features from `keep` on dropped; -> where the forward starts (before `keep` to refresh stale
+        keys). The forward feeds self.tokens[start : self.fed]."""
         name = self.stage.name
         if self.state is None:
             raise RuntimeError(f"stage {name!r}: the session is closed")
@@ -250,11 +296,13 @@ class DreamSession:
         self.stale_from = None
         self.state.memory.drop_own_from(keep)  # tokens before `keep` are unchanged: their own features still hold
         self.tokens[keep:] = list(tokens)
-        end = keep + len(tokens)
-        (logits,) = self.stage.forwards(self.state, start, self.tokens[start:end])  # [end - start, V]
-        self.fed = end
-        check_length(name, self.state.length, self.fed)
-        return self.stage.fit(logits[-len(tokens) :].float())
+        self.fed = keep + len(tokens)
+        return start
+
+    def end(self, logits: torch.Tensor, n: int) -> torch.Tensor:
+        """After the forward: its logits [fed - start, V] -> the last n rows', at the pipeline's width [n, V]."""
+        check_length(self.stage.name, self.state.length, self.fed)
+        return self.stage.fit(logits[-n:].float())
 
     def close(self) -> None:
         if self.state is not None:
