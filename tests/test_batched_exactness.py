@@ -1,0 +1,100 @@
+"""Batched steps change no answer: every forward carries every ready request (`max_batch`), bitwise as alone.
+
+The reference is the target alone answering one request at a time. The same target with 16 requests in
+flight, and every pipeline in front of it (text chains of the toy Llamas; a DREAM chain with images on
+LLaVA and Qwen2-VL, whose rotary positions after an image are each request's own), answer exactly the
+same, token for token, greedy and seeded; and their forwards did carry several requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from pipespec import LocalPipeline, load_config
+from pipespec.config import StageSpec
+from pipespec.stages.causal_lm import CausalLMStage
+from tests.fixtures.exactness import image_requests, run_all, sampling_cases
+from tests.fixtures.toy_models import prompt_ids
+from tests.test_dream import world  # noqa: F401  (a fixture: a VLM family with a DREAM drafter)
+
+MAX_BATCH = 8
+NEW_TOKENS = 16
+
+
+def _config(paths: dict[str, str], names: Sequence[str], kinds: dict[str, str] | None = None):
+    stages = [
+        {
+            "name": n, "kind": (kinds or {}).get(n, "causal_lm"), "model": paths[n], "max_lookahead": 4,
+            "dtype": "float32", "max_batch": MAX_BATCH,
+        }
+        for n in names
+    ]  # fmt: skip
+    return load_config({"stages": stages})
+
+
+class Widths:
+    """Spies on stages' `forward_batch`: the most requests one forward carried."""
+
+    def __init__(self, stages):
+        self.most = 0
+        for stage in stages:
+            run = stage.forward_batch
+            stage.forward_batch = lambda feeds, run=run: self._note(len(feeds)) or run(feeds)
+
+    def _note(self, n: int) -> None:
+        self.most = max(self.most, n)
+
+
+@pytest.fixture(scope="module")
+def batching(family):
+    return {
+        name: CausalLMStage(StageSpec(name, "causal_lm", path, dtype="float32", max_batch=MAX_BATCH))
+        for name, path in family.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def prompts(family):
+    return prompt_ids(family["target"], 16, length=12, seed=11)
+
+
+def _kwargs(params) -> dict:
+    return dict(
+        max_new_tokens=NEW_TOKENS, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=params.seed
+    )
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(family, batching, prompts):
+    """The target alone, one request in flight at a time: per sampling case, each prompt's answer."""
+    with LocalPipeline(_config(family, ["target"]), stages=[batching["target"]]) as p:
+        return [[p.generate(prompt_token_ids=q, **_kwargs(params)).token_ids for q in prompts] for params in sampling_cases()]
+
+
+@pytest.mark.parametrize("names", [["target"], ["tiny", "target"], ["tiny", "mid", "target"]], ids=["alone", "k2", "k3"])
+def test_sixteen_in_flight_answer_as_the_target_alone_one_at_a_time(names, family, batching, prompts, one_at_a_time):
+    stages = [batching[n] for n in names]
+    widths = Widths(stages)
+    try:
+        with LocalPipeline(_config(family, names), stages=stages) as p:
+            for params, want in zip(sampling_cases(), one_at_a_time):
+                futures = [p.submit(prompt_token_ids=q, **_kwargs(params)) for q in prompts]
+                assert [f.result().token_ids for f in futures] == want, params
+    finally:
+        for stage in stages:
+            del stage.forward_batch
+    assert widths.most > 1  # forwards did carry several requests
+
+
+def test_a_dream_chain_with_images_in_flight_answers_as_the_target_alone(world):  # noqa: F811
+    kinds = {"tiny": "causal_lm", "dream": "dream", "target": "vlm"}
+    requests = image_requests()
+    with LocalPipeline(_config(world, ["target"], kinds)) as p:
+        want = [p.generate(**dict(r, max_new_tokens=NEW_TOKENS)).token_ids for r in requests]
+    with LocalPipeline(_config(world, ["tiny", "dream", "target"], kinds)) as p:
+        widths = Widths(p.stages)
+        got = [g.token_ids for g in run_all(p, requests, NEW_TOKENS)]
+    assert got == want
+    assert widths.most > 1
