@@ -85,7 +85,7 @@ def test_a_requests_logits_are_the_same_in_any_batch(wide, dtype):
 
 def test_compiled_forwards_keep_it(wide):
     stage = _stage(wide, "float32", compiled=True, max_batch=2)
-    assert stage.forwards.buckets == (4, 8, 16)  # each compiled when the stage starts
+    assert stage.forwards.buckets == (4, 8, 16)  # each compiled when the stage starts (24 and up: also 3 x 2^k)
     assert _differing(stage, _work(3), _batches(4, 4, 2)) == []
 
 
@@ -101,4 +101,5 @@ def test_a_batch_past_max_batch_still_runs(wide):
     """More requests than `max_batch` (a caller's choice, never the runner's): a bucket compiled when first met."""
     stage = _stage(wide, "float32", compiled=False, max_batch=1)
     assert stage.forwards.buckets == (4, 8) and stage.forwards.bucket(20) == 32
+    assert _stage(wide, "float32", compiled=False, max_batch=8).forwards.buckets == (4, 8, 16, 24, 32, 48, 64)
     assert _differing(stage, _work(7), [[0, 1, 2, 3, 4, 5]]) == []
