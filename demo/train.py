@@ -6,7 +6,8 @@
     python -m demo.train tiny             # the tiny text drafter (sees the prompt's text only)
     python -m demo.train dream            # the DREAM drafter, through training.train
     python -m demo.train evaluate         # the target's accuracy per kind, 40 held-out questions each (demo.evaluate)
-    python -m demo.train picture          # models/demo/example.png: the picture `pipespec demo` asks about
+    python -m demo.train picture          # models/demo/example.png: the picture `pipespec demo` asks about,
+                                          # and held_out.jsonl: the questions it asks all at once
     python -m demo.train all              # everything above, in order: the shipped models
 
 The tower step pretrains the CLIP-style tower densely (`demo.tower`), as contrastive pretraining does for
@@ -419,6 +420,26 @@ def write_example_picture(models: Path) -> Path:
     return out
 
 
+HELD_OUT_QUESTIONS = 16  # `pipespec demo` answers them one at a time, then all at once
+
+
+def write_held_out_questions(models: Path, n: int = HELD_OUT_QUESTIONS, seed: int = 3) -> Path:
+    """`n` questions of the world's held-out split (every kind), their pictures under held_out/ beside the
+    models, listed in held_out.jsonl: what `pipespec demo` asks all at once (the runtime reads the files)."""
+    from demo.world import examples, render
+
+    pictures = models / "held_out"
+    pictures.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, ex in enumerate(examples("held_out", n, seed)):
+        render(ex.scene, IMAGE_SIZE).save(pictures / f"{i:03d}.png")
+        lines.append(json.dumps({"text": ex.prompt, "image": f"held_out/{i:03d}.png", "answer": ex.answer}))
+    out = models / "held_out.jsonl"
+    out.write_text("\n".join(lines) + "\n")
+    log.info("wrote %s: %d questions", out, n)
+    return out
+
+
 def _device_error(device: str) -> str | None:
     """Why torch cannot train on `device` here (None: it can)."""
     try:
@@ -471,6 +492,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             train_dream(args.models, n_steps, args.seed)
         elif step == "picture":
             write_example_picture(args.models)
+            write_held_out_questions(args.models)
         else:
             report = evaluate_target(args.models, args.per_kind, args.seed)
             print("\n".join(summary(report)))

@@ -293,6 +293,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
                     "float": float,
                     "int": int,
                     "int | None": (int, type(None)),
+                    "float | None": (int, float, type(None)),
                     "bool": bool,
                     "bool | None": (bool, type(None)),
                 }[str(f.type)]

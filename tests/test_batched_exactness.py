@@ -98,3 +98,29 @@ def test_a_dream_chain_with_images_in_flight_answers_as_the_target_alone(world):
         got = [g.token_ids for g in run_all(p, requests, NEW_TOKENS)]
     assert got == want
     assert widths.most > 1
+
+
+def test_requests_past_the_kv_budget_wait_for_memory_and_answer_the_same(family, prompts, one_at_a_time):
+    """A target whose KV budget holds two requests' caches: sixteen in flight all answer, each as alone, and the
+    caches held never pass the budget (the others waited to be opened, pipespec.stages.kv_pool)."""
+    from pipespec.stages.kinds import ModelOptions
+
+    probe = CausalLMStage(StageSpec("target", "causal_lm", family["target"], dtype="float32"))
+    size = probe.caches.size_for(len(prompts[0]) + NEW_TOKENS + probe.shapes.widths[-1])
+    budget = 2 * probe.caches.bytes_for(size)
+    options = ModelOptions(kv_budget_gib=budget / 2**30)
+    target = CausalLMStage(
+        StageSpec("target", "causal_lm", family["target"], dtype="float32", options=options, max_batch=MAX_BATCH)
+    )
+    most, take = [0], target.caches.take
+
+    def counted(size: int):
+        cache = take(size)
+        most[0] = max(most[0], target.caches.in_use)
+        return cache
+
+    target.caches.take = counted
+    with LocalPipeline(_config(family, ["target"]), stages=[target]) as p:
+        futures = [p.submit(prompt_token_ids=q, **_kwargs(sampling_cases()[0])) for q in prompts]
+        assert [f.result().token_ids for f in futures] == one_at_a_time[0]
+    assert most[0] == budget  # two at a time, never more

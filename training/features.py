@@ -93,7 +93,7 @@ class FeatureExtractor:
         self.layer_out.clear()
         for m in self.attention_modules:
             m.keep_weights = True
-        cache = stage.caches.take()  # the packed attention's keys and values: one request's cache, from position 0
+        cache = stage.caches.take(stage.caches.size_for(T))  # the packed attention's keys and values, from position 0
         try:
             if stage.has_rope_deltas:
                 stage.inner.rope_deltas = None

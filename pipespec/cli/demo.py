@@ -19,7 +19,10 @@ with AMX at 1.7x its speed). A plan that leaves a core idle is not measured agai
 While it runs, the target alone is pinned to as many cores as its threads, as the pipeline's actors are
 pinned to theirs (pipespec.engine.affinity.pinned: unpinned, it ran at 0.7x). The speedup is the median of
 the rounds' ratios. The table shows each stage pair's acceptance over all
-runs, and whether every answer equals the target alone's.
+runs, and whether every answer equals the target alone's. Last, the held-out questions shipped with the
+models (held_out.jsonl) go through the same pipeline one at a time, then all at once, its stages' forwards
+carrying every request that is ready (`max_batch`, pipespec.engine.stage.BatchingStage): the throughput
+both ways, and whether every answer is the same either way.
 
 Three steps, each returning data that the command prints (pipespec.cli): `demo_request` checks what
 was asked (the models directory is an argument: the command's `--models`), `demo_setup` chooses the
@@ -34,9 +37,11 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
+import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +59,7 @@ if TYPE_CHECKING:
 
 DEFAULT_PROMPT = "Describe the image."
 CHAIN = ("tiny", "dream", "target")  # the shipped models, upstream to downstream
+MAX_BATCH = 16  # most requests one forward of a stage carries (the held-out questions all at once)
 
 
 class DemoError(Exception):
@@ -69,7 +75,7 @@ def demo_raw(models: Path, names: Sequence[str], dtype: str, cpus: float) -> dic
     stages = [
         {
             "name": n, "kind": kinds[n], "model": str((models / n).resolve()), "dtype": dtype,
-            "max_lookahead": lookahead[n], "resources": {"num_cpus": cpus},
+            "max_lookahead": lookahead[n], "resources": {"num_cpus": cpus}, "max_batch": MAX_BATCH,
         }
         for n in names
     ]  # fmt: skip
@@ -232,9 +238,61 @@ def run_demo(setup: DemoSetup, runs: int = 3, on_text: OnText | None = None) -> 
                     if i == 0 and on_text is not None:
                         truth = setup.request.truth
                         on_text("\n\n" + (f"the picture shows: {truth}\n\n" if truth is not None else ""))
+                together = Together.of(client, held_out_requests(setup.request))
     except ConfigError as e:  # the placement does not fit this machine
         raise DemoError(str(e)) from None
-    return DemoReport.of(rounds, setup, threads)
+    return DemoReport.of(rounds, setup, threads, together)
+
+
+def held_out_requests(request: DemoRequest) -> list[dict[str, Any]]:
+    """The held-out questions shipped with the models (held_out.jsonl: `python -m demo.train picture`), as
+    request keywords at the demo's length; none where the models directory has no such file."""
+    from PIL import Image
+
+    listing = request.models / "held_out.jsonl"
+    if not listing.is_file():
+        return []
+    out = []
+    for line in listing.read_text().splitlines():
+        row = json.loads(line)
+        with Image.open(request.models / row["image"]) as picture:
+            out.append({"prompt": row["text"], "image": picture.convert("RGB"), "max_new_tokens": request.max_new_tokens})
+    return out
+
+
+@dataclass(frozen=True)
+class Together:
+    """The held-out questions through the served pipeline one at a time, then all at once (its stages' forwards
+    carrying every ready request: `max_batch`): output tokens per second each way, and whether every answer is the
+    same either way."""
+
+    requests: int
+    one_at_a_time: float  # tokens per second
+    all_at_once: float
+    same: bool
+
+    @classmethod
+    def of(cls, client: Any, requests: Sequence[dict[str, Any]]) -> Together | None:
+        if not requests:
+            return None
+        alone = [timed(client.stream, r) for r in requests]
+        began = time.perf_counter()
+        with ThreadPoolExecutor(len(requests)) as pool:  # a gRPC channel serves calls from many threads
+            together = list(pool.map(lambda r: timed(client.stream, r), requests))
+        seconds = time.perf_counter() - began
+        return cls(
+            requests=len(requests),
+            one_at_a_time=tokens_per_s(alone),
+            all_at_once=sum(len(g.token_ids) for g, _ in together) / seconds,
+            same=all(a.token_ids == t.token_ids for (a, _), (t, _) in zip(alone, together)),
+        )
+
+    def line(self) -> str:
+        return (
+            f"the {self.requests} held-out questions: {self.one_at_a_time:.1f} tok/s one at a time, {self.all_at_once:.1f} "
+            f"tok/s all at once ({self.all_at_once / self.one_at_a_time:.2f}x); the same answers either way: "
+            f"{'yes' if self.same else 'NO'}"
+        )
 
 
 @contextmanager
@@ -275,10 +333,13 @@ class DemoReport:
     config: PipelineConfig = field(repr=False)  # the pipeline's
     predicted: float | None = None  # the tokens per second the plan expects (`Plan.predicted`; None: not planned)
     predicted_speedup: float | None = None  # and the speedup (`Plan.predicted_speedup`)
+    together: Together | None = None  # the held-out questions one at a time and all at once (None: none shipped)
 
     @classmethod
-    def of(cls, rounds: Sequence[tuple[Run, Run]], setup: DemoSetup, threads: int) -> DemoReport:
-        """The figures of `rounds` (pipeline, target alone at `threads` torch threads) of `setup`."""
+    def of(
+        cls, rounds: Sequence[tuple[Run, Run]], setup: DemoSetup, threads: int, together: Together | None = None
+    ) -> DemoReport:
+        """The figures of `rounds` (pipeline, target alone at `threads` torch threads) of `setup`, and `together`."""
         return cls(
             pipeline=tuple(tokens_per_s([p]) for p, _ in rounds),
             alone=tuple(tokens_per_s([a]) for _, a in rounds),
@@ -288,6 +349,7 @@ class DemoReport:
             config=setup.config,
             predicted=setup.chosen.predicted if setup.chosen else None,
             predicted_speedup=setup.chosen.predicted_speedup if setup.chosen else None,
+            together=together,
         )
 
     @property
@@ -313,6 +375,7 @@ class DemoReport:
             "predicted_tokens_per_second": self.predicted,
             "predicted_speedup": self.predicted_speedup,
             "pairs": [{k: v for k, v in pair.as_dict().items() if k in kept} for pair in self.pairs],
+            "held_out": None if self.together is None else asdict(self.together),
         }
 
     def lines(self) -> list[str]:
@@ -339,6 +402,8 @@ class DemoReport:
             f"{statistics.median(self.ratios):.2f}x{predicted_speedup} (the median of the rounds' ratios); "
             f"identical to the target alone: {'yes' if self.exact else 'NO'}",
         ]
+        if self.together is not None:
+            lines.append(self.together.line())
         if len(self.config.stages) == 1:  # the plan found no pipeline faster than the target alone
             lines.append(
                 "no pipeline with drafters measured faster than the target alone here: this ratio is the target in the "

@@ -36,7 +36,7 @@ from pipespec.engine.early_mail import EarlyMail
 from pipespec.engine.patience import Patience
 from pipespec.engine.request_protocol import Peer, RequestProtocol, Role, Surroundings
 from pipespec.engine.scheduler import Batch, DeviceScheduler, Done, Priority
-from pipespec.engine.stage import BatchingStage, Stage
+from pipespec.engine.stage import AdmittingStage, BatchingStage, Stage
 from pipespec.engine.step import Outcome, Prefill, StepPlan, compute, compute_batch
 from pipespec.engine.trace import StageTrace
 from pipespec.protocol.links import InProcessLink, Link
@@ -253,15 +253,19 @@ class StageRunner:
 
     def next_batch(self) -> Batch | None:
         """Our next work (the scheduler may not take it; a wait for drafts may start): a prefill first (alone:
-        between steps, so a long prompt delays the others by one prefill), then steps, round robin: as many
+        between steps, so a long prompt delays the others by one prefill) of the oldest request the stage has
+        memory for (the others wait, unopened), then the opened requests' steps, round robin: as many
         requests' steps as one forward carries (`max_batch`), the most urgent first (a verification before a
         draft), the rest filling its slots; the batch is as urgent as its most urgent. A request whose plan
         fails is failed, not the runner."""
-        if self.unprefilled:
-            return Batch(self, (Prefill(next(iter(self.unprefilled))),), Priority.CHECK)
+        admitted = self._admitted()
+        if admitted is not None:
+            return Batch(self, (Prefill(admitted),), Priority.CHECK)
         ready: list[tuple[Priority, StepPlan]] = []
         checks = 0  # verifications among them: a batch of those is full at max_batch
         for rid, proto in list(self.requests.items()):
+            if rid in self.unprefilled:  # waiting for memory to be opened
+                continue
             try:
                 plan = self._plan(proto)
             except Exception as error:  # a bug or a peer's bad frame in one request must not take down the others
@@ -281,6 +285,13 @@ class StageRunner:
         if self.trace.enabled:
             self._trace_idle()
         return None
+
+    def _admitted(self) -> str | None:
+        """The oldest request waiting to be opened that the stage has memory for (pipespec.engine.stage.AdmittingStage:
+        the others wait for requests to close), if any."""
+        if not isinstance(self.stage, AdmittingStage):
+            return next(iter(self.unprefilled), None)
+        return next((rid for rid in self.unprefilled if self.stage.admits(self.requests[rid].req.spec)), None)
 
     def _plan(self, proto: RequestProtocol) -> StepPlan | None:
         """`proto`'s next step, if any; a wait for drafts it begins wakes us when it runs out."""
@@ -351,8 +362,16 @@ class StageRunner:
         return self.requests.pop(rid, None)
 
     def _close_session(self, proto: RequestProtocol | None) -> None:
+        """Close its session on the compute thread, then wake our loop: a request waiting for memory may fit now."""
         if proto is not None and proto.req.session is not None:
-            self.scheduler.run_later(proto.req.session.close)
+            session, loop = proto.req.session, self.loop
+
+            def close() -> None:
+                session.close()
+                if self.unprefilled and loop is not None:
+                    loop.call_soon_threadsafe(self.deliver, _WAKE)
+
+            self.scheduler.run_later(close)
 
     def _on_close(self, rid: str) -> None:
         proto = self._forget(rid)

@@ -17,7 +17,8 @@ limit and end-of-sequence tokens; a `TreeSession` grows side lines in the same f
 pre-drafted branches, pipespec.engine.outcome_cache); between a target and the DREAM drafter right
 before it, the target's sessions are `FeatureSource`s and the drafter's `FeatureReader`s
 (pipespec.engine.handoff); a `BatchingStage` runs the forwards of several requests as one device forward
-(their runner then gathers every ready request's step into one batch, up to its `max_batch`). Which kind has which is said by
+(their runner then gathers every ready request's step into one batch, up to its `max_batch`); an
+`AdmittingStage` opens a request only once its memory fits. Which kind has which is said by
 the table of stage kinds (pipespec.stages.kinds).
 """
 
@@ -96,6 +97,14 @@ class BatchingStage(Stage, Protocol):
     def forward_batch(self, feeds: Sequence[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """-> per feed, ([len(tokens), V], [len(sides), V]) float32 logits, as its session's forward gives them."""
         ...
+
+
+@runtime_checkable
+class AdmittingStage(Stage, Protocol):
+    """A stage with a memory budget (the model stages' KV caches, pipespec.stages.kv_pool): the runner opens a
+    request on it only once it fits; until then the request waits (it does not fail)."""
+
+    def admits(self, request: RequestSpec) -> bool: ...
 
 
 @runtime_checkable

@@ -20,13 +20,12 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from pipespec.engine.stage import NO_SIDES, Feed, check_keep, check_length
 from pipespec.protocol.messages import RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
-from pipespec.stages.device import stage_device
+from pipespec.stages.device import kv_budget, stage_device
 from pipespec.stages.forwards import Shapes, compiles
 from pipespec.stages.kinds import ModelOptions
-from pipespec.stages.kv_pool import KVPool
 from pipespec.stages.packed_forwards import CacheFeed, PackedForwards
 from pipespec.stages.packing import Packing, Piece, packed, use_packed_attention
-from pipespec.stages.static_kv import StaticKV
+from pipespec.stages.static_kv import static_pool
 from pipespec.stages.vocabulary import LogitsFit
 from pipespec.stages.weight_layout import column_major
 
@@ -59,11 +58,17 @@ class CausalLMStage:
         self.shapes = Shapes.of(options, limit, self.device, target=len(at.chain) <= 1)
         self.max_context = self.shapes.context
         self.forwards = PackedForwards(name, self._step, self.shapes, spec.max_batch, compiles(options), self.device)
-        self.caches = KVPool(self.new_cache)
+        budget = kv_budget(self.device, options.kv_budget_gib)
+        self.caches = static_pool(self.model.config, self.shapes.capacity, self.dtype, self.device, budget)
         self.forwards.warm_up(self.caches, min(self.eos_token_ids, default=0))
 
-    def new_cache(self) -> StaticKV:
-        return StaticKV(self.model.config, self.shapes.capacity, self.dtype, self.device)
+    def cache_size(self, request: RequestSpec) -> int:
+        """The positions of `request`'s cache here: its prompt, its new tokens, a forward's padding."""
+        return self.caches.size_for(len(request.text_prompt) + request.max_new_tokens + self.shapes.widths[-1])
+
+    def admits(self, request: RequestSpec) -> bool:
+        """Whether `request`'s cache fits the stage's KV budget now (pipespec.engine.stage.AdmittingStage)."""
+        return self.caches.admits(self.cache_size(request))
 
     def _step(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor]:
         """Packed ids [1, T] at positions [1, T] -> (logits [1, T, V'])."""
@@ -88,16 +93,18 @@ class CausalLMStage:
             raise ValueError(
                 f"stage {self.name!r}: a prompt of {len(prompt)} tokens exceeds its max_context of {self.max_context}"
             )
-        session = CausalLMSession(self, prompt)
+        size = self.cache_size(request)
+        self.caches.check(self.name, size)
+        session = CausalLMSession(self, prompt, size)
         if len(prompt) > 1:
             session.prefill(prompt[:-1])
         return session
 
 
 class CausalLMSession:
-    def __init__(self, stage: CausalLMStage, prompt: Sequence[int]):
+    def __init__(self, stage: CausalLMStage, prompt: Sequence[int], cache_size: int):
         self.stage = stage
-        self.cache = stage.caches.take()
+        self.cache = stage.caches.take(cache_size)
         self.prompt_len = len(prompt)
         self.last_prompt_token = prompt[-1]
 

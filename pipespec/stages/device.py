@@ -14,9 +14,26 @@ drafter's q rows, its target's features) it moves to its own device before use.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from pipespec.errors import ConfigError
+
+GIB = 2**30
+KV_SHARE = 0.25  # of a device's memory, a stage's KV caches by default (`ModelOptions.kv_budget_gib`)
+
+
+def kv_budget(device: torch.device, gib: float | None) -> int:
+    """A stage's KV cache budget in bytes: `gib` GiB, or by default a quarter of its device's memory (a
+    GPU's, or this machine's for the CPU)."""
+    if gib is not None:
+        return int(gib * GIB)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(KV_SHARE * total)
 
 
 def stage_device(stage: str, device: str) -> torch.device:

@@ -139,7 +139,7 @@ class Forwards:
     def warm_up(self, caches: KVPool, filler: int) -> None:
         """Run every width once on a cache of the stage's pool (compiling it, when compiled); the time is logged and kept."""
         began = time.perf_counter()
-        cache = caches.take()
+        cache = caches.take(caches.capacity)
         try:
             for width in self.shapes.widths:
                 self(cache, 0, [filler] * width)

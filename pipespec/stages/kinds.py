@@ -35,7 +35,8 @@ class SpecLike(Protocol):
 
 
 class KindOptions(Protocol):
-    """A kind's own YAML keys: a frozen dataclass whose fields (float, int, bool, `int | None` or `bool | None`) have defaults."""
+    """A kind's own YAML keys: a frozen dataclass whose fields (float, int, bool, `int | None`, `float | None` or
+    `bool | None`) have defaults."""
 
     def check(self, where: str) -> None:
         """Raise a ConfigError naming `where` (the stage's key path) if a value is out of range."""
@@ -98,23 +99,28 @@ class NgramOptions:
 class ModelOptions:
     """How a model's forwards run (causal_lm, dream, vlm; pipespec.stages.forwards).
 
-    Every request's KV cache is preallocated at `max_context` tokens (None: the model's own limit, at
-    most 4096). Each decode or verification forward feeds a fixed width: at most `max_width` tokens, a
+    A request's context holds at most `max_context` tokens (None: the model's own limit, at most 4096); its
+    KV cache, what it can use (pipespec.stages.kv_pool). Each decode or verification forward feeds a fixed width: at most `max_width` tokens, a
     shorter feed padded up to a power-of-two width of at least `min_width` (None: for the target, the
     least width that keeps a position's logits independent of its block on the stage's device and
     dtype, as measured; for a drafter 1, since its logits never decide the answer).
     `compile` runs those forwards compiled, each width compiled once when the stage starts (None: the
-    `PIPESPEC_COMPILE` environment variable if set, else yes).
+    `PIPESPEC_COMPILE` environment variable if set, else yes). `kv_budget_gib` bounds the KV caches its
+    requests hold (None: a quarter of the device's memory); a request whose cache does not fit waits for
+    others to finish (pipespec.stages.kv_pool).
     """
 
     compile: bool | None = None
     max_context: int | None = None
     min_width: int | None = None
     max_width: int = 8
+    kv_budget_gib: float | None = None
 
     def check(self, where: str) -> None:
         if self.max_context is not None and self.max_context < 2:
             raise ConfigError(f"{where}.max_context: must be >= 2, got {self.max_context}")
+        if self.kv_budget_gib is not None and not self.kv_budget_gib > 0:
+            raise ConfigError(f"{where}.kv_budget_gib: must be > 0 GiB, got {self.kv_budget_gib}")
         if self.max_width < 1 or self.max_width & (self.max_width - 1):
             raise ConfigError(f"{where}.max_width: must be a power of two >= 1, got {self.max_width}")
         if self.min_width is not None and not (

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -67,7 +68,7 @@ class PackedForwards:
         self.buckets = tuple(sorted(b for b in steps if self.least <= b <= widest))
         if compiled:  # every stage's buckets are graphs of one function (a stage kind's `_step`): room for all of them
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MOST_GRAPHS)
-            step = torch.compile(step, dynamic=False, options={"guard_filter_fn": _without_registry_guards})
+            step = torch.compile(_own_code(step, stage), dynamic=False, options={"guard_filter_fn": _without_registry_guards})
         self.step = step
         # on a GPU, a forward of one request replays the CUDA graph of its cache and width (captured over the
         # positions tensor: any positions); a forward of several runs compiled, unreplayed
@@ -138,7 +139,7 @@ class PackedForwards:
         """Run every bucket once on caches of the stage's pool (compiling it, when compiled); the time is logged and kept."""
         began = time.perf_counter()
         widest = self.shapes.widths[-1]
-        held = [caches.take() for _ in range(max(1, self.buckets[-1] // widest))]
+        held = [caches.take(caches.size_for(widest)) for _ in range(max(1, self.buckets[-1] // widest))]
         try:
             for bucket in self.buckets:
                 width = min(bucket, widest)
@@ -149,3 +150,13 @@ class PackedForwards:
         self.warmup_s = time.perf_counter() - began
         how = "compiled" if self.compiled else "eager"
         log.info("stage %r: %s forwards at row buckets %s warmed up in %.1f s", self.stage, how, self.buckets, self.warmup_s)
+
+
+def _own_code(step: PackedStep, stage: str) -> PackedStep:
+    """`step` (a stage's bound method) with a code object of its own. Dynamo keeps compiled graphs per code object,
+    and a step's guards leave out the stage's modules (`_without_registry_guards`) while its inputs, token ids and
+    positions, say nothing of the model: two stages of one kind in a process would otherwise share graphs."""
+    function = step.__func__  # type: ignore[attr-defined]
+    code = function.__code__.replace(co_name=f"{function.__name__}_{stage}")
+    own = types.FunctionType(code, function.__globals__, code.co_name, function.__defaults__, function.__closure__)
+    return own.__get__(step.__self__)  # type: ignore[attr-defined]

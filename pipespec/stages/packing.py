@@ -61,12 +61,13 @@ class Packing:
     least: int = 1  # a piece's attention runs over at least this many query rows (its last one repeated)
     _masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
 
-    def mask(self, i: int, window: int) -> torch.Tensor:
-        """[1, 1, q, capacity] bool: which of its cache's keys each query row of piece i sees (True: attend)."""
+    def mask(self, i: int, window: int, queries: int) -> torch.Tensor:
+        """[1, 1, q, capacity] bool: which of its cache's keys each of piece i's `queries` rows sees (True: attend);
+        the rows past its own repeat its last."""
         mask = self._masks.get((i, window))
         if mask is None:
             piece = self.pieces[i]
-            rows = _at_least(self.positions[0, piece.rows], self.least, 0)[:, None]  # [q, 1]
+            rows = _at_least(self.positions[0, piece.rows], queries, 0)[:, None]  # [q, 1]
             keys = torch.arange(piece.cache.capacity, device=rows.device)[None, :]  # [1, C]
             mask = keys <= rows
             if window:
@@ -102,17 +103,22 @@ def packed_attention(
     """query [1, heads, T, d], key and value [1, kv_heads, T, d] of the packed rows -> [1, T, heads, d]: each
     piece's attention over its own cache, its keys and values written there first."""
     packing = _packing()
-    out = query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3])  # [1, T, heads, d]
     groups = query.shape[1] // key.shape[1]
+    alone = len(packing.pieces) == 1 and packing.pieces[0].offset == 0  # one request: its attention is the output
+    out = None if alone else query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3])  # [1, T, heads, d]
     for i, piece in enumerate(packing.pieces):
         rows, at = piece.rows, packing.positions[0, piece.rows]  # [w]
         held = piece.cache.layers[layer]
         held.keys.index_copy_(2, at, key[:, :, rows])
         held.values.index_copy_(2, at, value[:, :, rows])
         keys, values = repeat_kv(held.keys, groups), repeat_kv(held.values, groups)  # [1, heads, C, d]
+        # alone, its query rows reach every row of the forward: the rows past its own are no request's (any output)
+        queries = _at_least(query[:, :, rows], query.shape[2] if alone else packing.least, 2)
         attended = torch.nn.functional.scaled_dot_product_attention(
-            _at_least(query[:, :, rows], packing.least, 2), keys, values, attn_mask=packing.mask(i, window), scale=scaling
+            queries, keys, values, attn_mask=packing.mask(i, window, queries.shape[2]), scale=scaling
         )  # [1, heads, q, d]
+        if alone:
+            return attended.transpose(1, 2).contiguous()
         out[:, rows] = attended[:, :, : piece.width].transpose(1, 2)
     return out
 
@@ -157,7 +163,7 @@ def _weights(query: torch.Tensor, scale: float, window: int, layer: int) -> torc
     held = piece.cache.layers[layer]
     keys = repeat_kv(held.keys, query.shape[1] // held.keys.shape[1]).float()
     scores = (query.float() @ keys.transpose(-1, -2)) * scale
-    return scores.masked_fill(~_packing().mask(0, window), float("-inf")).softmax(-1)
+    return scores.masked_fill(~_packing().mask(0, window, query.shape[2]), float("-inf")).softmax(-1)
 
 
 AttentionInterface.register(IMPLEMENTATION, attention)

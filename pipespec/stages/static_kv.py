@@ -19,6 +19,8 @@ import torch
 from transformers import Cache, PretrainedConfig
 from transformers.cache_utils import StaticLayer
 
+from pipespec.stages.kv_pool import KVPool
+
 
 class _Layer(StaticLayer):
     """transformers' static layer, allocated at construction instead of at its first update."""
@@ -38,13 +40,17 @@ class StaticKV(Cache):
     """Keys and values for up to `capacity` positions of one request, for a model with `config`."""
 
     def __init__(self, config: PretrainedConfig, capacity: int, dtype: torch.dtype, device: torch.device):
-        text = config.get_text_config(decoder=True)
-        heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        layers, heads, head_dim = _dims(config)
         shape = (1, heads, capacity, head_dim)
-        super().__init__(layers=[_Layer(shape, dtype, device) for _ in range(text.num_hidden_layers)])
+        super().__init__(layers=[_Layer(shape, dtype, device) for _ in range(layers)])
         self.capacity = capacity
         self.device = torch.device(device)
+
+    @staticmethod
+    def bytes_for(config: PretrainedConfig, capacity: int, dtype: torch.dtype) -> int:
+        """The bytes of a cache of `capacity` positions for a model with `config`: keys and values of every layer."""
+        layers, heads, head_dim = _dims(config)
+        return 2 * layers * heads * capacity * head_dim * dtype.itemsize
 
     @property
     def length(self) -> int:
@@ -55,3 +61,20 @@ class StaticKV(Cache):
         """Hold the first `length` entries; the next forward writes its keys from there."""
         for layer in self.layers:
             layer.cumulative_length.fill_(length)
+
+
+def _dims(config: PretrainedConfig) -> tuple[int, int, int]:
+    """-> (layers, key-value heads, head dim) of the text decoder of a model with `config`."""
+    text = config.get_text_config(decoder=True)
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return text.num_hidden_layers, heads, head_dim
+
+
+def static_pool(
+    config: PretrainedConfig, capacity: int, dtype: torch.dtype, device: torch.device, budget: int
+) -> KVPool[StaticKV]:
+    """A stage's pool of `StaticKV`s for a model with `config`: at most `capacity` positions each, `budget` bytes in use."""
+    return KVPool(
+        lambda size: StaticKV(config, size, dtype, device), lambda size: StaticKV.bytes_for(config, size, dtype), capacity, budget
+    )

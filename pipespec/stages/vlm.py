@@ -32,14 +32,13 @@ from pipespec.errors import ConfigError
 from pipespec.protocol.messages import ImageInputs, PrefillFeatures, RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.causal_lm import DTYPES
-from pipespec.stages.device import stage_device
+from pipespec.stages.device import kv_budget, stage_device
 from pipespec.stages.dream.compression import attention_received
 from pipespec.stages.forwards import Shapes, compiles
 from pipespec.stages.kinds import ModelOptions
-from pipespec.stages.kv_pool import KVPool
 from pipespec.stages.packed_forwards import CacheFeed, PackedForwards
 from pipespec.stages.packing import Packing, Piece, packed, use_packed_attention
-from pipespec.stages.static_kv import StaticKV
+from pipespec.stages.static_kv import static_pool
 from pipespec.stages.vocabulary import LogitsFit
 from pipespec.stages.weight_layout import column_major
 
@@ -109,14 +108,22 @@ class VLMStage:
         self.shapes = Shapes.of(options, self.max_context, self.device, target=len(at.chain) <= 1)
         self.max_context = self.shapes.context
         self.forwards = PackedForwards(name, self._step, self.shapes, spec.max_batch, compiles(options), self.device)
-        self.caches = KVPool(self.new_cache)
+        budget = kv_budget(self.device, options.kv_budget_gib)
+        self.caches = static_pool(self.model.config, self.shapes.capacity, self.dtype, self.device, budget)
         self.forwards.warm_up(self.caches, min(self.eos_token_ids, default=0))
 
-    def new_cache(self) -> StaticKV:
-        return StaticKV(self.model.config, self.shapes.capacity, self.dtype, self.device)
+    def cache_size(self, request: RequestSpec) -> int:
+        """The positions of `request`'s cache here: its prompt, its new tokens, a forward's padding."""
+        return self.caches.size_for(len(request.prompt_token_ids) + request.max_new_tokens + self.shapes.widths[-1])
+
+    def admits(self, request: RequestSpec) -> bool:
+        """Whether `request`'s cache fits the stage's KV budget now (pipespec.engine.stage.AdmittingStage)."""
+        return self.caches.admits(self.cache_size(request))
 
     def open(self, request: RequestSpec) -> VLMSession:
-        session = VLMSession(self, request.prompt_token_ids)
+        size = self.cache_size(request)
+        self.caches.check(self.name, size)
+        session = VLMSession(self, request.prompt_token_ids, size)
         if len(request.prompt_token_ids) > 1:
             session.prefill(request.image)
         elif request.image is not None:
@@ -159,12 +166,12 @@ class VLMStage:
 
 
 class VLMSession:
-    def __init__(self, stage: VLMStage, prompt: Sequence[int]):
+    def __init__(self, stage: VLMStage, prompt: Sequence[int], cache_size: int):
         self.stage = stage
         self.prompt = tuple(prompt)
         self.prompt_len = len(prompt)
         self.last_prompt_token = prompt[-1]
-        self.cache = stage.caches.take()
+        self.cache = stage.caches.take(cache_size)
         self.shift = 0  # rotary positions past the prompt: cache positions + shift (Qwen2-VL's rope delta after an image)
         hidden = stage.model.get_input_embeddings().embedding_dim
         nothing = torch.empty(0, hidden, device=stage.device)

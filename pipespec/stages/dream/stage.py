@@ -29,7 +29,7 @@ from pipespec.engine.stage import NO_SIDES, Feed, check_keep, check_length
 from pipespec.protocol.messages import RequestSpec, TargetFeatures
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.causal_lm import DTYPES
-from pipespec.stages.device import stage_device
+from pipespec.stages.device import kv_budget, stage_device
 from pipespec.stages.dream.checkpoint import DreamCheckpoint, load
 from pipespec.stages.dream.compression import kept_positions
 from pipespec.stages.dream.model import DraftCaches, DreamConfig, Memory
@@ -130,6 +130,13 @@ class DraftState:
     def length(self) -> int:
         return self.caches.end()
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its tensors: its blocks' caches and its memory."""
+        tensors = [t for c in (self.caches.block0, self.caches.block2) for t in vars(c).values() if isinstance(t, torch.Tensor)]
+        tensors += [t for t in vars(self.memory).values() if isinstance(t, torch.Tensor)] + list(self.memory.kv or ())
+        return sum(t.nbytes for t in tensors)
+
     def rewind(self, length: int) -> None:
         self.caches.keep_before(length)
 
@@ -157,7 +164,9 @@ class DreamStage:
         self.refresh = options.refresh
         self.shapes = Shapes.of(options, ckpt.max_context, self.device, target=False)
         self.forwards = Forwards(name, self._step, self.shapes, compiles(options), self.device)
-        self.caches = KVPool(self.new_state)  # one DraftState per request in flight
+        state_bytes = self.new_state().nbytes  # every request's state is the stage's capacity
+        budget = kv_budget(self.device, options.kv_budget_gib)
+        self.caches = KVPool(lambda size: self.new_state(), lambda size: state_bytes, self.shapes.capacity, budget)
         if self.forwards.compiled:
             self.forwards.warm_up(self.caches, 0)
 
@@ -171,7 +180,12 @@ class DreamStage:
         return cls(spec.name, ckpt, at.width, at.valid, spec.options if spec.options is not None else DreamOptions())
 
     def open(self, request: RequestSpec) -> DreamSession:
+        self.caches.check(self.name, self.shapes.capacity)
         return DreamSession(self, request.prompt_token_ids)
+
+    def admits(self, request: RequestSpec) -> bool:
+        """Whether one more request's state fits the stage's KV budget now (pipespec.engine.stage.AdmittingStage)."""
+        return self.caches.admits(self.shapes.capacity)
 
     def new_state(self) -> DraftState:
         """An empty state at the stage's capacity (ordinary tensors, even when asked for in inference mode:
@@ -241,7 +255,7 @@ class DreamSession:
         self.tokens = list(prompt)  # context ids: the target's prompt, then generated tokens
         self.prompt_len = len(prompt)
         self.last_prompt_token = prompt[-1]
-        self.state: DraftState | None = stage.caches.take()  # None once closed: the pool's again
+        self.state: DraftState | None = stage.caches.take(stage.shapes.capacity)  # None once closed: the pool's again
         self.state.memory.clear()
         self.fed = 0  # context positions the caches cover (kept ones; dropped image positions count too)
         self.stale_from: int | None = None  # with `refresh`: an own memory entry here was replaced after later positions read it
