@@ -41,8 +41,11 @@ def test_a_request_is_recorded_as_it_streams():
     metrics = Metrics(pairs=[("a", "b")])
     assert samples(metrics)[("pipespec:spec_decode_num_drafts_total", PAIR)] == 0  # shown before any request
     record = metrics.request(prompt_tokens=5, arrived=time.perf_counter())
-    assert samples(metrics)[("pipespec:num_requests_running", ())] == 1
+    assert samples(metrics)[("pipespec:num_requests_waiting", ())] == 1
+    assert samples(metrics)[("pipespec:num_requests_running", ())] == 0
     record.observe(Delta("a", (1, 2)))
+    assert samples(metrics)[("pipespec:num_requests_waiting", ())] == 0
+    assert samples(metrics)[("pipespec:num_requests_running", ())] == 1
     record.observe(Delta("b", (3,)))
     pair = PairStats("a", "b")
     pair.record(drafted=3, accepted=2)
@@ -61,16 +64,18 @@ def test_a_request_is_recorded_as_it_streams():
     assert got[("pipespec:time_to_first_token_seconds_count", ())] == 1
     assert got[("pipespec:inter_token_latency_seconds_count", ())] == 1
     assert got[("pipespec:e2e_request_latency_seconds_count", ())] == 1
-    assert got[("pipespec:num_requests_running", ())] == 0
+    assert got[("pipespec:num_requests_running", ())] == 0 and got[("pipespec:num_requests_waiting", ())] == 0
 
 
 def test_pre_drafting_is_counted_per_stage():
     metrics = Metrics()
     tiny = StageStats("tiny", predraft_hits=2, predraft_misses=3, predraft_tokens=5, predraft_forwards=9)
     record = metrics.request(prompt_tokens=5, arrived=time.perf_counter())
-    record.observe(Delta("", (), "length", RequestStats(5, 3, 0.1, 0.2, [], [tiny, StageStats("target")])))
+    target = StageStats("target", kv_use=0.25)
+    record.observe(Delta("", (), "length", RequestStats(5, 3, 0.1, 0.2, [], [tiny, target])))
     got = samples(metrics)
     stage = (("stage", "tiny"),)
+    assert got[("pipespec:kv_cache_usage_perc", (("stage", "target"),))] == 0.25  # as the stage last reported it
     assert got[("pipespec:predraft_hits_total", stage)] == 2
     assert got[("pipespec:predraft_misses_total", stage)] == 3
     assert got[("pipespec:predraft_tokens_total", stage)] == 5
@@ -84,10 +89,11 @@ def test_a_request_left_before_its_finish_counts_as_aborted():
     record.observe(Delta("a", (1,)))
     record.close()
     record.close()  # once only
+    metrics.request(prompt_tokens=2, arrived=time.perf_counter()).close()  # left before its first token
     got = samples(metrics)
-    assert got[("pipespec:request_success_total", (("finished_reason", "abort"),))] == 1
-    assert got[("pipespec:num_requests_running", ())] == 0
-    assert got[("pipespec:e2e_request_latency_seconds_count", ())] == 1
+    assert got[("pipespec:request_success_total", (("finished_reason", "abort"),))] == 2
+    assert got[("pipespec:num_requests_running", ())] == 0 and got[("pipespec:num_requests_waiting", ())] == 0
+    assert got[("pipespec:e2e_request_latency_seconds_count", ())] == 2
 
 
 def test_each_metrics_has_its_own_registry():

@@ -380,6 +380,8 @@ class StageRunner:
             return
         self._close_session(proto)
         req = proto.req
+        if isinstance(self.stage, AdmittingStage):
+            req.stats.kv_use = self.stage.kv_use
         self._send(self.coordinator, Closed(rid, self.name, req.stats, req.up.pair if req.up is not None else None))
 
     def _on_lost(self, link: Link) -> None:

@@ -106,6 +106,11 @@ class AdmittingStage(Stage, Protocol):
 
     def admits(self, request: RequestSpec) -> bool: ...
 
+    @property
+    def kv_use(self) -> float:
+        """The share of its budget that its requests hold now."""
+        ...
+
 
 @runtime_checkable
 class FeatureSource(Session, Protocol):

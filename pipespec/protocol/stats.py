@@ -102,13 +102,18 @@ class StageStats:
     predraft_misses: int = 0  # ... that no branch foresaw (while pre-drafting is on)
     predraft_tokens: int = 0  # tokens sent from branches, without a forward
     predraft_forwards: int = 0  # forwards that grew branches, their own or beside our line (a tree forward; in `forwards`)
+    kv_use: float = (
+        0.0  # the share of the stage's KV budget its requests held when it finished this one (pipespec.stages.kv_pool)
+    )
 
     def merge(self, other: StageStats) -> None:
-        """Add `other`'s counts and seconds (the same stage's, for another request) to ours."""
+        """Add `other`'s counts and seconds (the same stage's, for another request) to ours; `kv_use`: the larger."""
         if other.stage != self.stage:
             raise ValueError(f"cannot merge stage {other.stage!r}'s statistics into stage {self.stage!r}'s")
         for f in fields(self):
-            if f.name != "stage":
+            if f.name == "kv_use":
+                self.kv_use = max(self.kv_use, other.kv_use)
+            elif f.name != "stage":
                 setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     @property

@@ -12,7 +12,10 @@ Speculative decoding, per drafter -> verifier pair, from each finished request's
 drafts), `..._num_draft_tokens_total`, `..._num_accepted_tokens_total` and
 `..._num_accepted_tokens_per_pos_total{position}` (steps that accepted draft index `position`, from 0;
 they sum to the accepted tokens). Pre-drafting, per stage (pipespec.engine.outcome_cache, StageStats):
-`pipespec:predraft_hits_total`, `..._misses_total`, `..._tokens_total` and `..._forwards_total`. Requests: `pipespec:num_requests_running`,
+`pipespec:predraft_hits_total`, `..._misses_total`, `..._tokens_total` and `..._forwards_total`. KV memory, per
+stage: `pipespec:kv_cache_usage_perc{stage}` (the share of its budget its requests held when it last finished
+one, pipespec.stages.kv_pool). Requests, as vLLM splits them: `pipespec:num_requests_waiting` (in flight, no
+token streamed yet: waiting for memory, or in their prefill) and `pipespec:num_requests_running` (streaming),
 `pipespec:request_success_total{finished_reason}` (stop, length, abort, error: every finished
 request, as vLLM counts them), `pipespec:prompt_tokens_total`, `pipespec:generation_tokens_total`.
 Latency histograms, from the request's arrival at the front door: `pipespec:time_to_first_token_seconds`,
@@ -76,7 +79,18 @@ class Metrics:
                 "pipespec:predraft_forwards", "Forwards that grew pre-drafted branches.", ("stage",), registry=registry
             ),
         }
-        self.running = Gauge("pipespec:num_requests_running", "Requests streaming now.", registry=registry)
+        self.running = Gauge("pipespec:num_requests_running", "Requests streaming tokens now.", registry=registry)
+        self.waiting = Gauge(
+            "pipespec:num_requests_waiting",
+            "Requests in flight with no token streamed yet (waiting to be opened, or in their prefill).",
+            registry=registry,
+        )
+        self.kv_use = Gauge(
+            "pipespec:kv_cache_usage_perc",
+            "Share of a stage's KV budget its requests held when it last finished one.",
+            ("stage",),
+            registry=registry,
+        )
         self.finished = Counter(
             "pipespec:request_success", "Finished requests, by finish reason.", ("finished_reason",), registry=registry
         )
@@ -106,7 +120,7 @@ class Metrics:
 
     def request(self, prompt_tokens: int, arrived: float) -> RequestMetrics:
         """Start recording one request that arrived at `arrived` (time.perf_counter())."""
-        self.running.inc()
+        self.waiting.inc()
         self.prompt_tokens.inc(prompt_tokens)
         return RequestMetrics(self, arrived)
 
@@ -121,6 +135,7 @@ class Metrics:
 
     def record_stages(self, stages: Sequence[StageStats]) -> None:
         for stage in stages:
+            self.kv_use.labels(stage.stage).set(stage.kv_use)
             for name, counter in self.predraft.items():
                 if value := getattr(stage, name):
                     counter.labels(stage.stage).inc(value)
@@ -147,6 +162,9 @@ class RequestMetrics:
             m.generation_tokens.inc(len(delta.token_ids))
             if self.last_token is None:
                 m.ttft.observe(now - self.arrived)
+                if not self.closed:
+                    m.waiting.dec()
+                    m.running.inc()
             else:
                 m.itl.observe(now - self.last_token)
             self.last_token = now
@@ -163,7 +181,7 @@ class RequestMetrics:
         self.closed = True
         if self.finish_reason is None:
             self._finish("abort", time.perf_counter())
-        self.metrics.running.dec()
+        (self.metrics.waiting if self.last_token is None else self.metrics.running).dec()
 
     def _finish(self, reason: str, now: float) -> None:
         self.finish_reason = reason

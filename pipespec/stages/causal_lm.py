@@ -70,6 +70,10 @@ class CausalLMStage:
         """Whether `request`'s cache fits the stage's KV budget now (pipespec.engine.stage.AdmittingStage)."""
         return self.caches.admits(self.cache_size(request))
 
+    @property
+    def kv_use(self) -> float:
+        return self.caches.use
+
     def _step(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor]:
         """Packed ids [1, T] at positions [1, T] -> (logits [1, T, V'])."""
         return (self.model(input_ids=ids, position_ids=positions, use_cache=False).logits,)

@@ -120,6 +120,10 @@ class VLMStage:
         """Whether `request`'s cache fits the stage's KV budget now (pipespec.engine.stage.AdmittingStage)."""
         return self.caches.admits(self.cache_size(request))
 
+    @property
+    def kv_use(self) -> float:
+        return self.caches.use
+
     def open(self, request: RequestSpec) -> VLMSession:
         size = self.cache_size(request)
         self.caches.check(self.name, size)

@@ -187,6 +187,10 @@ class DreamStage:
         """Whether one more request's state fits the stage's KV budget now (pipespec.engine.stage.AdmittingStage)."""
         return self.caches.admits(self.shapes.capacity)
 
+    @property
+    def kv_use(self) -> float:
+        return self.caches.use
+
     def new_state(self) -> DraftState:
         """An empty state at the stage's capacity (ordinary tensors, even when asked for in inference mode:
         a later step outside it may change them)."""
