@@ -69,6 +69,7 @@ from pipespec.engine.affinity import pinned
 from pipespec.engine.synchronous import generate_sync
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.stats import PairStats, StageStats, merged_stages
+from pipespec.stages.packing import plain_attention
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,10 @@ class HFAssisted:
         padding = list(range(self.target.fit.valid, self.target.model.get_output_embeddings().out_features)) or None
         clock = _Clock()
         t0 = time.perf_counter()
-        with torch.inference_mode(), pinned(self.threads):
+        models = [self.target.model] + ([self.drafter.model] if self.drafter else [])
+        with torch.inference_mode(), pinned(self.threads), ExitStack() as plain:
+            for model in models:
+                plain.enter_context(plain_attention(model))
             out = self.target.model.generate(
                 **inputs, assistant_model=self.drafter and self.drafter.model, max_new_tokens=spec.max_new_tokens, do_sample=False,
                 suppress_tokens=padding, eos_token_id=sorted(spec.stop_token_ids) or None, streamer=clock,

@@ -6,10 +6,13 @@
 - `build_context`: what building one stage needs besides its spec (`BuildContext`)
 - `build`: each kind's builder by name; `build_stage`, `load_stages`, `check_vocabularies`
 - `causal_lm`, `vlm`, `mock`, `ngram`, `dream/`: one stage class per kind, each built from its `StageSpec`
-- `static_kv`: a request's KV cache at a fixed length (`StaticKV`); `kv_pool`: a stage's caches, reused
-  across requests (`KVPool`); `forwards`: the fixed-width, compiled decode forwards of the model kinds,
-  and why they make logits independent of the block; `cuda_graphs`: those forwards replayed from CUDA
-  graphs captured per cache and width (`GraphedStep`);
+- `static_kv`: a request's KV cache at a fixed length (`StaticKV`); `kv_pool`: a stage's caches, sized to
+  what a request can use, admitted within the stage's budget, reused across requests (`KVPool`);
+  `forwards`: the fixed shapes of the model kinds' forwards (`Shapes`), why they make logits independent
+  of the block, and the DREAM stage's one-request forwards; `packing` and `packed_forwards`: the Hugging
+  Face stages' forwards, every ready request's tokens packed into one, attention per request (why a
+  request's logits do not depend on what shares its forward); `cuda_graphs`: one-request forwards
+  replayed from CUDA graphs captured per cache and width (`GraphedStep`);
   `weight_layout`: fp32 linear weights stored column-major on a CPU (faster few-row products)
 - `vocabulary`: one vocabulary for the whole pipeline; `device`: the torch device a stage computes on
 

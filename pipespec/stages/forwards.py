@@ -1,4 +1,8 @@
-"""How a model stage runs its decode and verification forwards: fixed widths over a static cache, compiled.
+"""The fixed shapes of a model stage's decode and verification forwards, and why; the DREAM stage's forwards.
+
+(The Hugging Face stages, causal_lm and vlm, run theirs packed, many requests a forward, on the shapes
+and the findings below: pipespec.stages.packed_forwards. `Forwards` here runs one request's, the DREAM
+stage's when it carries one.)
 
 A position's logits must not depend on the block it is computed in, or a pipeline's answer can differ
 from the target alone's wherever two tokens nearly tie (on an H100 in bf16, 3 of 24 demo answers did).

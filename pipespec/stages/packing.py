@@ -172,3 +172,15 @@ AttentionInterface.register(IMPLEMENTATION, attention)
 def use_packed_attention(model: PreTrainedModel) -> None:
     """Make `model`'s text layers attend with `attention` (a vision tower keeps its own)."""
     model.config.get_text_config(decoder=True)._attn_implementation = IMPLEMENTATION
+
+
+@contextmanager
+def plain_attention(model: PreTrainedModel) -> Iterator[None]:
+    """`model`'s text layers on transformers' own sdpa attention meanwhile: a stage's model lent to Hugging Face's
+    `generate` (a benchmark's reference), which feeds it through transformers' caches, not `packed`."""
+    text = model.config.get_text_config(decoder=True)
+    text._attn_implementation = "sdpa"
+    try:
+        yield
+    finally:
+        text._attn_implementation = IMPLEMENTATION
