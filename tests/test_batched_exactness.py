@@ -124,3 +124,19 @@ def test_requests_past_the_kv_budget_wait_for_memory_and_answer_the_same(family,
         futures = [p.submit(prompt_token_ids=q, **_kwargs(sampling_cases()[0])) for q in prompts]
         assert [f.result().token_ids for f in futures] == one_at_a_time[0]
     assert most[0] == budget  # two at a time, never more
+
+
+def test_logprobs_and_a_cancelled_request_in_a_batch(family, batching, prompts):
+    """Under batching a request's logprobs are its own alone (bitwise), and one request cancelled mid-stream
+    leaves the others of its forwards whole."""
+    names = ["tiny", "target"]
+    with LocalPipeline(_config(family, ["target"]), stages=[batching["target"]]) as p:
+        want = [p.generate(prompt_token_ids=q, max_new_tokens=NEW_TOKENS, logprobs=2) for q in prompts[:6]]
+    with LocalPipeline(_config(family, names), stages=[batching[n] for n in names]) as p:
+        leaving = p.stream(prompt_token_ids=prompts[6], max_new_tokens=64)
+        futures = [p.submit(prompt_token_ids=q, max_new_tokens=NEW_TOKENS, logprobs=2) for q in prompts[:6]]
+        next(leaving)  # its first tokens are in: it leaves, the others' forwards go on without it
+        leaving.close()
+        got = [f.result() for f in futures]
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert [g.logprobs for g in got] == [w.logprobs for w in want]
