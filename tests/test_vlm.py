@@ -130,6 +130,25 @@ def test_the_image_reaches_the_target(zoo):
     assert (rows[0] - rows[1]).abs().max() > 1e-3
 
 
+def test_the_prompts_logits_are_hugging_faces_own(zoo):
+    """The target's first logits after an image prompt are those of the model's own forward over the whole
+    prompt (transformers' attention and masks: Gemma 3's image tokens attend to their whole image, which the
+    packed attention's prefill takes from transformers, pipespec.stages.packing.prefill)."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(zoo.paths["target"], dtype=torch.float32).eval()
+    target = zoo.stages["target"]
+    for image in IMAGES:
+        spec, _ = zoo.pipeline(["target"]).request(PROMPTS[0], image=image, max_new_tokens=4)
+        session = target.open(spec)
+        ours = session.forward(len(spec.prompt_token_ids) - 1, [spec.prompt_token_ids[-1]])[0, : zoo.valid]
+        session.close()
+        inputs = {"input_ids": torch.tensor([spec.prompt_token_ids])} | target.tensors(spec.image)
+        with torch.no_grad():
+            theirs = model(**inputs).logits[0, -1, : zoo.valid].float()
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
 def test_the_target_rolls_back_to_what_it_had(zoo):
     """A rejection's rollback, made by hand (a pipeline's depend on its timing): the target fed 8 tokens after
     the image prompt, rolled back to the 2nd and fed 3 wrong ones, then rolled back again and fed the rest, gives

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from pipespec.stages.dream.compression import attention_received
-from pipespec.stages.packing import Packing, Piece, packed
+from pipespec.stages.packing import prefill
 from pipespec.stages.vlm import PER_TOKEN, VLMStage
 
 
@@ -93,11 +93,13 @@ class FeatureExtractor:
         self.layer_out.clear()
         for m in self.attention_modules:
             m.keep_weights = True
+        if T > stage.caches.capacity:
+            raise ValueError(f"a training sequence of {T} tokens is longer than the target's {stage.caches.capacity} positions")
         cache = stage.caches.take(stage.caches.size_for(T))  # the packed attention's keys and values, from position 0
         try:
             if stage.has_rope_deltas:
                 stage.inner.rope_deltas = None
-            with packed(Packing([Piece(cache, 0, T)], torch.arange(T, device=stage.device)[None])):
+            with prefill(stage.model, cache, T):  # the whole sequence, as a prefill, with the model's own mask
                 out = stage.model(input_ids=ids, use_cache=False, **extra)
         finally:
             stage.caches.give(cache)

@@ -24,7 +24,7 @@ from pipespec.stages.device import kv_budget, stage_device
 from pipespec.stages.forwards import Shapes, compiles
 from pipespec.stages.kinds import ModelOptions
 from pipespec.stages.packed_forwards import CacheFeed, PackedForwards
-from pipespec.stages.packing import Packing, Piece, packed, use_packed_attention
+from pipespec.stages.packing import prefill, use_packed_attention
 from pipespec.stages.static_kv import static_pool
 from pipespec.stages.vocabulary import LogitsFit
 from pipespec.stages.weight_layout import column_major
@@ -116,10 +116,8 @@ class CausalLMSession:
     def prefill(self, tokens: Sequence[int]) -> None:
         """Eager, at the prompt's own length: one piece of a packed forward."""
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.stage.device)  # [1, P - 1]
-        positions = torch.arange(len(tokens), device=self.stage.device)[None]  # [1, P - 1]
-        with packed(Packing([Piece(self.cache, 0, len(tokens))], positions)):
-            self.stage.model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=1)
-        self.cache.rewind(len(tokens))
+        with prefill(self.stage.model, self.cache, len(tokens)):
+            self.stage.model(input_ids=ids, use_cache=False, logits_to_keep=1)
 
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
         ((logits, _),) = self.stage.forward_batch([Feed(self, keep, tokens)])

@@ -18,7 +18,9 @@ per row; and attention is this per-request call, of the same shapes alone or pac
 than `Packing.least` attends with its last query row repeated up to it, as a query row's result depends
 on the query count only below 4 (pipespec.stages.forwards).
 
-A prefill is one piece too (at position 0, eager): the request's cache is written by the same op.
+A prefill is one piece too (at position 0, eager: `prefill`): the request's cache is written by the same op,
+which attends with the mask transformers builds for the model (causal, and what a model adds: Gemma 3's
+image tokens attend to their whole image).
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ from typing import Any
 import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import repeat_kv
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from pipespec.stages.static_kv import StaticKV
 
 IMPLEMENTATION = "pipespec_packed"
+PREFILL = "pipespec_prefill"  # the same attention, given the mask transformers builds for the model (`prefill`)
 
 
 @dataclass(frozen=True)
@@ -82,11 +86,11 @@ _current = threading.local()  # a stage's forwards run on its compute thread; tw
 @contextmanager
 def packed(packing: Packing) -> Iterator[None]:
     """The forwards inside (on this thread) carry `packing`'s pieces."""
-    _current.packing = packing
+    before, _current.packing = getattr(_current, "packing", None), packing
     try:
         yield
     finally:
-        _current.packing = None
+        _current.packing = before
 
 
 def _packing() -> Packing:
@@ -98,10 +102,17 @@ def _packing() -> Packing:
 
 @torch.library.custom_op("pipespec::packed_attention", mutates_args=())
 def packed_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scaling: float, window: int
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layer: int,
+    scaling: float,
+    window: int,
+    given: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """query [1, heads, T, d], key and value [1, kv_heads, T, d] of the packed rows -> [1, T, heads, d]: each
-    piece's attention over its own cache, its keys and values written there first."""
+    piece's attention over its own cache, its keys and values written there first. `given` [.., T, T] bool: a
+    prefill's own mask, transformers' (see `prefill`), in place of the causal one built from positions."""
     packing = _packing()
     groups = query.shape[1] // key.shape[1]
     alone = len(packing.pieces) == 1 and packing.pieces[0].offset == 0  # one request: its attention is the output
@@ -114,9 +125,8 @@ def packed_attention(
         keys, values = repeat_kv(held.keys, groups), repeat_kv(held.values, groups)  # [1, heads, C, d]
         # alone, its query rows reach every row of the forward: the rows past its own are no request's (any output)
         queries = _at_least(query[:, :, rows], query.shape[2] if alone else packing.least, 2)
-        attended = torch.nn.functional.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=packing.mask(i, window, queries.shape[2]), scale=scaling
-        )  # [1, heads, q, d]
+        mask = packing.mask(i, window, queries.shape[2]) if given is None else _over_cache(given, held.keys.shape[2])
+        attended = torch.nn.functional.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scaling)
         if alone:
             return attended.transpose(1, 2).contiguous()
         out[:, rows] = attended[:, :, : piece.width].transpose(1, 2)
@@ -132,8 +142,26 @@ def _at_least(t: torch.Tensor, rows: int, dim: int) -> torch.Tensor:
 
 
 @packed_attention.register_fake
-def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scaling: float, window: int) -> torch.Tensor:
+def _(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layer: int,
+    scaling: float,
+    window: int,
+    given: torch.Tensor | None = None,
+) -> torch.Tensor:
     return query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
+
+
+def _over_cache(given: torch.Tensor, capacity: int) -> torch.Tensor:
+    """A prefill's own mask [.., T, T] bool (its keys at positions 0 .. T - 1) -> [1, 1, T, capacity] over its cache."""
+    if given.dtype != torch.bool:
+        raise ValueError(f"a prefill's attention mask must be boolean, got {given.dtype}")
+    rows = given.shape[-2]
+    mask = torch.zeros(1, 1, rows, capacity, dtype=torch.bool, device=given.device)
+    mask[..., : given.shape[-1]] = given[:1, :1] if given.dim() == 4 else given
+    return mask
 
 
 def attention(
@@ -151,27 +179,49 @@ def attention(
     if kwargs.get("softcap") is not None:
         raise ValueError("packed attention does not support attention logit softcapping")
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-    out = packed_attention(query, key, value, module.layer_idx, scale, int(sliding_window or 0))
+    window = int(sliding_window or 0)
+    given = attention_mask if module.config._attn_implementation == PREFILL else None  # a decode's is no request's
+    out = packed_attention(query, key, value, module.layer_idx, scale, window, given)
     if not getattr(module, "keep_weights", False):
         return out, None
-    return out, _weights(query, scale, int(sliding_window or 0), module.layer_idx)
+    return out, _weights(query, scale, window, module.layer_idx, given)
 
 
-def _weights(query: torch.Tensor, scale: float, window: int, layer: int) -> torch.Tensor:
+def _weights(query: torch.Tensor, scale: float, window: int, layer: int, given: torch.Tensor | None) -> torch.Tensor:
     """The one piece's attention weights [1, heads, w, C] (what sdpa never materialises)."""
     (piece,) = _packing().pieces
     held = piece.cache.layers[layer]
     keys = repeat_kv(held.keys, query.shape[1] // held.keys.shape[1]).float()
     scores = (query.float() @ keys.transpose(-1, -2)) * scale
-    return scores.masked_fill(~_packing().mask(0, window, query.shape[2]), float("-inf")).softmax(-1)
+    mask = _packing().mask(0, window, query.shape[2]) if given is None else _over_cache(given, held.keys.shape[2])
+    return scores.masked_fill(~mask, float("-inf")).softmax(-1)
 
 
 AttentionInterface.register(IMPLEMENTATION, attention)
+AttentionInterface.register(PREFILL, attention)
+AttentionMaskInterface.register(PREFILL, sdpa_mask)  # transformers builds a prefill's mask: Gemma 3's image blocks
 
 
 def use_packed_attention(model: PreTrainedModel) -> None:
     """Make `model`'s text layers attend with `attention` (a vision tower keeps its own)."""
     model.config.get_text_config(decoder=True)._attn_implementation = IMPLEMENTATION
+
+
+@contextmanager
+def prefill(model: PreTrainedModel, cache: StaticKV, length: int) -> Iterator[None]:
+    """The model's forward inside feeds one request's first `length` context tokens (its prompt but the last)
+    into `cache`, from position 0: one piece, eager, attending with the mask transformers builds for the model
+    (causal, and whatever the model adds: Gemma 3's image tokens see their whole image); the cache then holds
+    `length` positions."""
+    text = model.config.get_text_config(decoder=True)
+    positions = torch.arange(length, device=cache.device)[None]  # [1, P - 1]
+    text._attn_implementation = PREFILL
+    try:
+        with packed(Packing([Piece(cache, 0, length)], positions)):
+            yield
+    finally:
+        text._attn_implementation = IMPLEMENTATION
+    cache.rewind(length)
 
 
 @contextmanager

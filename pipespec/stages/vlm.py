@@ -37,7 +37,7 @@ from pipespec.stages.dream.compression import attention_received
 from pipespec.stages.forwards import Shapes, compiles
 from pipespec.stages.kinds import ModelOptions
 from pipespec.stages.packed_forwards import CacheFeed, PackedForwards
-from pipespec.stages.packing import Packing, Piece, packed, use_packed_attention
+from pipespec.stages.packing import prefill, use_packed_attention
 from pipespec.stages.static_kv import static_pool
 from pipespec.stages.vocabulary import LogitsFit
 from pipespec.stages.weight_layout import column_major
@@ -189,17 +189,15 @@ class VLMSession:
         length = self.prompt_len - 1
         pixels = stage.tensors(image, length) if image is not None else {}
         ids = torch.tensor([self.prompt[:-1]], dtype=torch.long, device=stage.device)  # [1, P - 1]
-        positions = torch.arange(length, device=stage.device)[None]  # [1, P - 1] in the cache (the model makes its rotary ones)
         taps.attention = None
         if taps.last_attention is not None:
             taps.last_attention.keep_weights = True
         try:
-            with torch.inference_mode(), packed(Packing([Piece(self.cache, 0, length)], positions)):
+            with torch.inference_mode(), prefill(stage.model, self.cache, length):  # the model makes its rotary positions
                 self._with_rope_deltas(lambda: stage.model(input_ids=ids, use_cache=False, logits_to_keep=1, **pixels))
         finally:
             if taps.last_attention is not None:
                 taps.last_attention.keep_weights = False
-        self.cache.rewind(length)
         hidden = taps.hidden[0].detach()
         image_mask = torch.tensor(self.prompt[:-1], device=hidden.device) == stage.image_token_id
         received = None
