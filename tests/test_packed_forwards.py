@@ -103,3 +103,25 @@ def test_a_batch_past_max_batch_still_runs(wide):
     assert stage.forwards.buckets == (4, 8) and stage.forwards.bucket(20) == 32
     assert _stage(wide, "float32", compiled=False, max_batch=8).forwards.buckets == (4, 8, 16, 24, 32, 48, 64)
     assert _differing(stage, _work(7), [[0, 1, 2, 3, 4, 5]]) == []
+
+
+def test_one_requests_error_in_a_batch_is_its_own(wide):
+    """compute_batch (pipespec.engine.step): a request whose feed the stage refuses (a keep past what its cache
+    holds) fails alone; the others of its batch get the tokens they get alone."""
+    from pipespec.engine.step import StepPlan, compute_batch
+
+    stage = _stage(wide, "float32", compiled=False, max_batch=3)
+    specs = [RequestSpec(str(i), tuple(range(3, 13 + i)), SamplingParams(), max_new_tokens=16) for i in range(3)]
+    sessions = [stage.open(spec) for spec in specs]
+    plans = [
+        StepPlan(spec.request_id, 0, 0, len(spec.prompt_token_ids) - 1, (spec.prompt_token_ids[-1],), 0, (), None)
+        for spec in specs
+    ]
+    plans[1] = StepPlan("1", 0, 0, stage.max_context - 1, (5, 6), 0, (), None)  # keeps more than its cache holds
+    outcomes = compute_batch(stage, list(zip(plans, sessions, specs)), 0, False, 0.0)
+    assert "asked to keep 127 context tokens of a cache holding 10" in str(outcomes[1].error)
+    for i in (0, 2):
+        session = stage.open(specs[i])
+        alone = session.forward(len(specs[i].prompt_token_ids) - 1, [specs[i].prompt_token_ids[-1]])
+        decision = outcomes[i].result[0]
+        assert outcomes[i].error is None and decision.tokens == (int(alone[-1].argmax()),)

@@ -39,7 +39,6 @@ def test_a_round_trip_is_timed_on_one_core_and_across_two():
     assert os.sched_getaffinity(0) == allowed  # this thread back where it was
 
 
-
 @pytest.mark.ray
 @pytest.mark.slow
 def test_every_layer_answers_the_demo_prompts_beside_the_decode_loop(capsys):

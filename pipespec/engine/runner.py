@@ -36,7 +36,7 @@ from pipespec.engine.early_mail import EarlyMail
 from pipespec.engine.patience import Patience
 from pipespec.engine.request_protocol import Peer, RequestProtocol, Role, Surroundings
 from pipespec.engine.scheduler import Batch, DeviceScheduler, Done, Priority
-from pipespec.engine.stage import AdmittingStage, BatchingStage, Stage
+from pipespec.engine.stage import AdmittingStage, BatchingStage, Session, Stage
 from pipespec.engine.step import Outcome, Prefill, StepPlan, compute, compute_batch
 from pipespec.engine.trace import StageTrace
 from pipespec.protocol.links import InProcessLink, Link
@@ -287,11 +287,12 @@ class StageRunner:
         return None
 
     def _admitted(self) -> str | None:
-        """The oldest request waiting to be opened that the stage has memory for (pipespec.engine.stage.AdmittingStage:
-        the others wait for requests to close), if any."""
-        if not isinstance(self.stage, AdmittingStage):
-            return next(iter(self.unprefilled), None)
-        return next((rid for rid in self.unprefilled if self.stage.admits(self.requests[rid].req.spec)), None)
+        """The oldest request waiting to be opened, once the stage has memory for it (pipespec.engine.stage.AdmittingStage:
+        it and those after it wait, in order, for requests to close)."""
+        oldest = next(iter(self.unprefilled), None)
+        if oldest is None or not isinstance(self.stage, AdmittingStage):
+            return oldest
+        return oldest if self.stage.admits(self.requests[oldest].req.spec) else None  # first come, first served
 
     def _plan(self, proto: RequestProtocol) -> StepPlan | None:
         """`proto`'s next step, if any; a wait for drafts it begins wakes us when it runs out."""
@@ -362,16 +363,24 @@ class StageRunner:
         return self.requests.pop(rid, None)
 
     def _close_session(self, proto: RequestProtocol | None) -> None:
-        """Close its session on the compute thread, then wake our loop: a request waiting for memory may fit now."""
         if proto is not None and proto.req.session is not None:
-            session, loop = proto.req.session, self.loop
+            self._close_later(proto.req.session)
 
-            def close() -> None:
+    def _close_later(self, session: Session) -> None:
+        """Close `session` on the compute thread (after what is queued), then wake our loop: a request waiting
+        for memory may fit now. An error closing it is logged: it frees nothing else."""
+        loop = self.loop
+
+        def close() -> None:
+            try:
                 session.close()
-                if self.unprefilled and loop is not None:
+            except Exception:
+                log.exception("stage %s: closing a session failed", self.name)
+            finally:
+                if loop is not None and not loop.is_closed():
                     loop.call_soon_threadsafe(self.deliver, _WAKE)
 
-            self.scheduler.run_later(close)
+        self.scheduler.run_later(close)
 
     def _on_close(self, rid: str) -> None:
         proto = self._forget(rid)
@@ -421,7 +430,7 @@ class StageRunner:
                 except Exception as error:  # a bug in one request must not take down the others
                     self._fail(plan.request_id, error)
             elif isinstance(plan, Prefill) and outcome.error is None:  # closed while it prefilled
-                self.scheduler.run_later(outcome.result.close)
+                self._close_later(outcome.result)
         if self.trace.enabled and outcomes and outcomes[0].planned:  # planned 0: launched before the trace began
             self._trace_step(done.batch.plans, outcomes)  # handled now: the results are applied
 

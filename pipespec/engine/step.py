@@ -104,7 +104,9 @@ def compute_batch(
 ) -> list[Outcome]:
     """Compute thread: several requests' steps as one forward of the stage's device (`forward_batch`); each
     outcome timed as that whole forward (the seconds each request waited for it, the forward's CPU seconds).
-    A plan's error is its outcome's; an error of the forward itself (the device's) is every plan's in it."""
+    A plan's error is its outcome's: when the batched forward fails, each request's forward runs alone (what a
+    batch's requests feed is the same again: the caches are rewound to each one's keep), so one bad request
+    fails alone."""
     started, cpu = time.perf_counter(), time.thread_time()
     errors: dict[int, BaseException] = {}
     feeds: dict[int, Feed] = {}
@@ -116,10 +118,15 @@ def compute_batch(
     results: dict[int, object] = {}
     try:
         rows = stage.forward_batch(list(feeds.values())) if feeds else []
-    except Exception as error:
-        errors.update(dict.fromkeys(feeds, error))
+    except Exception:  # one request's (a context past a drafter's limit) or the device's: each tries alone, its error its own
         rows = []
-    for i, (logits, side_rows) in zip(feeds, rows):
+        for i, feed in list(feeds.items()):
+            try:
+                rows.append(stage.forward_batch([feed])[0])
+            except Exception as error:
+                errors[i] = error
+                del feeds[i]
+    for i, (logits, side_rows) in zip(feeds, rows, strict=True):
         plan, session, spec = work[i]
         try:
             results[i] = _conclude(plan, session, spec, depth, sends_features, logits, side_rows)

@@ -1,9 +1,9 @@
 """Any Hugging Face causal LM as a stage: a tiny drafter, or a text target.
 
 Loaded from a directory with `AutoModelForCausalLM.from_pretrained` (bf16 by default: on this CPU a
-4-token verification costs about what one token does). Each request owns a `StaticKV` of the stage's
-fixed capacity; the prompt is prefilled eagerly, and every later forward runs at the stage's fixed
-widths, compiled, the forwards of up to `max_batch` requests packed into one (`forward_batch`,
+4-token verification costs about what one token does). Each request owns a `StaticKV` sized to what it
+can use, within the stage's KV budget (pipespec.stages.kv_pool); the prompt is prefilled eagerly, and
+every later forward runs at the stage's fixed shapes, compiled, the forwards of up to `max_batch` requests packed into one (`forward_batch`,
 pipespec.stages.packed_forwards); a rollback sets the cache's length. The length invariant is asserted
 after every call. Logits come out at the pipeline's width (pipespec.stages.vocabulary), on the stage's
 device (pipespec.stages.device).
@@ -100,8 +100,12 @@ class CausalLMStage:
         size = self.cache_size(request)
         self.caches.check(self.name, size)
         session = CausalLMSession(self, prompt, size)
-        if len(prompt) > 1:
-            session.prefill(prompt[:-1])
+        try:
+            if len(prompt) > 1:
+                session.prefill(prompt[:-1])
+        except BaseException:
+            session.close()  # its cache goes back: a failed prefill holds no memory
+            raise
         return session
 
 

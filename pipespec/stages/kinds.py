@@ -104,7 +104,7 @@ class ModelOptions:
     shorter feed padded up to a power-of-two width of at least `min_width` (None: for the target, the
     least width that keeps a position's logits independent of its block on the stage's device and
     dtype, as measured; for a drafter 1, since its logits never decide the answer).
-    `compile` runs those forwards compiled, each width compiled once when the stage starts (None: the
+    `compile` runs those forwards compiled, each row bucket compiled once when the stage starts (None: the
     `PIPESPEC_COMPILE` environment variable if set, else yes). `kv_budget_gib` bounds the KV caches its
     requests hold (None: a quarter of the device's memory); a request whose cache does not fit waits for
     others to finish (pipespec.stages.kv_pool).

@@ -5,8 +5,8 @@ forward's padding) rounded up to a multiple of `SIZE_STEP`, at most the stage's 
 Rounding to 512 keeps a request's logits what they are with the whole capacity: attention reads a cache's
 keys in blocks of 512 on this CPU (torch 2.13's flash attention), and a block past every query's position
 adds nothing, so a request attends over the same blocks at any size its length allows (measured: 800 of
-800 draws bitwise equal at capacities 520 to 4104, fp32 and bf16, one and two threads; /tmp notes in
-experiments/results/batch_invariance/README.md). A short request on a 4096-token stage so holds and
+800 draws bitwise equal at capacities 520 to 4104, fp32 and bf16, one and two threads:
+experiments/results/batch_invariance/README.md; tests/test_kv_pool.py checks it). A short request on a 4096-token stage so holds and
 reads 512 positions, not 4104.
 
 The stage's budget (`kv_budget_gib`, bytes here) bounds the caches requests hold: `admits` says whether
@@ -15,7 +15,8 @@ request whose cache alone is over the budget is refused when it opens. Closed re
 the next ones of their size: on a GPU the compiled forwards replay CUDA graphs captured per cache
 (pipespec.stages.cuda_graphs), which read and write the addresses they were captured with, so each cache
 is captured once and replayed for every request that holds it afterwards. Idle caches of other sizes are
-dropped when a new one would take the pool past the budget (on a GPU a dropped cache's graphs keep it).
+dropped when a new one would take the pool past the budget (on a GPU a dropped cache's graphs keep it
+alive: there the budget bounds the caches requests hold, not the memory the pool's graphs keep).
 """
 
 from __future__ import annotations
@@ -67,9 +68,11 @@ class KVPool(Generic[Cache]):
         return min(self.capacity, -(-positions // SIZE_STEP) * SIZE_STEP)
 
     def admits(self, size: int) -> bool:
-        """Whether a request's cache of `size` fits the budget now (always when no request holds one)."""
+        """Whether a request's cache of `size` fits the budget now (always when no request holds one, and when it
+        never could: its `open` then refuses it, naming the budget, instead of its waiting for good)."""
+        need = self.bytes_for(size)
         with self._lock:
-            return self.budget is None or self.in_use == 0 or self.in_use + self.bytes_for(size) <= self.budget
+            return self.budget is None or self.in_use == 0 or need > self.budget or self.in_use + need <= self.budget
 
     def check(self, stage: str, size: int) -> None:
         """A ValueError naming the budget if a cache of `size` alone is over it: such a request could never run."""
@@ -94,7 +97,12 @@ class KVPool(Generic[Cache]):
                 self._drop_idle(need)
             self.in_use += need
         if cache is None:
-            cache = self._new(size)
+            try:
+                cache = self._new(size)
+            except BaseException:
+                with self._lock:
+                    self.in_use -= need
+                raise
             with self._lock:
                 self._sizes[id(cache)] = size
                 self.made += 1

@@ -78,9 +78,13 @@ class PackedForwards:
     def __call__(self, feeds: Sequence[CacheFeed]) -> list[tuple[torch.Tensor, ...]]:
         """Run every feed; -> per feed, each output of `step` for its real rows [n, ...]."""
         for feed in feeds:
-            if feed.keep + len(feed.tokens) > self.shapes.context:
+            end = feed.keep + len(feed.tokens)
+            if end > self.shapes.context:
+                raise ValueError(f"stage {self.stage!r}: {end} context tokens exceed its max_context of {self.shapes.context}")
+            if end + self.shapes.widths[-1] > feed.cache.capacity:  # room for a one-request forward's padding
                 raise ValueError(
-                    f"stage {self.stage!r}: {feed.keep + len(feed.tokens)} context tokens exceed its max_context of {self.shapes.context}"
+                    f"stage {self.stage!r}: {end} context tokens exceed the request's KV cache of {feed.cache.capacity} "
+                    f"positions (its prompt and max_new_tokens)"
                 )
         cuts = [self.shapes.pieces(len(feed.tokens)) for feed in feeds]
         parts: list[list[list[torch.Tensor]]] = [[] for _ in feeds]

@@ -1,11 +1,13 @@
-"""One request's KV cache on a model stage: preallocated at a fixed length, rolled back by setting its length.
+"""One request's KV cache on a model stage: preallocated at its size, rolled back by setting its length.
 
 `StaticKV` is a transformers `Cache` whose layers are transformers' `StaticLayer`s allocated up front:
-[1, kv_heads, capacity, head_dim] keys and values per layer, and the number of entries in use as a
-tensor (`cumulative_length`), which the model reads to know where a forward's keys go. A rollback
-(`rewind`) sets that number: no crop, no copy. Entries past it stay in place, masked by causality
-until a later forward overwrites them, so every forward attends over the same `capacity` keys whatever
-the request's length (what makes a position's logits independent of its block: pipespec.stages.forwards).
+[1, kv_heads, capacity, head_dim] keys and values per layer (`capacity`: the request's size, from its
+stage's pool, pipespec.stages.kv_pool), and the number of entries in use as a tensor
+(`cumulative_length`). The packed attention writes a forward's keys at its rows' positions and attends
+over the whole cache, entries past each row's position masked (pipespec.stages.packing); a rollback
+(`rewind`) sets the number in use: no crop, no copy. Entries past it stay in place until a later forward
+overwrites them, so every forward of a request attends over the same keys whatever its length (what
+makes a position's logits independent of its block: pipespec.stages.forwards).
 
 Two differences from transformers' `StaticCache`: sliding-window layers are full-length too (the
 window is the mask's business, so a rollback never needs an entry a rolling buffer overwrote), and the

@@ -125,13 +125,17 @@ class VLMStage:
         return self.caches.use
 
     def open(self, request: RequestSpec) -> VLMSession:
+        if len(request.prompt_token_ids) <= 1 and request.image is not None:
+            raise ValueError(f"stage {self.name!r}: an image prompt needs more than its image tokens")
         size = self.cache_size(request)
         self.caches.check(self.name, size)
         session = VLMSession(self, request.prompt_token_ids, size)
-        if len(request.prompt_token_ids) > 1:
-            session.prefill(request.image)
-        elif request.image is not None:
-            raise ValueError(f"stage {self.name!r}: an image prompt needs more than its image tokens")
+        try:
+            if len(request.prompt_token_ids) > 1:
+                session.prefill(request.image)
+        except BaseException:
+            session.close()  # its cache goes back: a failed prefill holds no memory
+            raise
         return session
 
     def tensors(self, image: ImageInputs, prefill: int | None = None) -> dict[str, torch.Tensor]:

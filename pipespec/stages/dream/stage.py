@@ -13,8 +13,9 @@ by default they stay, and only positions fed later read the target's feature.
 
 Forwards (pipespec.stages.forwards): each request's caches and memory are preallocated at the stage's
 capacity (`DraftState`) and every step reads all of it, entries not in use masked, so a step's shapes
-depend only on its width: decode and verification steps run compiled at the widths 1 to `max_width`
-(a stage kind's `options`), while the prompt's prefill runs eager at its own length. The checkpoint's
+depend only on its width: a step of one request runs compiled at the widths 1 to `max_width` (a stage
+kind's `options`); several requests' steps run as one eager forward (`forward_batch`, packed: a
+drafter's logits pick drafts, never the answer); the prompt's prefill runs eager at its own length. The checkpoint's
 context (its target's) bounds a request's positions.
 """
 
