@@ -46,7 +46,7 @@ class CausalLMStage:
         if model is None:
             model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=self.dtype)
         self.model = column_major(model.to(self.device, self.dtype).eval())
-        use_packed_attention(self.model)
+        lock = use_packed_attention(self.model)
         self.fit = LogitsFit.of(name, self.model.get_output_embeddings().out_features, at.width, at.valid)
         self.vocab_size = self.fit.width
         eos = self.model.generation_config.eos_token_id
@@ -57,7 +57,7 @@ class CausalLMStage:
         limit = getattr(self.model.config, "max_position_embeddings", None)
         self.shapes = Shapes.of(options, limit, self.device, target=len(at.chain) <= 1)
         self.max_context = self.shapes.context
-        self.forwards = PackedForwards(name, self._step, self.shapes, spec.max_batch, compiles(options), self.device)
+        self.forwards = PackedForwards(name, self._step, self.shapes, spec.max_batch, compiles(options), self.device, lock)
         budget = kv_budget(self.device, options.kv_budget_gib)
         self.caches = static_pool(self.model.config, self.shapes.capacity, self.dtype, self.device, budget)
         self.forwards.warm_up(self.caches, min(self.eos_token_ids, default=0))

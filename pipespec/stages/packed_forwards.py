@@ -24,6 +24,7 @@ the same only between forwards of one request.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import types
 from collections.abc import Callable, Sequence
@@ -57,8 +58,19 @@ class CacheFeed:
 class PackedForwards:
     """A stage's forwards over many requests at once: `step` at fixed row buckets, eager or compiled."""
 
-    def __init__(self, stage: str, step: PackedStep, shapes: Shapes, max_batch: int, compiled: bool, device: torch.device):
+    def __init__(
+        self,
+        stage: str,
+        step: PackedStep,
+        shapes: Shapes,
+        max_batch: int,
+        compiled: bool,
+        device: torch.device,
+        lock: threading.RLock,
+    ):
+        """`lock`: the model's, held by each forward (pipespec.stages.packing.use_packed_attention)."""
         self.stage = stage
+        self.lock = lock
         self.shapes = shapes
         self.compiled = compiled
         self.warmup_s = 0.0
@@ -90,7 +102,8 @@ class PackedForwards:
         parts: list[list[list[torch.Tensor]]] = [[] for _ in feeds]
         for round_ in range(max(map(len, cuts))):
             riders = [i for i, pieces in enumerate(cuts) if round_ < len(pieces)]
-            outs, spans = self._forward([(feeds[i], cuts[i][round_]) for i in riders])
+            with self.lock:
+                outs, spans = self._forward([(feeds[i], cuts[i][round_]) for i in riders])
             for i, (offset, length) in zip(riders, spans):
                 parts[i].append([out[0, offset : offset + length] for out in outs])
         for feed in feeds:

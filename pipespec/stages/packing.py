@@ -202,9 +202,18 @@ AttentionInterface.register(PREFILL, attention)
 AttentionMaskInterface.register(PREFILL, sdpa_mask)  # transformers builds a prefill's mask: Gemma 3's image blocks
 
 
-def use_packed_attention(model: PreTrainedModel) -> None:
-    """Make `model`'s text layers attend with `attention` (a vision tower keeps its own)."""
+def use_packed_attention(model: PreTrainedModel) -> threading.RLock:
+    """Make `model`'s text layers attend with `attention` (a vision tower keeps its own); -> the model's lock,
+    which every forward of it holds: a prefill (or a lent `generate`) switches the attention its config names,
+    and a model may serve stages of two pipelines at once (tests share loaded stages)."""
     model.config.get_text_config(decoder=True)._attn_implementation = IMPLEMENTATION
+    with _LOCKS:
+        if not hasattr(model, "pipespec_lock"):
+            model.pipespec_lock = threading.RLock()
+    return model.pipespec_lock
+
+
+_LOCKS = threading.Lock()
 
 
 @contextmanager
@@ -215,12 +224,13 @@ def prefill(model: PreTrainedModel, cache: StaticKV, length: int) -> Iterator[No
     `length` positions."""
     text = model.config.get_text_config(decoder=True)
     positions = torch.arange(length, device=cache.device)[None]  # [1, P - 1]
-    text._attn_implementation = PREFILL
-    try:
-        with packed(Packing([Piece(cache, 0, length)], positions)):
-            yield
-    finally:
-        text._attn_implementation = IMPLEMENTATION
+    with model.pipespec_lock:
+        text._attn_implementation = PREFILL
+        try:
+            with packed(Packing([Piece(cache, 0, length)], positions)):
+                yield
+        finally:
+            text._attn_implementation = IMPLEMENTATION
     cache.rewind(length)
 
 
@@ -229,8 +239,9 @@ def plain_attention(model: PreTrainedModel) -> Iterator[None]:
     """`model`'s text layers on transformers' own sdpa attention meanwhile: a stage's model lent to Hugging Face's
     `generate` (a benchmark's reference), which feeds it through transformers' caches, not `packed`."""
     text = model.config.get_text_config(decoder=True)
-    text._attn_implementation = "sdpa"
-    try:
-        yield
-    finally:
-        text._attn_implementation = IMPLEMENTATION
+    with model.pipespec_lock:
+        text._attn_implementation = "sdpa"
+        try:
+            yield
+        finally:
+            text._attn_implementation = IMPLEMENTATION

@@ -100,14 +100,14 @@ class VLMStage:
         self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else eos or [])
         image_token = getattr(config, "image_token_id", None)
         self.image_token_id = getattr(config, "image_token_index", None) if image_token is None else image_token
-        use_packed_attention(self.model)
+        lock = use_packed_attention(self.model)
         self.taps = _Taps(self.model, at.sends_features)
         self.inner = self.model.model
         self.has_rope_deltas = hasattr(self.inner, "rope_deltas")
         options = spec.options if spec.options is not None else ModelOptions()
         self.shapes = Shapes.of(options, self.max_context, self.device, target=len(at.chain) <= 1)
         self.max_context = self.shapes.context
-        self.forwards = PackedForwards(name, self._step, self.shapes, spec.max_batch, compiles(options), self.device)
+        self.forwards = PackedForwards(name, self._step, self.shapes, spec.max_batch, compiles(options), self.device, lock)
         budget = kv_budget(self.device, options.kv_budget_gib)
         self.caches = static_pool(self.model.config, self.shapes.capacity, self.dtype, self.device, budget)
         self.forwards.warm_up(self.caches, min(self.eos_token_ids, default=0))
