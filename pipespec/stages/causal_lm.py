@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from pipespec.engine.stage import NO_SIDES, Feed, check_keep, check_length
+from pipespec.engine.stage import NO_SIDES, Feed
 from pipespec.protocol.messages import RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.device import kv_budget, stage_device
 from pipespec.stages.forwards import Shapes, compiles
 from pipespec.stages.kinds import ModelOptions
-from pipespec.stages.packed_forwards import CacheFeed, PackedForwards
+from pipespec.stages.packed_forwards import PackedForwards
 from pipespec.stages.packing import prefill, use_packed_attention
 from pipespec.stages.static_kv import static_pool
 from pipespec.stages.vocabulary import LogitsFit
@@ -80,16 +80,7 @@ class CausalLMStage:
 
     def forward_batch(self, feeds: Sequence[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every feed's forward as one (pipespec.engine.stage.BatchingStage)."""
-        for f in feeds:
-            check_keep(self.name, f.keep, f.session.cache.length)
-            if f.sides:
-                raise ValueError(f"stage {self.name!r}: a model stage grows no side lines (not a TreeSession)")
-        outs = self.forwards([CacheFeed(f.session.cache, f.keep, f.tokens) for f in feeds])
-        rows = []
-        for f, (logits,) in zip(feeds, outs):
-            check_length(self.name, f.session.cache.length, f.keep + len(f.tokens))
-            rows.append((self.fit(logits.float()), NO_SIDES))  # [n, V]
-        return rows
+        return [(self.fit(logits.float()), NO_SIDES) for (logits,) in self.forwards.run(feeds)]  # [n, V] each
 
     def open(self, request: RequestSpec) -> CausalLMSession:
         prompt = request.text_prompt

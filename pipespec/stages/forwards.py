@@ -95,6 +95,11 @@ class Shapes:
         widths = tuple(w for w in (2**i for i in range(options.max_width.bit_length())) if least <= w)
         return cls(context, widths)
 
+    def check_context(self, stage: str, end: int) -> None:
+        """A ValueError naming the limit if a request's context would reach `end` tokens, past `context`."""
+        if end > self.context:
+            raise ValueError(f"stage {stage!r}: {end} context tokens exceed its max_context of {self.context}")
+
     def pieces(self, n: int) -> list[tuple[int, int, int]]:
         """-> (start, length, width) of each piece of an n-token feed."""
         widest = self.widths[-1]
@@ -123,10 +128,7 @@ class Forwards:
     @torch.inference_mode()
     def __call__(self, cache: RequestCache, keep: int, tokens: Sequence[int]) -> tuple[torch.Tensor, ...]:
         """Feed `tokens` after the first `keep` entries of `cache`; -> each output of `step` for the real rows [n, ...]."""
-        if keep + len(tokens) > self.shapes.context:
-            raise ValueError(
-                f"stage {self.stage!r}: {keep + len(tokens)} context tokens exceed its max_context of {self.shapes.context}"
-            )
+        self.shapes.check_context(self.stage, keep + len(tokens))
         parts = []
         with _GRAPHS if self.graphs else contextlib.nullcontext():
             for start, length, width in self.shapes.pieces(len(tokens)):

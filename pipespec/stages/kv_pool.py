@@ -61,7 +61,11 @@ class KVPool(Generic[Cache]):
     def held(self) -> int:
         """Bytes of every cache the pool keeps, idle ones included."""
         with self._lock:
-            return sum(self.bytes_for(size) for size in self._sizes.values())
+            return self._held()
+
+    def _held(self) -> int:
+        """`held`, the lock already taken."""
+        return sum(self.bytes_for(size) for size in self._sizes.values())
 
     def size_for(self, positions: int) -> int:
         """The cache size of a request that can use `positions` context positions."""
@@ -121,7 +125,7 @@ class KVPool(Generic[Cache]):
 
     def _drop_idle(self, need: int) -> None:
         """Drop idle caches, the largest first, until `need` more bytes fit the budget (or none is left). Locked."""
-        held = sum(self.bytes_for(s) for s in self._sizes.values())
+        held = self._held()
         for size in sorted(self._idle, reverse=True):
             idle = self._idle[size]
             while idle and held + need > self.budget:

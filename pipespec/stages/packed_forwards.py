@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pipespec.engine.stage import Feed, check_keep, check_length
 from pipespec.stages.cuda_graphs import GraphedStep
 from pipespec.stages.forwards import _GRAPHS, MOST_GRAPHS, Shapes, _without_registry_guards
 from pipespec.stages.kv_pool import KVPool
@@ -86,13 +87,26 @@ class PackedForwards:
         # positions tensor: any positions); a forward of several runs compiled, unreplayed
         self.graphs = GraphedStep(self._alone) if compiled and device.type == "cuda" else None
 
+    def run(self, feeds: Sequence[Feed], shifts: Sequence[int] | None = None) -> list[tuple[torch.Tensor, ...]]:
+        """A model stage's `forward_batch` (pipespec.engine.stage.BatchingStage) over sessions that hold a `cache`:
+        each keep checked against its cache, the packed forward (`shifts`: each request's rotary offset), each
+        cache's length checked after it. -> per feed, each output of `step` for its real rows [n, ...]."""
+        for f in feeds:
+            check_keep(self.stage, f.keep, f.session.cache.length)
+            if f.sides:
+                raise ValueError(f"stage {self.stage!r}: a model stage grows no side lines (not a TreeSession)")
+        shifts = shifts or [0] * len(feeds)
+        outs = self([CacheFeed(f.session.cache, f.keep, f.tokens, shift) for f, shift in zip(feeds, shifts)])
+        for f in feeds:
+            check_length(self.stage, f.session.cache.length, f.keep + len(f.tokens))
+        return outs
+
     @torch.inference_mode()
     def __call__(self, feeds: Sequence[CacheFeed]) -> list[tuple[torch.Tensor, ...]]:
         """Run every feed; -> per feed, each output of `step` for its real rows [n, ...]."""
         for feed in feeds:
             end = feed.keep + len(feed.tokens)
-            if end > self.shapes.context:
-                raise ValueError(f"stage {self.stage!r}: {end} context tokens exceed its max_context of {self.shapes.context}")
+            self.shapes.check_context(self.stage, end)
             if end + self.shapes.widths[-1] > feed.cache.capacity:  # room for a one-request forward's padding
                 raise ValueError(
                     f"stage {self.stage!r}: {end} context tokens exceed the request's KV cache of {feed.cache.capacity} "

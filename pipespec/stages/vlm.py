@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForImageTextToText
 
-from pipespec.engine.stage import NO_SIDES, Feed, check_keep, check_length
+from pipespec.engine.stage import NO_SIDES, Feed
 from pipespec.errors import ConfigError
 from pipespec.protocol.messages import ImageInputs, PrefillFeatures, RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
@@ -36,7 +36,7 @@ from pipespec.stages.device import kv_budget, stage_device
 from pipespec.stages.dream.compression import attention_received
 from pipespec.stages.forwards import Shapes, compiles
 from pipespec.stages.kinds import ModelOptions
-from pipespec.stages.packed_forwards import CacheFeed, PackedForwards
+from pipespec.stages.packed_forwards import PackedForwards
 from pipespec.stages.packing import prefill, use_packed_attention
 from pipespec.stages.static_kv import static_pool
 from pipespec.stages.vocabulary import LogitsFit
@@ -158,17 +158,12 @@ class VLMStage:
     def forward_batch(self, feeds: Sequence[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every feed's forward as one (pipespec.engine.stage.BatchingStage); each session keeps its rows' hidden states."""
         for f in feeds:
-            check_keep(self.name, f.keep, f.session.cache.length)
             assert f.keep >= f.session.prompt_len - 1, (
                 f"rollback into the prompt ({f.keep} < {f.session.prompt_len - 1}): the image is gone"
             )
-            if f.sides:
-                raise ValueError(f"stage {self.name!r}: a model stage grows no side lines (not a TreeSession)")
-        outs = self.forwards([CacheFeed(f.session.cache, f.keep, f.tokens, f.session.shift) for f in feeds])
         rows = []
-        for f, (logits, hidden) in zip(feeds, outs):
+        for f, (logits, hidden) in zip(feeds, self.forwards.run(feeds, [f.session.shift for f in feeds])):
             f.session.hidden = hidden.detach()
-            check_length(self.name, f.session.cache.length, f.keep + len(f.tokens))
             rows.append((self.fit(logits.float()), NO_SIDES))  # [n, V]
         return rows
 

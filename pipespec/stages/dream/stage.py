@@ -225,8 +225,7 @@ class DreamStage:
         sessions = [f.session for f in feeds]
         starts = [s.begin(f.keep, f.tokens) for s, f in zip(sessions, feeds)]
         for s in sessions:
-            if s.fed > self.shapes.context:
-                raise ValueError(f"stage {self.name!r}: {s.fed} context tokens exceed its max_context of {self.shapes.context}")
+            self.shapes.check_context(self.name, s.fed)
         logits = self._packed([(s.state, s.tokens[start : s.fed], start) for s, start in zip(sessions, starts)])
         return [(s.end(rows, len(f.tokens)), NO_SIDES) for s, f, rows in zip(sessions, feeds, logits)]
 
