@@ -62,8 +62,10 @@ class FeatureExtractor:
         self.handles = [layer.register_forward_hook(self._on_layer) for layer in layers]
         self.attention_modules = []
         for i in sorted({*self.candidates, self.last}):
-            attn = layers[i].self_attn  # its packed attention returns its weights while `keep_weights` (pipespec.stages.packing)
-            self.handles.append(attn.register_forward_hook(lambda m, a, out, i=i: self.weights.__setitem__(i, out[1])))
+            attn = (
+                layers[i].self_attn
+            )  # its packed attention returns each piece's weights while `keep_weights` (pipespec.stages.packing): one here
+            self.handles.append(attn.register_forward_hook(lambda m, a, out, i=i: self._on_weights(i, out[1])))
             self.attention_modules.append(attn)
 
     def __enter__(self) -> FeatureExtractor:
@@ -74,6 +76,10 @@ class FeatureExtractor:
             handle.remove()
         self.layer_out.clear()
         self.weights.clear()
+
+    def _on_weights(self, layer: int, weights: tuple[torch.Tensor, ...] | None) -> None:
+        if weights is not None:  # a forward that keeps them: the one piece's [1, heads, T, C]
+            (self.weights[layer],) = weights
 
     def _on_layer(self, module, args, output) -> None:
         self.layer_out.append(output[0] if isinstance(output, tuple) else output)

@@ -36,8 +36,8 @@ from pipespec.engine.early_mail import EarlyMail
 from pipespec.engine.patience import Patience
 from pipespec.engine.request_protocol import Peer, RequestProtocol, Role, Surroundings
 from pipespec.engine.scheduler import Batch, DeviceScheduler, Done, Priority
-from pipespec.engine.stage import AdmittingStage, BatchingStage, Session, Stage
-from pipespec.engine.step import Outcome, Prefill, StepPlan, compute, compute_batch
+from pipespec.engine.stage import AdmittingStage, BatchingStage, PrefillingSession, Session, Stage, chunk_of
+from pipespec.engine.step import Outcome, Prefill, PromptChunk, StepPlan, compute, compute_batch, compute_chunks
 from pipespec.engine.trace import StageTrace
 from pipespec.protocol.links import InProcessLink, Link
 from pipespec.protocol.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
@@ -48,6 +48,14 @@ log = logging.getLogger(__name__)
 
 
 _WAKE = object()  # posted by a timer when a wait for drafts runs out
+
+
+@dataclass
+class _Begun:
+    """A request whose prompt goes in by chunks: its session, and the compute seconds of its prefill so far."""
+
+    session: PrefillingSession
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,8 @@ class StageRunner:
         self.lost_roles: set[str] = set()  # links lost and not replaced: drafter, verifier, coordinator
         self.requests: OrderedDict[str, RequestProtocol] = OrderedDict()
         self.unprefilled: dict[str, None] = {}  # open requests without a session yet, oldest first (what `next_batch` prefills)
+        self.prefilling: dict[str, _Begun] = {}  # begun, their prompts going in by chunks, oldest first
+        self._chunks_due = True  # a forward of prompt chunks goes next, if any wait (they alternate with steps)
         self.early = EarlyMail(name)  # messages that overtook their request's Open
         self.closed: OrderedDict[str, None] = OrderedDict()  # recently closed ids, to drop stragglers
         self.inbox: asyncio.Queue = asyncio.Queue()
@@ -252,19 +262,22 @@ class StageRunner:
         return not self.inbox.empty()
 
     def next_batch(self) -> Batch | None:
-        """Our next work (the scheduler may not take it; a wait for drafts may start): a prefill first (alone:
-        between steps, so a long prompt delays the others by one prefill) of the oldest request the stage has
-        memory for (the others wait, unopened), then the opened requests' steps, round robin: as many
-        requests' steps as one forward carries (`max_batch`), the most urgent first (a verification before a
-        draft), the rest filling its slots; the batch is as urgent as its most urgent. A request whose plan
-        fails is failed, not the runner."""
+        """Our next work (the scheduler may not take it; a wait for drafts may start): a prefill first (alone) of
+        the oldest request the stage has memory for (the others wait, unopened); where prompts go in by chunks
+        (pipespec.engine.stage.ChunkedPrefillStage) that prefill only begins the request, and forwards of the begun
+        requests' prompt chunks, oldest first, alternate with forwards of steps, so a long prompt delays the
+        streams by a chunk at a time. Then the opened requests' steps, round robin: as many requests' steps as one
+        forward carries (`max_batch`), the most urgent first (a verification before a draft), the rest filling its
+        slots; the batch is as urgent as its most urgent. A request whose plan fails is failed, not the runner."""
         admitted = self._admitted()
         if admitted is not None:
             return Batch(self, (Prefill(admitted),), Priority.CHECK)
+        if self.prefilling and self._chunks_due:
+            return Batch(self, self._chunks(), Priority.CHECK)
         ready: list[tuple[Priority, StepPlan]] = []
         checks = 0  # verifications among them: a batch of those is full at max_batch
         for rid, proto in list(self.requests.items()):
-            if rid in self.unprefilled:  # waiting for memory to be opened
+            if rid in self.unprefilled or rid in self.prefilling:  # waiting for memory to be opened, or for its prompt
                 continue
             try:
                 plan = self._plan(proto)
@@ -282,9 +295,22 @@ class StageRunner:
             ready.sort(key=lambda entry: entry[0])  # stable: round robin within a kind; the rest fill the slots
             chosen = ready[: self.max_batch]
             return Batch(self, tuple(plan for _, plan in chosen), chosen[0][0])
+        if self.prefilling:
+            return Batch(self, self._chunks(), Priority.CHECK)
         if self.trace.enabled:
             self._trace_idle()
         return None
+
+    def _chunks(self) -> tuple[PromptChunk, ...]:
+        """The begun requests' next prompt chunks for one forward, oldest first: as many as `max_batch` and the
+        stage's `prefill_rows` allow in all (the oldest's always)."""
+        chunks, rows = [], 0
+        for rid, begun in self.prefilling.items():
+            rows += chunk_of(self.stage, begun.session)
+            if chunks and (rows > self.stage.prefill_rows or len(chunks) == self.max_batch):
+                break
+            chunks.append(PromptChunk(rid))
+        return tuple(chunks)
 
     def _admitted(self) -> str | None:
         """The oldest request waiting to be opened, once the stage has memory for it (pipespec.engine.stage.AdmittingStage:
@@ -313,6 +339,12 @@ class StageRunner:
     def launch(self, batch: Batch) -> Callable[[], list[Outcome]]:
         """The device takes `batch`: features are taken now; -> what the compute thread runs."""
         planned = self.trace.planned() if self.trace.enabled else 0.0
+        stage, depth, sends = self.stage, self.depth, self.role.sends_features
+        if isinstance(batch.plans[0], PromptChunk):
+            self._chunks_due = False
+            sessions = [self.prefilling[plan.request_id].session for plan in batch.plans]
+            return lambda: compute_chunks(stage, sessions, sends, planned)
+        self._chunks_due = True
         work = []
         for plan in batch.plans:
             proto = self.requests[plan.request_id]
@@ -320,7 +352,6 @@ class StageRunner:
             if isinstance(plan, StepPlan):
                 plan = proto.launched(plan)
             work.append((plan, proto.req.session, proto.req.spec))
-        stage, depth, sends = self.stage, self.depth, self.role.sends_features
         if len(work) > 1:  # one forward of the device for them all
             return lambda: compute_batch(stage, work, depth, sends, planned)
         return lambda: [compute(stage, plan, session, spec, depth, sends, planned) for plan, session, spec in work]
@@ -355,9 +386,12 @@ class StageRunner:
             self._handle(early)
 
     def _forget(self, rid: str) -> RequestProtocol | None:
+        """Drop request `rid` here (a begun one's session closed); -> its protocol, if it was open."""
         self.early.release(rid)
         self.closed[rid] = None
         self.unprefilled.pop(rid, None)
+        if (begun := self.prefilling.pop(rid, None)) is not None:
+            self._close_later(begun.session)
         if len(self.closed) > 100_000:
             self.closed.popitem(last=False)
         return self.requests.pop(rid, None)
@@ -430,15 +464,15 @@ class StageRunner:
                 except Exception as error:  # a bug in one request must not take down the others
                     self._fail(plan.request_id, error)
             elif isinstance(plan, Prefill) and outcome.error is None:  # closed while it prefilled
-                self._close_later(outcome.result)
+                self._close_later(outcome.result)  # (a begun request's chunks: closed when it was forgotten)
         if self.trace.enabled and outcomes and outcomes[0].planned:  # planned 0: launched before the trace began
             self._trace_step(done.batch.plans, outcomes)  # handled now: the results are applied
 
     def _trace_step(self, plans: tuple[StepPlan | Prefill, ...], outcomes: list[Outcome]) -> None:
         """One forward: its kind (a batch's plans share theirs), its drafts and accepted ones over every request it carried."""
         plan, outcome, n = plans[0], outcomes[0], len(plans)
-        if isinstance(plan, Prefill):
-            self.trace.step("prefill", 0, 0, outcome.planned, outcome.timing)
+        if isinstance(plan, (Prefill, PromptChunk)):
+            self.trace.step("prefill", 0, 0, outcome.planned, outcome.timing, n)
         elif all(o.error is not None for o in outcomes):
             self.trace.step("failed", 0, 0, outcome.planned, outcome.timing, n)
         else:
@@ -447,15 +481,26 @@ class StageRunner:
             accepted = sum(o.result[0].accepted for _, o in done)
             self.trace.step("verify" if plan.drafts else "generate", drafts, accepted, outcome.planned, outcome.timing, n)
 
-    def _take(self, proto: RequestProtocol, plan: StepPlan | Prefill, outcome: Outcome, paces: bool = True) -> None:
+    def _take(self, proto: RequestProtocol, plan: StepPlan | Prefill | PromptChunk, outcome: Outcome, paces: bool = True) -> None:
         """Apply one plan's outcome to its request (`paces`: the first of a forward's, which updates the pace)."""
         if outcome.error is not None:
             self._fail(plan.request_id, outcome.error)
             return
+        rid, seconds = plan.request_id, outcome.timing.ended - outcome.timing.started
         try:
             if isinstance(plan, Prefill):
-                del self.unprefilled[plan.request_id]
-                proto.prefilled(outcome.result, outcome.timing.ended - outcome.timing.started)
+                del self.unprefilled[rid]
+                session = outcome.result
+                if isinstance(session, PrefillingSession) and session.unfed_prompt:
+                    self.prefilling[rid] = _Begun(session, seconds)
+                else:
+                    proto.prefilled(session, seconds)
+            elif isinstance(plan, PromptChunk):
+                begun = self.prefilling[rid]
+                begun.seconds += seconds
+                if outcome.result is not None:  # its prompt is in
+                    del self.prefilling[rid]
+                    proto.prefilled(begun.session, begun.seconds)
             else:
                 proto.finished(plan, outcome, paces)
         finally:

@@ -17,7 +17,8 @@ limit and end-of-sequence tokens; a `TreeSession` grows side lines in the same f
 pre-drafted branches, pipespec.engine.outcome_cache); between a target and the DREAM drafter right
 before it, the target's sessions are `FeatureSource`s and the drafter's `FeatureReader`s
 (pipespec.engine.handoff); a `BatchingStage` runs the forwards of several requests as one device forward
-(their runner then gathers every ready request's step into one batch, up to its `max_batch`); an
+(their runner then gathers every ready request's step into one batch, up to its `max_batch`); a
+`ChunkedPrefillStage` feeds prompts in chunks, several requests' in one forward, between the steps; an
 `AdmittingStage` opens a request only once its memory fits. Which kind has which is said by
 the table of stage kinds (pipespec.stages.kinds).
 """
@@ -97,6 +98,48 @@ class BatchingStage(Stage, Protocol):
     def forward_batch(self, feeds: Sequence[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """-> per feed, ([len(tokens), V], [len(sides), V]) float32 logits, as its session's forward gives them."""
         ...
+
+
+@runtime_checkable
+class PrefillingSession(Session, Protocol):
+    """A session opened with its prompt still to feed (`ChunkedPrefillStage.begin`)."""
+
+    unfed_prompt: int  # prompt tokens (all but the last) not yet in its cache; 0: it may step
+
+
+@runtime_checkable
+class ChunkedPrefillStage(BatchingStage, Protocol):
+    """A stage whose prompts go in by chunks (the model stages'): `begin` opens a request with what comes before
+    its language model done (an image encoded) and its prompt unfed; each `prefill_batch` feeds the sessions given
+    their next chunk, at most `prefill_rows` tokens each, in one forward. The runner rides several requests' chunks
+    in one forward and runs those forwards between the steps (pipespec.engine.runner), so a long prompt delays the
+    streams by one chunk at a time, not by its whole prefill. Chunks start at multiples of `prefill_rows` in every
+    request's prompt, whatever rides with them, so the cache a prompt leaves does not depend on its neighbours
+    (a product's row depends on the row count only below 4 rows: pipespec.stages.packing). `open` is `begin`,
+    then chunks until the prompt is in (`open_whole`)."""
+
+    prefill_rows: int
+
+    def begin(self, request: RequestSpec) -> PrefillingSession: ...
+
+    def prefill_batch(self, sessions: Sequence[PrefillingSession]) -> None: ...
+
+
+def open_whole(stage: ChunkedPrefillStage, request: RequestSpec) -> PrefillingSession:
+    """`request` opened on `stage` with its whole prompt fed, one chunk a forward; a failure gives its cache back."""
+    session = stage.begin(request)
+    try:
+        while session.unfed_prompt:
+            stage.prefill_batch([session])
+    except BaseException:
+        session.close()
+        raise
+    return session
+
+
+def chunk_of(stage: ChunkedPrefillStage, session: PrefillingSession) -> int:
+    """The prompt tokens `session`'s next chunk feeds."""
+    return min(stage.prefill_rows, session.unfed_prompt)
 
 
 @runtime_checkable

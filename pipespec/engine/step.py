@@ -23,7 +23,7 @@ import torch
 from pipespec.engine.choice import Decision, decide, generate_each
 from pipespec.engine.outcome_cache import ALTERNATIVES, Branch, Doubt
 from pipespec.engine.sampling import token_logprobs
-from pipespec.engine.stage import BatchingStage, Feed, Session, Stage
+from pipespec.engine.stage import BatchingStage, ChunkedPrefillStage, Feed, PrefillingSession, Session, Stage
 from pipespec.engine.trace import Timing
 from pipespec.protocol.messages import RequestSpec, TargetFeatures
 
@@ -56,7 +56,15 @@ class Rider:
 
 @dataclass(frozen=True)
 class Prefill:
-    """Open a request on the stage: prefill its prompt (pipespec.engine.stage)."""
+    """Open a request on the stage: prefill its prompt (pipespec.engine.stage), or on a stage whose prompts go in by
+    chunks (`ChunkedPrefillStage`), begin it: its prompt's chunks are `PromptChunk`s."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class PromptChunk:
+    """Feed the next chunk of a begun request's prompt (pipespec.engine.stage.ChunkedPrefillStage)."""
 
     request_id: str
 
@@ -65,7 +73,7 @@ class Prefill:
 class Outcome:
     """What the compute thread made of one plan: a result or the error it raised, and when (pipespec.engine.trace).
 
-    result: the Session (a prefill), or (decision, our hidden states [F + n, H] when our drafter reads
+    result: the Session (a prefill; a prompt chunk's: once its prompt is in, else None), or (decision, our hidden states [F + n, H] when our drafter reads
     them, else None, one decision per rider) (a step)."""
 
     result: object
@@ -136,9 +144,44 @@ def compute_batch(
     return [Outcome(results.get(i), errors.get(i), planned, timing) for i in range(len(work))]
 
 
+def compute_chunks(
+    stage: ChunkedPrefillStage, sessions: Sequence[PrefillingSession], sends_features: bool, planned: float
+) -> list[Outcome]:
+    """Compute thread: the next prompt chunk of each session, one forward (`prefill_batch`), timed as that forward.
+    When it fails each session's chunk runs alone, so one bad request fails alone."""
+    started, cpu = time.perf_counter(), time.thread_time()
+    errors: dict[int, BaseException] = {}
+    try:
+        stage.prefill_batch(sessions)
+    except Exception:
+        for i, session in enumerate(sessions):
+            try:
+                stage.prefill_batch([session])
+            except Exception as error:
+                errors[i] = error
+    timing = Timing(started, time.perf_counter(), time.thread_time() - cpu)
+    outcomes = []
+    for i, session in enumerate(sessions):
+        if i in errors:
+            outcomes.append(Outcome(None, errors[i], planned, timing))
+            continue
+        try:
+            outcomes.append(Outcome(None if session.unfed_prompt else _ready(session, sends_features), None, planned, timing))
+        except Exception as error:
+            outcomes.append(Outcome(None, error, planned, timing))
+    return outcomes
+
+
 def _open(stage: Stage, spec: RequestSpec, sends_features: bool) -> Session:
-    """Prefill; a target whose DREAM drafter reads its features hands over the prompt's, on the CPU."""
-    session = stage.open(spec)
+    """Prefill (begin, where prompts go in by chunks); a session whose prompt is in is made ready (`_ready`)."""
+    if isinstance(stage, ChunkedPrefillStage):
+        session = stage.begin(spec)
+        return _ready(session, sends_features) if not session.unfed_prompt else session
+    return _ready(stage.open(spec), sends_features)
+
+
+def _ready(session: Session, sends_features: bool) -> Session:
+    """A target whose DREAM drafter reads its features hands over the prompt's, on the CPU."""
     if sends_features:  # the prompt's features leave the device here
         features = session.prefill_features
         moved = {f.name: getattr(features, f.name).cpu() for f in fields(features) if getattr(features, f.name) is not None}

@@ -2,8 +2,8 @@
 
 Loaded from a directory with `AutoModelForCausalLM.from_pretrained` (bf16 by default: on this CPU a
 4-token verification costs about what one token does). Each request owns a `StaticKV` sized to what it
-can use, within the stage's KV budget (pipespec.stages.kv_pool); the prompt is prefilled eagerly, and
-every later forward runs at the stage's fixed shapes, compiled, the forwards of up to `max_batch` requests packed into one (`forward_batch`,
+can use, within the stage's KV budget (pipespec.stages.kv_pool); the prompt goes in by chunks, eager, several
+requests' in one forward between the steps (pipespec.engine.stage.ChunkedPrefillStage), and every later forward runs at the stage's fixed shapes, compiled, the forwards of up to `max_batch` requests packed into one (`forward_batch`,
 pipespec.stages.packed_forwards); a rollback sets the cache's length. The length invariant is asserted
 after every call. Logits come out at the pipeline's width (pipespec.stages.vocabulary), on the stage's
 device (pipespec.stages.device).
@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from pipespec.engine.stage import NO_SIDES, Feed
+from pipespec.engine.stage import NO_SIDES, Feed, chunk_of, open_whole
 from pipespec.protocol.messages import RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.device import kv_budget, stage_device
 from pipespec.stages.forwards import Shapes, compiles
+from pipespec.stages.invariance import fit_model
 from pipespec.stages.kinds import ModelOptions
 from pipespec.stages.packed_forwards import PackedForwards
-from pipespec.stages.packing import prefill, use_packed_attention
+from pipespec.stages.packing import use_packed_attention
 from pipespec.stages.static_kv import static_pool
 from pipespec.stages.vocabulary import LogitsFit
 from pipespec.stages.weight_layout import column_major
@@ -57,7 +58,12 @@ class CausalLMStage:
         limit = getattr(self.model.config, "max_position_embeddings", None)
         self.shapes = Shapes.of(options, limit, self.device, target=len(at.chain) <= 1)
         self.max_context = self.shapes.context
-        self.forwards = PackedForwards(name, self._step, self.shapes, spec.max_batch, compiles(options), self.device, lock)
+        self.prefill_rows = options.prefill_chunk
+        most = max(spec.max_batch * self.shapes.widths[-1], self.prefill_rows)  # rows of its widest forward
+        invariance = fit_model(name, self.model, self.shapes.widths[0], self.shapes.capacity, most)
+        self.forwards = PackedForwards(
+            name, self._step, self.shapes, spec.max_batch, compiles(options), self.device, lock, invariance
+        )
         budget = kv_budget(self.device, options.kv_budget_gib)
         self.caches = static_pool(self.model.config, self.shapes.capacity, self.dtype, self.device, budget)
         self.forwards.warm_up(self.caches, min(self.eos_token_ids, default=0))
@@ -82,7 +88,12 @@ class CausalLMStage:
         """Every feed's forward as one (pipespec.engine.stage.BatchingStage)."""
         return [(self.fit(logits.float()), NO_SIDES) for (logits,) in self.forwards.run(feeds)]  # [n, V] each
 
-    def open(self, request: RequestSpec) -> CausalLMSession:
+    def _prefill_step(self, embeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor]:
+        """Packed prompt chunks' input embeddings [1, T, H] at positions [1, T] -> (hidden states [1, T, H]): no head."""
+        return (self.model.get_decoder()(inputs_embeds=embeds, position_ids=positions, use_cache=False).last_hidden_state,)
+
+    def begin(self, request: RequestSpec) -> CausalLMSession:
+        """`request` opened with its prompt unfed (pipespec.engine.stage.ChunkedPrefillStage)."""
         prompt = request.text_prompt
         if len(prompt) > self.max_context:
             raise ValueError(
@@ -90,29 +101,33 @@ class CausalLMStage:
             )
         size = self.cache_size(request)
         self.caches.check(self.name, size)
-        session = CausalLMSession(self, prompt, size)
-        try:
-            if len(prompt) > 1:
-                session.prefill(prompt[:-1])
-        except BaseException:
-            session.close()  # its cache goes back: a failed prefill holds no memory
-            raise
-        return session
+        return CausalLMSession(self, prompt, size)
+
+    @torch.inference_mode()
+    def prefill_batch(self, sessions: Sequence[CausalLMSession]) -> None:
+        """Each session's next prompt chunk, all in one forward (pipespec.engine.stage.ChunkedPrefillStage)."""
+        embed = self.model.get_input_embeddings()
+        chunks = []
+        for session in sessions:
+            fed = session.cache.length
+            ids = torch.tensor(session.prompt[fed : fed + chunk_of(self, session)], dtype=torch.long, device=self.device)
+            chunks.append((session.cache, embed(ids)))  # [n, H]
+        self.forwards.prefill(chunks, self._prefill_step)
+        for session, (_, embeds) in zip(sessions, chunks):
+            session.unfed_prompt -= len(embeds)
+
+    def open(self, request: RequestSpec) -> CausalLMSession:
+        return open_whole(self, request)
 
 
 class CausalLMSession:
     def __init__(self, stage: CausalLMStage, prompt: Sequence[int], cache_size: int):
         self.stage = stage
         self.cache = stage.caches.take(cache_size)
+        self.prompt = tuple(prompt)
         self.prompt_len = len(prompt)
         self.last_prompt_token = prompt[-1]
-
-    @torch.inference_mode()
-    def prefill(self, tokens: Sequence[int]) -> None:
-        """Eager, at the prompt's own length: one piece of a packed forward."""
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.stage.device)  # [1, P - 1]
-        with prefill(self.stage.model, self.cache, len(tokens)):
-            self.stage.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        self.unfed_prompt = len(prompt) - 1  # fed in chunks (`CausalLMStage.prefill_batch`)
 
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
         ((logits, _),) = self.stage.forward_batch([Feed(self, keep, tokens)])

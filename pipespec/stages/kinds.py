@@ -107,7 +107,9 @@ class ModelOptions:
     `compile` runs those forwards compiled, each row bucket compiled once when the stage starts (None: the
     `PIPESPEC_COMPILE` environment variable if set, else yes). `kv_budget_gib` bounds the KV caches its
     requests hold (None: a quarter of the device's memory); a request whose cache does not fit waits for
-    others to finish (pipespec.stages.kv_pool).
+    others to finish (pipespec.stages.kv_pool). A prompt goes in by chunks of at most `prefill_chunk` tokens, one
+    forward each, between the running requests' steps, several requests' chunks in one forward up to that many
+    tokens in all (pipespec.engine.stage.ChunkedPrefillStage).
     """
 
     compile: bool | None = None
@@ -115,8 +117,11 @@ class ModelOptions:
     min_width: int | None = None
     max_width: int = 8
     kv_budget_gib: float | None = None
+    prefill_chunk: int = 512
 
     def check(self, where: str) -> None:
+        if self.prefill_chunk < 1:
+            raise ConfigError(f"{where}.prefill_chunk: must be >= 1 token, got {self.prefill_chunk}")
         if self.max_context is not None and self.max_context < 2:
             raise ConfigError(f"{where}.max_context: must be >= 2, got {self.max_context}")
         if self.kv_budget_gib is not None and not self.kv_budget_gib > 0:

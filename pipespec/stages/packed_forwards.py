@@ -6,6 +6,8 @@ rows of no request up to the forward's row bucket: a power of two, or from 24 up
 3 x 2^k (a 16-request verification of 80 rows pads to 96, not 128: 43 ms against 55 for the demo target,
 eager), from the stage's least width (pipespec.stages.forwards.least_width) to `max_batch` x `max_width`. A feed of more than one piece (a
 long rollback's catch-up) takes one forward per piece, the other requests riding along in the first.
+Prompts go in by chunks (`prefill`: pipespec.engine.stage.ChunkedPrefillStage), several requests' in one eager
+forward of their input embeddings, between those forwards.
 
 What keeps a request's logits what they are alone (measured on this CPU: experiments/batch_invariance.py,
 tests/test_packed_forwards.py): a matrix product's row depends on the row count only below 4 rows, and
@@ -35,6 +37,7 @@ import torch
 from pipespec.engine.stage import Feed, check_keep, check_length
 from pipespec.stages.cuda_graphs import GraphedStep
 from pipespec.stages.forwards import _GRAPHS, MOST_GRAPHS, Shapes, _without_registry_guards
+from pipespec.stages.invariance import NONE_NEEDED, Invariance
 from pipespec.stages.kv_pool import KVPool
 from pipespec.stages.packing import Packing, Piece, packed
 from pipespec.stages.static_kv import StaticKV
@@ -68,17 +71,21 @@ class PackedForwards:
         compiled: bool,
         device: torch.device,
         lock: threading.RLock,
+        invariance: Invariance = NONE_NEEDED,
     ):
-        """`lock`: the model's, held by each forward (pipespec.stages.packing.use_packed_attention)."""
+        """`lock`: the model's, held by each forward (pipespec.stages.packing.use_packed_attention); `invariance`: the
+        rows a forward and the query rows an attention need on this device (pipespec.stages.invariance)."""
         self.stage = stage
         self.lock = lock
         self.shapes = shapes
         self.compiled = compiled
         self.warmup_s = 0.0
         self.least = shapes.widths[0]  # a piece's attention runs over at least this many query rows
-        widest = max_batch * shapes.widths[-1]
+        self.invariance = invariance
+        self.rows = max(self.least, invariance.rows)  # a forward's least rows
+        widest = max(max_batch * shapes.widths[-1], self.rows)
         steps = {2**i for i in range(widest.bit_length())} | {3 * 2**i for i in range(3, widest.bit_length())}
-        self.buckets = tuple(sorted(b for b in steps if self.least <= b <= widest))
+        self.buckets = tuple(sorted(b for b in steps if self.rows <= b <= widest))
         if compiled:  # every stage's buckets are graphs of one function (a stage kind's `_step`): room for all of them
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MOST_GRAPHS)
             step = torch.compile(_own_code(step, stage), dynamic=False, options={"guard_filter_fn": _without_registry_guards})
@@ -105,13 +112,7 @@ class PackedForwards:
     def __call__(self, feeds: Sequence[CacheFeed]) -> list[tuple[torch.Tensor, ...]]:
         """Run every feed; -> per feed, each output of `step` for its real rows [n, ...]."""
         for feed in feeds:
-            end = feed.keep + len(feed.tokens)
-            self.shapes.check_context(self.stage, end)
-            if end + self.shapes.widths[-1] > feed.cache.capacity:  # room for a one-request forward's padding
-                raise ValueError(
-                    f"stage {self.stage!r}: {end} context tokens exceed the request's KV cache of {feed.cache.capacity} "
-                    f"positions (its prompt and max_new_tokens)"
-                )
+            self._check_room(feed.cache, feed.keep + len(feed.tokens))
         cuts = [self.shapes.pieces(len(feed.tokens)) for feed in feeds]
         parts: list[list[list[torch.Tensor]]] = [[] for _ in feeds]
         for round_ in range(max(map(len, cuts))):
@@ -123,6 +124,39 @@ class PackedForwards:
         for feed in feeds:
             feed.cache.rewind(feed.keep + len(feed.tokens))
         return [tuple(p[0] if len(p) == 1 else torch.cat(p) for p in zip(*pieces)) for pieces in parts]
+
+    @torch.inference_mode()
+    def prefill(self, chunks: Sequence[tuple[StaticKV, torch.Tensor]], step: PackedStep) -> list[tuple[torch.Tensor, ...]]:
+        """One eager forward of prompt chunks: each (cache, its next prompt tokens' input embeddings [n, H]) fed after
+        what its cache holds, at those positions, the forward padded to at least the least width (a prompt's
+        length changes with every request: not compiled). -> per chunk, each output of `step` (embeddings
+        [1, T, H], positions [1, T]) for its rows [n, ...]."""
+        pieces, positions, ends = [], [], []
+        for cache, embeds in chunks:
+            at = cache.length
+            self._check_room(cache, at + len(embeds))
+            pieces.append(Piece(cache, len(positions), len(embeds)))
+            positions += range(at, at + len(embeds))
+            ends.append(at + len(embeds))
+        embeds = torch.cat([e for _, e in chunks])  # [T, H]
+        pad = max(0, self.rows - len(positions))  # rows of no request: a product's row depends on the count below it
+        positions += range(positions[-1] + 1, positions[-1] + 1 + pad)
+        embeds = torch.cat([embeds, embeds[-1:].expand(pad, -1)]) if pad else embeds
+        positions_t = torch.tensor([positions], dtype=torch.long, device=embeds.device)  # [1, T]
+        with self.lock, packed(self._packing(pieces, positions_t)):
+            outs = step(embeds[None], positions_t)
+        for (cache, _), end in zip(chunks, ends):
+            cache.rewind(end)
+        return [tuple(out[0, piece.rows] for out in outs) for piece in pieces]
+
+    def _check_room(self, cache: StaticKV, end: int) -> None:
+        """A ValueError naming the limit unless a request's context may reach `end` tokens in `cache`."""
+        self.shapes.check_context(self.stage, end)
+        if end + self.shapes.widths[-1] > cache.capacity:  # room for a one-request forward's padding
+            raise ValueError(
+                f"stage {self.stage!r}: {end} context tokens exceed the request's KV cache of {cache.capacity} "
+                f"positions (its prompt and max_new_tokens)"
+            )
 
     def _forward(
         self, work: Sequence[tuple[CacheFeed, tuple[int, int, int]]]
@@ -150,14 +184,17 @@ class PackedForwards:
         if self.graphs is not None and len(pieces) == 1:
             with _GRAPHS:  # a replay's outputs: overwritten by the next one, copied now
                 return tuple(out.clone() for out in self.graphs(pieces[0].cache, ids_t, torch.cat([positions_t, rotary]))), spans
-        with packed(Packing(pieces, positions_t, self.least)):
+        with packed(self._packing(pieces, positions_t)):
             return self.step(ids_t, rotary), spans
 
     def _alone(self, cache: StaticKV, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One request's piece (ids [1, w]; positions [2, w]: in the cache, rotary): what a CUDA graph captures,
         per cache and width."""
-        with packed(Packing([Piece(cache, 0, ids.shape[1])], positions[:1], self.least)):
+        with packed(self._packing([Piece(cache, 0, ids.shape[1])], positions[:1])):
             return self.step(ids, positions[1:])
+
+    def _packing(self, pieces: Sequence[Piece], positions: torch.Tensor) -> Packing:
+        return Packing(pieces, positions, self.least, self.invariance.queries)
 
     def bucket(self, rows: int) -> int:
         """The rows of the forward that carries `rows` packed rows: the least bucket that holds them."""

@@ -18,9 +18,10 @@ per row; and attention is this per-request call, of the same shapes alone or pac
 than `Packing.least` attends with its last query row repeated up to it, as a query row's result depends
 on the query count only below 4 (pipespec.stages.forwards).
 
-A prefill is one piece too (at position 0, eager: `prefill`): the request's cache is written by the same op,
-which attends with the mask transformers builds for the model (causal, and what a model adds: Gemma 3's
-image tokens attend to their whole image).
+A prompt goes in by chunks, pieces of an eager forward of input embeddings (pipespec.stages.packed_forwards.
+PackedForwards.prefill). A model that makes its own prefill's positions or mask (Qwen2-VL's multimodal rotary
+positions, Gemma 3's image tokens that attend to their whole image) prefills whole instead, one piece at
+position 0 (`prefill`), which attends with the mask transformers builds for it.
 """
 
 from __future__ import annotations
@@ -63,7 +64,12 @@ class Packing:
     pieces: Sequence[Piece]
     positions: torch.Tensor  # [1, T] long: each row's position in its request's context
     least: int = 1  # a piece's attention runs over at least this many query rows (its last one repeated)
+    step: int = 1  # ... and over a multiple of this many (pipespec.stages.invariance)
     _masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+
+    def query_rows(self, n: int) -> int:
+        """The query rows a piece of `n` rows attends with."""
+        return max(self.least, self.step * -(-n // self.step))
 
     def mask(self, i: int, window: int, queries: int) -> torch.Tensor:
         """[1, 1, q, capacity] bool: which of its cache's keys each of piece i's `queries` rows sees (True: attend);
@@ -123,12 +129,14 @@ def packed_attention(
         held.keys.index_copy_(2, at, key[:, :, rows])
         held.values.index_copy_(2, at, value[:, :, rows])
         keys, values = repeat_kv(held.keys, groups), repeat_kv(held.values, groups)  # [1, heads, C, d]
-        # alone, its query rows reach every row of the forward: the rows past its own are no request's (any output)
-        queries = _at_least(query[:, :, rows], query.shape[2] if alone else packing.least, 2)
+        # alone, its query rows reach every row of the forward: the rows past its own are no request's (any output);
+        # a prefill with its own mask attends with exactly its rows
+        n = query.shape[2] if alone else piece.width
+        queries = _at_least(query[:, :, rows], n if given is not None else packing.query_rows(n), 2)
         mask = packing.mask(i, window, queries.shape[2]) if given is None else _over_cache(given, held.keys.shape[2])
         attended = torch.nn.functional.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scaling)
         if alone:
-            return attended.transpose(1, 2).contiguous()
+            return attended[:, :, :n].transpose(1, 2).contiguous()
         out[:, rows] = attended[:, :, : piece.width].transpose(1, 2)
     return out
 
@@ -174,8 +182,8 @@ def attention(
     sliding_window: int | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The text layers' attention (transformers' AttentionInterface) -> ([1, T, heads, d], the attention
-    weights [1, heads, T, C] where the module keeps them: a prefill of one piece, eager)."""
+    """The text layers' attention (transformers' AttentionInterface) -> ([1, T, heads, d], where the module keeps
+    them (an eager prefill), each piece's attention weights [1, heads, w, C])."""
     if kwargs.get("softcap") is not None:
         raise ValueError("packed attention does not support attention logit softcapping")
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
@@ -187,14 +195,17 @@ def attention(
     return out, _weights(query, scale, window, module.layer_idx, given)
 
 
-def _weights(query: torch.Tensor, scale: float, window: int, layer: int, given: torch.Tensor | None) -> torch.Tensor:
-    """The one piece's attention weights [1, heads, w, C] (what sdpa never materialises)."""
-    (piece,) = _packing().pieces
-    held = piece.cache.layers[layer]
-    keys = repeat_kv(held.keys, query.shape[1] // held.keys.shape[1]).float()
-    scores = (query.float() @ keys.transpose(-1, -2)) * scale
-    mask = _packing().mask(0, window, query.shape[2]) if given is None else _over_cache(given, held.keys.shape[2])
-    return scores.masked_fill(~mask, float("-inf")).softmax(-1)
+def _weights(query: torch.Tensor, scale: float, window: int, layer: int, given: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """Each piece's attention weights [1, heads, w, C] over its own cache (what sdpa never materialises)."""
+    packing = _packing()
+    out = []
+    for i, piece in enumerate(packing.pieces):
+        held = piece.cache.layers[layer]
+        keys = repeat_kv(held.keys, query.shape[1] // held.keys.shape[1]).float()
+        scores = (query[:, :, piece.rows].float() @ keys.transpose(-1, -2)) * scale  # [1, heads, w, C]
+        mask = packing.mask(i, window, piece.width)[..., : piece.width, :] if given is None else _over_cache(given, keys.shape[2])
+        out.append(scores.masked_fill(~mask, float("-inf")).softmax(-1))
+    return tuple(out)
 
 
 AttentionInterface.register(IMPLEMENTATION, attention)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForImageTextToText
 
-from pipespec.engine.stage import NO_SIDES, Feed
+from pipespec.engine.stage import NO_SIDES, Feed, chunk_of, open_whole
 from pipespec.errors import ConfigError
 from pipespec.protocol.messages import ImageInputs, PrefillFeatures, RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
@@ -35,6 +35,7 @@ from pipespec.stages.causal_lm import DTYPES
 from pipespec.stages.device import kv_budget, stage_device
 from pipespec.stages.dream.compression import attention_received
 from pipespec.stages.forwards import Shapes, compiles
+from pipespec.stages.invariance import fit_model
 from pipespec.stages.kinds import ModelOptions
 from pipespec.stages.packed_forwards import PackedForwards
 from pipespec.stages.packing import prefill, use_packed_attention
@@ -50,14 +51,19 @@ log = logging.getLogger(__name__)
 PER_TOKEN = ("token_type_ids", "mm_token_type_ids")  # processor arrays with one entry per prompt token [1, P]
 
 
+class _Embedded(Exception):
+    """The model's forward reached its language model: the input embeddings are taken (`_Taps.embeddings`)."""
+
+
 class _Taps:
     """Forward hooks on the language model: its input embeddings, final-norm output, last-layer attention."""
 
     def __init__(self, model: torch.nn.Module, image_attention: bool):
         decoder = model.get_decoder()
+        self.stop = False  # raise `_Embedded` at the language model's door (`VLMStage.embed`)
         self.embeddings: torch.Tensor | None = None
         self.hidden: torch.Tensor | None = None
-        self.attention: torch.Tensor | None = None
+        self.attention: tuple[torch.Tensor, ...] | None = None
         self.last_attention: torch.nn.Module | None = None
         decoder.register_forward_pre_hook(self._on_decoder, with_kwargs=True)
         decoder.norm.register_forward_hook(self._on_norm)
@@ -68,12 +74,14 @@ class _Taps:
 
     def _on_decoder(self, module: Any, args: tuple, kwargs: dict) -> None:
         self.embeddings = kwargs.get("inputs_embeds")
+        if self.stop:
+            raise _Embedded
 
     def _on_norm(self, module: Any, args: tuple, output: torch.Tensor) -> None:
         self.hidden = output
 
     def _on_attention(self, module: Any, args: tuple, output: tuple) -> None:
-        self.attention = output[1]  # [1, heads, q, k]
+        self.attention = output[1]  # per piece [1, heads, w, C] (pipespec.stages.packing)
 
 
 class VLMStage:
@@ -107,7 +115,12 @@ class VLMStage:
         options = spec.options if spec.options is not None else ModelOptions()
         self.shapes = Shapes.of(options, self.max_context, self.device, target=len(at.chain) <= 1)
         self.max_context = self.shapes.context
-        self.forwards = PackedForwards(name, self._step, self.shapes, spec.max_batch, compiles(options), self.device, lock)
+        self.prefill_rows = options.prefill_chunk
+        most = max(spec.max_batch * self.shapes.widths[-1], self.prefill_rows)  # rows of its widest forward
+        invariance = fit_model(name, self.model, self.shapes.widths[0], self.shapes.capacity, most)
+        self.forwards = PackedForwards(
+            name, self._step, self.shapes, spec.max_batch, compiles(options), self.device, lock, invariance
+        )
         budget = kv_budget(self.device, options.kv_budget_gib)
         self.caches = static_pool(self.model.config, self.shapes.capacity, self.dtype, self.device, budget)
         self.forwards.warm_up(self.caches, min(self.eos_token_ids, default=0))
@@ -124,19 +137,76 @@ class VLMStage:
     def kv_use(self) -> float:
         return self.caches.use
 
-    def open(self, request: RequestSpec) -> VLMSession:
+    def begin(self, request: RequestSpec) -> VLMSession:
+        """`request` opened (pipespec.engine.stage.ChunkedPrefillStage): its prompt's input embeddings made, the image
+        merged in, for its chunks; a model that makes its own prefill positions or mask (`chunks`) prefills whole here."""
         if len(request.prompt_token_ids) <= 1 and request.image is not None:
             raise ValueError(f"stage {self.name!r}: an image prompt needs more than its image tokens")
         size = self.cache_size(request)
         self.caches.check(self.name, size)
         session = VLMSession(self, request.prompt_token_ids, size)
         try:
-            if len(request.prompt_token_ids) > 1:
+            if len(request.prompt_token_ids) <= 1:
+                pass
+            elif self.chunks(request.image):
+                session.embeddings = self.embed(session.prompt[:-1], request.image)
+            else:
                 session.prefill(request.image)
         except BaseException:
             session.close()  # its cache goes back: a failed prefill holds no memory
             raise
         return session
+
+    def open(self, request: RequestSpec) -> VLMSession:
+        return open_whole(self, request)
+
+    def chunks(self, image: ImageInputs | None) -> bool:
+        """Whether a prompt with `image` goes in by chunks of its input embeddings: unless the model makes its own
+        rotary positions (Qwen2-VL) or the processor marks tokens for the model's own mask (Gemma 3's image blocks)."""
+        return not self.has_rope_deltas and (image is None or not any(key in image.arrays for key in PER_TOKEN))
+
+    @torch.inference_mode()
+    def embed(self, ids: Sequence[int], image: ImageInputs | None) -> torch.Tensor:
+        """A prompt's input embeddings [P, H], the image encoded and merged in by the model's own forward, stopped at
+        its language model."""
+        pixels = self.tensors(image) if image is not None else {}
+        taps = self.taps
+        with self.forwards.lock:
+            taps.stop = True
+            try:
+                self.model(input_ids=torch.tensor([list(ids)], dtype=torch.long, device=self.device), use_cache=False, **pixels)
+            except _Embedded:
+                pass
+            else:
+                raise RuntimeError(f"stage {self.name!r}: the model's forward never reached its language model")
+            finally:
+                taps.stop = False
+        return taps.embeddings[0].detach()
+
+    @torch.inference_mode()
+    def prefill_batch(self, sessions: Sequence[VLMSession]) -> None:
+        """Each session's next prompt chunk, all in one forward (pipespec.engine.stage.ChunkedPrefillStage); a session
+        whose prompt is then in makes its prefill features."""
+        chunks = []
+        for session in sessions:
+            fed = session.cache.length
+            chunks.append((session.cache, session.embeddings[fed : fed + chunk_of(self, session)]))  # [n, H]
+        weights = self.taps.last_attention
+        with self.forwards.lock:  # an eager forward: the last layer's weights may be kept for it alone
+            if weights is not None:
+                weights.keep_weights = True
+            try:
+                outs = self.forwards.prefill(chunks, self._prefill_step)
+                kept = self.taps.attention
+            finally:
+                if weights is not None:
+                    weights.keep_weights = False
+        for i, (session, (hidden,)) in enumerate(zip(sessions, outs)):
+            session.took(hidden.detach(), None if weights is None else kept[i][0])
+
+    def _prefill_step(self, embeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor]:
+        """Packed prompt chunks' input embeddings [1, T, H] at positions [1, T] -> (post-norm hidden states [1, T, H])."""
+        return (self.model.get_decoder()(inputs_embeds=embeds, position_ids=positions, use_cache=False).last_hidden_state,)
 
     def tensors(self, image: ImageInputs, prefill: int | None = None) -> dict[str, torch.Tensor]:
         """Processor arrays -> model inputs; per-token arrays ([1, P]) cut to `prefill` = P - 1 tokens if given."""
@@ -179,11 +249,33 @@ class VLMSession:
         hidden = stage.model.get_input_embeddings().embedding_dim
         nothing = torch.empty(0, hidden, device=stage.device)
         empty = PrefillFeatures(nothing, nothing, torch.empty(0, dtype=torch.bool, device=stage.device))
-        self.prefill_features: PrefillFeatures | None = empty  # replaced by `prefill` (a 1-token prompt has none)
+        self.prefill_features: PrefillFeatures | None = empty  # replaced once the prompt is in (a 1-token prompt has none)
         self.hidden: torch.Tensor | None = None  # [n, H] post-norm, for the tokens of the last forward
+        self.embeddings: torch.Tensor | None = None  # [P - 1, H]: the prompt's, while its chunks go in (`VLMStage.begin`)
+        self._chunks: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # each chunk's hidden states and attention weights
+        self.image_mask = torch.tensor(self.prompt[:-1], device=stage.device) == stage.image_token_id  # [P - 1] bool
+
+    @property
+    def unfed_prompt(self) -> int:
+        return 0 if self.embeddings is None else len(self.embeddings) - self.cache.length
+
+    def took(self, hidden: torch.Tensor, weights: torch.Tensor | None) -> None:
+        """A chunk went in: its post-norm hidden states [n, H] and last-layer attention weights [heads, n, C] (None:
+        not kept); after the last, the prompt's features are made."""
+        self._chunks.append((hidden, weights))
+        if self.unfed_prompt:
+            return
+        length = self.prompt_len - 1
+        hidden = torch.cat([h for h, _ in self._chunks])
+        received = None
+        if weights is not None:
+            attention = torch.cat([w[..., :length] for _, w in self._chunks], dim=1)  # [heads, P - 1, P - 1]
+            received = attention_received(attention, self.image_mask)
+        self.prefill_features = PrefillFeatures(self.embeddings, hidden, self.image_mask, received)
+        self.embeddings, self._chunks = None, []
 
     def prefill(self, image: ImageInputs | None) -> None:
-        """Every prompt token but the last, with the image: eager, at the prompt's own length."""
+        """Every prompt token but the last, with the image: the model's own forward, eager, at the prompt's length."""
         stage, taps = self.stage, self.stage.taps
         length = self.prompt_len - 1
         pixels = stage.tensors(image, length) if image is not None else {}
@@ -198,10 +290,12 @@ class VLMSession:
             if taps.last_attention is not None:
                 taps.last_attention.keep_weights = False
         hidden = taps.hidden[0].detach()
-        image_mask = torch.tensor(self.prompt[:-1], device=hidden.device) == stage.image_token_id
+        image_mask = self.image_mask
         received = None
         if taps.attention is not None:
-            received = attention_received(taps.attention[0, ..., :length], image_mask)  # the cache's keys past the prompt: masked
+            received = attention_received(
+                taps.attention[0][0, ..., :length], image_mask
+            )  # the cache's keys past the prompt: masked
         self.prefill_features = PrefillFeatures(taps.embeddings[0].detach(), hidden, image_mask, received)
 
     def _with_rope_deltas(self, run: Callable[[], Any]) -> Any:
@@ -225,3 +319,4 @@ class VLMSession:
         self.cache = None
         self.prefill_features = None
         self.hidden = None
+        self.embeddings, self._chunks = None, []

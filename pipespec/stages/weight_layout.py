@@ -14,6 +14,11 @@ reader see the same matrix. A row's result still depends on the product's row co
 (1-3 rows and 4-16: one kernel each) where row-major has three (1, 2-3, 4-16); the target's fixed widths
 (pipespec.stages.forwards) stay inside the second group. Only fp32 on a CPU: bf16 and fp16 products
 over this layout cost 2-4x more here, and a GPU's kernels take either layout.
+
+On another CPU (an Intel Xeon with AVX-512, a session later) the layout decides whether batched forwards can be
+exact at all: column-major, a row's result depends on the row count up to 160 rows; row-major, only below 16.
+A target stage measures it when it starts and, where only row-major keeps a least row count, lays its weights
+back (`row_major`; pipespec.stages.invariance).
 """
 
 from __future__ import annotations
@@ -36,3 +41,11 @@ def column_major_weight(weight: torch.Tensor) -> torch.Tensor:
     if weight.dtype == torch.float32 and weight.device.type == "cpu":
         return weight.t().contiguous().t()
     return weight
+
+
+def row_major(model: torch.nn.Module) -> torch.nn.Module:
+    """Every `nn.Linear` weight of `model` stored row-major again (`column_major` undone), in place; -> `model`."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and not module.weight.is_contiguous():
+            module.weight = torch.nn.Parameter(module.weight.detach().contiguous(), requires_grad=False)
+    return model
