@@ -140,3 +140,64 @@ def test_logprobs_and_a_cancelled_request_in_a_batch(family, batching, prompts):
         got = [f.result() for f in futures]
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert [g.logprobs for g in got] == [w.logprobs for w in want]
+
+
+class Prefills:
+    """Spies on a stage's `prefill_batch` and `forward_batch`: each forward's kind and requests, in order."""
+
+    def __init__(self, stage):
+        self.stage, self.forwards = stage, []
+        prefill, forward = stage.prefill_batch, stage.forward_batch
+        stage.prefill_batch = lambda sessions: self.forwards.append(("prefill", [id(s) for s in sessions])) or prefill(sessions)
+        stage.forward_batch = lambda feeds: self.forwards.append(("step", [id(f.session) for f in feeds])) or forward(feeds)
+
+    def close(self) -> None:
+        del self.stage.prefill_batch, self.stage.forward_batch
+
+
+def test_prompts_in_small_chunks_answer_as_the_target_alone(family, prompts, one_at_a_time):
+    """Prompts fed 5 tokens a forward, several requests' chunks in one, 16 in flight: every answer is the one the
+    target gives with each prompt fed whole, one request at a time (a chunk's cache is what a whole prefill
+    leaves, wherever the chunks start and whatever rides with them)."""
+    from pipespec.stages.kinds import ModelOptions
+
+    options = ModelOptions(prefill_chunk=5)
+    target = CausalLMStage(
+        StageSpec("target", "causal_lm", family["target"], dtype="float32", options=options, max_batch=MAX_BATCH)
+    )
+    spy = Prefills(target)
+    try:
+        with LocalPipeline(_config(family, ["target"]), stages=[target]) as p:
+            for params, want in zip(sampling_cases(), one_at_a_time):
+                futures = [p.submit(prompt_token_ids=q, **_kwargs(params)) for q in prompts]
+                assert [f.result().token_ids for f in futures] == want, params
+    finally:
+        spy.close()
+    assert max(len(ids) for kind, ids in spy.forwards if kind == "prefill") > 1  # chunks of several requests rode together
+
+
+def test_a_long_prompt_goes_in_between_the_streams_steps(family, prompts):
+    """A 100-token prompt arriving while a request streams goes in by chunks, the stream's steps between them: it
+    does not stall the stream for its whole prefill; both answer as they do alone."""
+    from pipespec.stages.kinds import ModelOptions
+
+    long_prompt = [t for line in prompt_ids(family["target"], 12, length=40, seed=5) for t in line][:100]
+    options = ModelOptions(prefill_chunk=8)
+    target = CausalLMStage(
+        StageSpec("target", "causal_lm", family["target"], dtype="float32", options=options, max_batch=MAX_BATCH)
+    )
+    with LocalPipeline(_config(family, ["target"]), stages=[target]) as p:
+        want = [p.generate(prompt_token_ids=q, max_new_tokens=48).token_ids for q in (prompts[0], long_prompt)]
+        spy = Prefills(target)
+        try:
+            stream = p.stream(prompt_token_ids=prompts[0], max_new_tokens=48)
+            first = next(stream)
+            late = p.submit(prompt_token_ids=long_prompt, max_new_tokens=48)
+            streamed = list(first.token_ids) + [t for delta in stream for t in delta.token_ids]
+            assert [streamed, list(late.result().token_ids)] == [list(w) for w in want]
+        finally:
+            spy.close()
+    kinds = [kind for kind, _ in spy.forwards]
+    first_chunk, last_chunk = kinds.index("prefill"), len(kinds) - 1 - kinds[::-1].index("prefill")
+    assert len(long_prompt) == 100 and kinds.count("prefill") >= 99 // 8  # the long prompt's chunks, one a forward
+    assert "step" in kinds[first_chunk:last_chunk]  # the stream stepped while the long prompt went in

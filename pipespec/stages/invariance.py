@@ -60,7 +60,7 @@ def measure(
     """On this CPU at torch's current thread count: products with each of `weights` ([out, in], as laid out in memory:
     the library's path depends on it, pipespec.stages.weight_layout), and attention of `heads` x `head_dim` over a
     `capacity`-key cache, at row counts up to `most`. -> the least row count and query step that hold (where none
-    does, the largest tried, and `holds` false)."""
+    does, no padding, and `holds` false)."""
     generator = torch.Generator().manual_seed(0)
     counts = _counts(most)
     rows, holds = 1, True
@@ -74,7 +74,9 @@ def measure(
             holds &= least is not None
             rows = max(rows, least or _CANDIDATES[-1])
         queries, attention_holds = _query_step(heads, head_dim, min(capacity, 1024), dtype, most, counts, generator)
-    return Invariance(rows, queries, holds and attention_holds)
+    if not (holds and attention_holds):
+        return Invariance(holds=False)  # padding would buy nothing
+    return Invariance(rows, queries)
 
 
 def _counts(most: int) -> list[int]:
