@@ -12,8 +12,10 @@
   of the block, and the DREAM stage's one-request forwards; `packing` and `packed_forwards`: the Hugging
   Face stages' forwards, every ready request's tokens packed into one, attention per request (why a
   request's logits do not depend on what shares its forward); `cuda_graphs`: one-request forwards
-  replayed from CUDA graphs captured per cache and width (`GraphedStep`);
-  `weight_layout`: fp32 linear weights stored column-major on a CPU (faster few-row products)
+  replayed from CUDA graphs captured per cache and width (`GraphedStep`); `invariance`: what a target on a CPU
+  measures when it starts so that a row's result is its own (the least rows a forward, the attention query
+  step, the weights' layout); `weight_layout`: fp32 linear weights stored column-major on a CPU (faster
+  few-row products), or row-major again where only that keeps batched forwards exact
 - `vocabulary`: one vocabulary for the whole pipeline; `device`: the torch device a stage computes on
 
 Importing the package imports nothing: torch loads with the stage modules that need it.
