@@ -88,10 +88,6 @@ class CausalLMStage:
         """Every feed's forward as one (pipespec.engine.stage.BatchingStage)."""
         return [(self.fit(logits.float()), NO_SIDES) for (logits,) in self.forwards.run(feeds)]  # [n, V] each
 
-    def _prefill_step(self, embeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor]:
-        """Packed prompt chunks' input embeddings [1, T, H] at positions [1, T] -> (hidden states [1, T, H]): no head."""
-        return (self.model.get_decoder()(inputs_embeds=embeds, position_ids=positions, use_cache=False).last_hidden_state,)
-
     def begin(self, request: RequestSpec) -> CausalLMSession:
         """`request` opened with its prompt unfed (pipespec.engine.stage.ChunkedPrefillStage)."""
         prompt = request.text_prompt
@@ -109,10 +105,10 @@ class CausalLMStage:
         embed = self.model.get_input_embeddings()
         chunks = []
         for session in sessions:
-            fed = session.cache.length
+            fed = session.prompt_len - 1 - session.unfed_prompt
             ids = torch.tensor(session.prompt[fed : fed + chunk_of(self, session)], dtype=torch.long, device=self.device)
             chunks.append((session.cache, embed(ids)))  # [n, H]
-        self.forwards.prefill(chunks, self._prefill_step)
+        self.forwards.prefill(chunks, self.model.get_decoder())
         for session, (_, embeds) in zip(sessions, chunks):
             session.unfed_prompt -= len(embeds)
 

@@ -126,11 +126,11 @@ class PackedForwards:
         return [tuple(p[0] if len(p) == 1 else torch.cat(p) for p in zip(*pieces)) for pieces in parts]
 
     @torch.inference_mode()
-    def prefill(self, chunks: Sequence[tuple[StaticKV, torch.Tensor]], step: PackedStep) -> list[tuple[torch.Tensor, ...]]:
+    def prefill(self, chunks: Sequence[tuple[StaticKV, torch.Tensor]], decoder: torch.nn.Module) -> list[torch.Tensor]:
         """One eager forward of prompt chunks: each (cache, its next prompt tokens' input embeddings [n, H]) fed after
         what its cache holds, at those positions, the forward padded to at least the least width (a prompt's
-        length changes with every request: not compiled). -> per chunk, each output of `step` (embeddings
-        [1, T, H], positions [1, T]) for its rows [n, ...]."""
+        length changes with every request: not compiled) of the model's `decoder` (its language model, no head).
+        -> per chunk, its rows' post-norm hidden states [n, H]."""
         pieces, positions, ends = [], [], []
         for cache, embeds in chunks:
             at = cache.length
@@ -144,10 +144,10 @@ class PackedForwards:
         embeds = torch.cat([embeds, embeds[-1:].expand(pad, -1)]) if pad else embeds
         positions_t = torch.tensor([positions], dtype=torch.long, device=embeds.device)  # [1, T]
         with self.lock, packed(self._packing(pieces, positions_t)):
-            outs = step(embeds[None], positions_t)
+            hidden = decoder(inputs_embeds=embeds[None], position_ids=positions_t, use_cache=False).last_hidden_state
         for (cache, _), end in zip(chunks, ends):
             cache.rewind(end)
-        return [tuple(out[0, piece.rows] for out in outs) for piece in pieces]
+        return [hidden[0, piece.rows] for piece in pieces]
 
     def _check_room(self, cache: StaticKV, end: int) -> None:
         """A ValueError naming the limit unless a request's context may reach `end` tokens in `cache`."""

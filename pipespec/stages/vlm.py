@@ -146,11 +146,10 @@ class VLMStage:
         self.caches.check(self.name, size)
         session = VLMSession(self, request.prompt_token_ids, size)
         try:
-            if len(request.prompt_token_ids) <= 1:
-                pass
-            elif self.chunks(request.image):
+            if len(request.prompt_token_ids) > 1 and self.chunks(request.image):
                 session.embeddings = self.embed(session.prompt[:-1], request.image)
-            else:
+                session.unfed_prompt = len(session.embeddings)
+            elif len(request.prompt_token_ids) > 1:
                 session.prefill(request.image)
         except BaseException:
             session.close()  # its cache goes back: a failed prefill holds no memory
@@ -189,24 +188,20 @@ class VLMStage:
         whose prompt is then in makes its prefill features."""
         chunks = []
         for session in sessions:
-            fed = session.cache.length
+            fed = session.prompt_len - 1 - session.unfed_prompt
             chunks.append((session.cache, session.embeddings[fed : fed + chunk_of(self, session)]))  # [n, H]
         weights = self.taps.last_attention
         with self.forwards.lock:  # an eager forward: the last layer's weights may be kept for it alone
             if weights is not None:
                 weights.keep_weights = True
             try:
-                outs = self.forwards.prefill(chunks, self._prefill_step)
+                outs = self.forwards.prefill(chunks, self.model.get_decoder())
                 kept = self.taps.attention
             finally:
                 if weights is not None:
                     weights.keep_weights = False
-        for i, (session, (hidden,)) in enumerate(zip(sessions, outs)):
-            session.took(hidden.detach(), None if weights is None else kept[i][0])
-
-    def _prefill_step(self, embeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor]:
-        """Packed prompt chunks' input embeddings [1, T, H] at positions [1, T] -> (post-norm hidden states [1, T, H])."""
-        return (self.model.get_decoder()(inputs_embeds=embeds, position_ids=positions, use_cache=False).last_hidden_state,)
+        for i, ((_, embeds), session, hidden) in enumerate(zip(chunks, sessions, outs)):
+            session.took(len(embeds), hidden.detach(), None if weights is None else kept[i][0])
 
     def tensors(self, image: ImageInputs, prefill: int | None = None) -> dict[str, torch.Tensor]:
         """Processor arrays -> model inputs; per-token arrays ([1, P]) cut to `prefill` = P - 1 tokens if given."""
@@ -252,16 +247,14 @@ class VLMSession:
         self.prefill_features: PrefillFeatures | None = empty  # replaced once the prompt is in (a 1-token prompt has none)
         self.hidden: torch.Tensor | None = None  # [n, H] post-norm, for the tokens of the last forward
         self.embeddings: torch.Tensor | None = None  # [P - 1, H]: the prompt's, while its chunks go in (`VLMStage.begin`)
+        self.unfed_prompt = 0  # of them, not yet in the cache
         self._chunks: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # each chunk's hidden states and attention weights
         self.image_mask = torch.tensor(self.prompt[:-1], device=stage.device) == stage.image_token_id  # [P - 1] bool
 
-    @property
-    def unfed_prompt(self) -> int:
-        return 0 if self.embeddings is None else len(self.embeddings) - self.cache.length
-
-    def took(self, hidden: torch.Tensor, weights: torch.Tensor | None) -> None:
-        """A chunk went in: its post-norm hidden states [n, H] and last-layer attention weights [heads, n, C] (None:
-        not kept); after the last, the prompt's features are made."""
+    def took(self, n: int, hidden: torch.Tensor, weights: torch.Tensor | None) -> None:
+        """A chunk of n tokens went in: its post-norm hidden states [n, H] and last-layer attention weights [heads, n, C]
+        (None: not kept); after the last, the prompt's features are made."""
+        self.unfed_prompt -= n
         self._chunks.append((hidden, weights))
         if self.unfed_prompt:
             return
@@ -293,9 +286,7 @@ class VLMSession:
         image_mask = self.image_mask
         received = None
         if taps.attention is not None:
-            received = attention_received(
-                taps.attention[0][0, ..., :length], image_mask
-            )  # the cache's keys past the prompt: masked
+            received = attention_received(taps.attention[0][0, ..., :length], image_mask)  # keys past the prompt: masked
         self.prefill_features = PrefillFeatures(taps.embeddings[0].detach(), hidden, image_mask, received)
 
     def _with_rope_deltas(self, run: Callable[[], Any]) -> Any:
