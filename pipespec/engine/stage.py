@@ -142,6 +142,12 @@ def chunk_of(stage: ChunkedPrefillStage, session: PrefillingSession) -> int:
     return min(stage.prefill_rows, session.unfed_prompt)
 
 
+def next_chunk(stage: ChunkedPrefillStage, session: PrefillingSession) -> slice:
+    """Where `session`'s next chunk lies in its prompt (of the tokens before the last: the first step feeds that)."""
+    fed = session.prompt_len - 1 - session.unfed_prompt
+    return slice(fed, fed + chunk_of(stage, session))
+
+
 @runtime_checkable
 class AdmittingStage(Stage, Protocol):
     """A stage with a memory budget (the model stages' KV caches, pipespec.stages.kv_pool): the runner opens a

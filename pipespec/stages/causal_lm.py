@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from pipespec.engine.stage import NO_SIDES, Feed, chunk_of, open_whole
+from pipespec.engine.stage import NO_SIDES, Feed, next_chunk, open_whole
 from pipespec.protocol.messages import RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.device import kv_budget, stage_device
@@ -105,8 +105,7 @@ class CausalLMStage:
         embed = self.model.get_input_embeddings()
         chunks = []
         for session in sessions:
-            fed = session.prompt_len - 1 - session.unfed_prompt
-            ids = torch.tensor(session.prompt[fed : fed + chunk_of(self, session)], dtype=torch.long, device=self.device)
+            ids = torch.tensor(session.prompt[next_chunk(self, session)], dtype=torch.long, device=self.device)
             chunks.append((session.cache, embed(ids)))  # [n, H]
         self.forwards.prefill(chunks, self.model.get_decoder())
         for session, (_, embeds) in zip(sessions, chunks):

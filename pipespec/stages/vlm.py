@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForImageTextToText
 
-from pipespec.engine.stage import NO_SIDES, Feed, chunk_of, open_whole
+from pipespec.engine.stage import NO_SIDES, Feed, next_chunk, open_whole
 from pipespec.errors import ConfigError
 from pipespec.protocol.messages import ImageInputs, PrefillFeatures, RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
@@ -188,8 +188,7 @@ class VLMStage:
         whose prompt is then in makes its prefill features."""
         chunks = []
         for session in sessions:
-            fed = session.prompt_len - 1 - session.unfed_prompt
-            chunks.append((session.cache, session.embeddings[fed : fed + chunk_of(self, session)]))  # [n, H]
+            chunks.append((session.cache, session.embeddings[next_chunk(self, session)]))  # [n, H]
         weights = self.taps.last_attention
         with self.forwards.lock:  # an eager forward: the last layer's weights may be kept for it alone
             if weights is not None:
@@ -200,8 +199,8 @@ class VLMStage:
             finally:
                 if weights is not None:
                     weights.keep_weights = False
-        for i, ((_, embeds), session, hidden) in enumerate(zip(chunks, sessions, outs)):
-            session.took(len(embeds), hidden.detach(), None if weights is None else kept[i][0])
+        for i, (session, hidden) in enumerate(zip(sessions, outs)):
+            session.took(hidden.detach(), None if weights is None else kept[i][0])
 
     def tensors(self, image: ImageInputs, prefill: int | None = None) -> dict[str, torch.Tensor]:
         """Processor arrays -> model inputs; per-token arrays ([1, P]) cut to `prefill` = P - 1 tokens if given."""
@@ -251,10 +250,10 @@ class VLMSession:
         self._chunks: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # each chunk's hidden states and attention weights
         self.image_mask = torch.tensor(self.prompt[:-1], device=stage.device) == stage.image_token_id  # [P - 1] bool
 
-    def took(self, n: int, hidden: torch.Tensor, weights: torch.Tensor | None) -> None:
+    def took(self, hidden: torch.Tensor, weights: torch.Tensor | None) -> None:
         """A chunk of n tokens went in: its post-norm hidden states [n, H] and last-layer attention weights [heads, n, C]
         (None: not kept); after the last, the prompt's features are made."""
-        self.unfed_prompt -= n
+        self.unfed_prompt -= len(hidden)
         self._chunks.append((hidden, weights))
         if self.unfed_prompt:
             return
