@@ -52,6 +52,10 @@ class StageSpec:
     # most requests one forward carries, where the stage's kind batches (pipespec.engine.stage.BatchingStage:
     # today the mock's cost model); 1: one request a forward
     max_batch: int = 1
+    # a verifier of a batching kind checks, per forward, only the drafts that pay for their rows (measured
+    # acceptance and the device's measured cost per row bucket: pipespec.engine.verify_budget); false: its
+    # whole verify window whenever the drafts are there
+    adaptive_window: bool = True
 
     @property
     def group(self) -> str:
@@ -230,6 +234,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
         "device_group",
         "predraft",
         "max_batch",
+        "adaptive_window",
     ]
     _reject_unknown(raw, common + option_keys, f"{where} ({kind})")
 
@@ -263,6 +268,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
         raise ConfigError(
             f"{where}.max_batch: kind {kind!r} carries one request a forward (only {batching} batch), got {max_batch}"
         )
+    adaptive = _typed(raw.get("adaptive_window", True), bool, f"{where}.adaptive_window")
     dtype = raw.get("dtype", "bfloat16")
     if dtype not in DTYPES:
         raise ConfigError(f"{where}.dtype: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
@@ -300,7 +306,9 @@ def _stage(raw: Any, i: int) -> StageSpec:
                 values[f.name] = _typed(raw[f.name], ftype, f"{where}.{f.name}")
         options = option_cls(**values)
         options.check(where)
-    return StageSpec(name, kind, model, lookahead, window, dtype, device, dict(resources), group, options, predraft, max_batch)
+    return StageSpec(
+        name, kind, model, lookahead, window, dtype, device, dict(resources), group, options, predraft, max_batch, adaptive
+    )
 
 
 def _check_chain(stages: tuple[StageSpec, ...]) -> None:

@@ -219,6 +219,9 @@ class Batching:
     def forward_batch(self, feeds):
         raise AssertionError("not run here")
 
+    def forward_rows(self, rows):
+        return rows
+
 
 @pytest.mark.parametrize("max_batch, expected", [(1, ["a"]), (3, ["b", "d", "a"]), (8, ["b", "d", "a", "c"])])
 def test_a_batch_takes_the_most_urgent_steps_first_and_fills_its_slots_round_robin(max_batch, expected):

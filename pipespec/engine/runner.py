@@ -39,6 +39,7 @@ from pipespec.engine.scheduler import Batch, DeviceScheduler, Done, Priority
 from pipespec.engine.stage import AdmittingStage, BatchingStage, PrefillingSession, Session, Stage, chunk_of
 from pipespec.engine.step import Outcome, Prefill, PromptChunk, StepPlan, compute, compute_batch, compute_chunks
 from pipespec.engine.trace import StageTrace
+from pipespec.engine.verify_budget import Candidate, ForwardCosts, acceptance, verify_counts
 from pipespec.protocol.links import InProcessLink, Link
 from pipespec.protocol.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
 from pipespec.protocol.stats import StageStats
@@ -82,9 +83,12 @@ class StageRunner:
         reads_features: bool = False,  # we read our verifier's features (a DREAM stage): step only once the prefill's came
         predraft: int = 0,  # branches pre-drafted per request while we wait (pipespec.engine.outcome_cache); 0: none
         max_batch: int = 1,  # most requests one forward carries, where the stage batches (BatchingStage)
+        adaptive_window: bool = True,  # verify only the drafts that pay for their rows (pipespec.engine.verify_budget)
     ):
         self.stage = stage
         self.max_batch = max_batch if isinstance(stage, BatchingStage) else 1
+        # a batching verifier's seconds per forward by row bucket, which its drafts' rows are weighed against
+        self.costs = ForwardCosts() if adaptive_window and drafter_name is not None and isinstance(stage, BatchingStage) else None
         # every drafter may pre-draft (a middle stage tells its own drafter a branch it took in its verdict)
         predraft = predraft if depth > 0 and not sends_features else 0
         self.role = Role(
@@ -156,6 +160,7 @@ class StageRunner:
             reads_features=kind_of(specs[i]).reads_target_features,
             predraft=specs[i].predraft,
             max_batch=specs[i].max_batch,
+            adaptive_window=specs[i].adaptive_window,
             scheduler=scheduler,
         )
 
@@ -294,12 +299,24 @@ class StageRunner:
         if ready:
             ready.sort(key=lambda entry: entry[0])  # stable: round robin within a kind; the rest fill the slots
             chosen = ready[: self.max_batch]
-            return Batch(self, tuple(plan for _, plan in chosen), chosen[0][0])
+            return Batch(self, self._budgeted(tuple(plan for _, plan in chosen)), chosen[0][0])
         if self.prefilling:
             return Batch(self, self._chunks(), Priority.CHECK)
         if self.trace.enabled:
             self._trace_idle()
         return None
+
+    def _budgeted(self, plans: tuple[StepPlan, ...]) -> tuple[StepPlan, ...]:
+        """`plans` checking only the drafts that pay for their rows in one forward (pipespec.engine.verify_budget)."""
+        if self.costs is None or not self.costs.seconds or not any(plan.drafts for plan in plans):
+            return plans  # no budget, nothing measured yet, or nothing to weigh
+        prior = self.around.patience.acceptance
+        candidates = [
+            Candidate(plan.rows - len(plan.drafts), len(plan.drafts), acceptance(self.requests[plan.request_id].req.up.pair, prior))
+            for plan in plans
+        ]
+        counts = verify_counts(candidates, lambda rows: self.costs.estimate(self.stage.forward_rows(rows)))
+        return tuple(plan if n == len(plan.drafts) else plan.verifying(n) for plan, n in zip(plans, counts))
 
     def _chunks(self) -> tuple[PromptChunk, ...]:
         """The begun requests' next prompt chunks for one forward, oldest first: as many as `max_batch` and the
@@ -457,6 +474,10 @@ class StageRunner:
         if done.future.cancelled():
             return
         outcomes = done.future.result()  # one per plan, an error among them (pipespec.engine.step)
+        plans = done.batch.plans
+        if self.costs is not None and isinstance(plans[0], StepPlan) and outcomes and outcomes[0].error is None:
+            timing = outcomes[0].timing
+            self.costs.observe(self.stage.forward_rows(sum(plan.rows for plan in plans)), timing.ended - timing.started)
         for i, (plan, outcome) in enumerate(zip(done.batch.plans, outcomes)):
             if (proto := self.requests.get(plan.request_id)) is not None:
                 try:

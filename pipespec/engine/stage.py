@@ -99,6 +99,10 @@ class BatchingStage(Stage, Protocol):
         """-> per feed, ([len(tokens), V], [len(sides), V]) float32 logits, as its session's forward gives them."""
         ...
 
+    def forward_rows(self, rows: int) -> int:
+        """The rows a forward carrying `rows` rows of requests computes: its row bucket (the rows it pads to)."""
+        ...
+
 
 @runtime_checkable
 class PrefillingSession(Session, Protocol):

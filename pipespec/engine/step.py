@@ -43,6 +43,16 @@ class StepPlan:
     branch: Branch | None = None  # a forward of this pre-drafted branch, not of the main line
     riders: tuple[Rider, ...] = ()  # branches grown one token each in the same (tree) forward
 
+    @property
+    def rows(self) -> int:
+        """The rows its forward computes: its own tokens, its drafts, its riders' lines."""
+        return len(self.feed) + len(self.drafts) + sum(len(rider.feed) for rider in self.riders)
+
+    def verifying(self, n: int) -> StepPlan:
+        """This step checking only its first `n` drafts (the rest stay pending: pipespec.engine.verify_budget)."""
+        probs = self.draft_probs[:n] if self.draft_probs is not None else None
+        return replace(self, drafts=self.drafts[:n], draft_probs=probs)
+
 
 @dataclass(frozen=True)
 class Rider:

@@ -88,6 +88,9 @@ class CausalLMStage:
         """Every feed's forward as one (pipespec.engine.stage.BatchingStage)."""
         return [(self.fit(logits.float()), NO_SIDES) for (logits,) in self.forwards.run(feeds)]  # [n, V] each
 
+    def forward_rows(self, rows: int) -> int:
+        return self.forwards.bucket(rows)
+
     def begin(self, request: RequestSpec) -> CausalLMSession:
         """`request` opened with its prompt unfed (pipespec.engine.stage.ChunkedPrefillStage)."""
         prompt = request.text_prompt

@@ -57,6 +57,9 @@ class MockStage:
         with self.one_forward():
             return [f.session.forward_tree(f.keep, f.tokens, f.sides) for f in feeds]
 
+    def forward_rows(self, rows: int) -> int:
+        return rows  # no padding: every row costs `per_token_ms`
+
     @contextmanager
     def one_forward(self) -> Iterator[None]:
         """The forwards inside are one emulated forward (on the compute thread: one batch at a time): each does

@@ -231,6 +231,9 @@ class VLMStage:
             rows.append((self.fit(logits.float()), NO_SIDES))  # [n, V]
         return rows
 
+    def forward_rows(self, rows: int) -> int:
+        return self.forwards.bucket(rows)
+
 
 class VLMSession:
     def __init__(self, stage: VLMStage, prompt: Sequence[int], cache_size: int):

@@ -229,6 +229,9 @@ class DreamStage:
         logits = self._packed([(s.state, s.tokens[start : s.fed], start) for s, start in zip(sessions, starts)])
         return [(s.end(rows, len(f.tokens)), NO_SIDES) for s, f, rows in zip(sessions, feeds, logits)]
 
+    def forward_rows(self, rows: int) -> int:
+        return rows  # packed unpadded (one request alone: compiled at its width)
+
     @torch.inference_mode()
     def _packed(self, work: Sequence[tuple[DraftState, Sequence[int], int]]) -> list[torch.Tensor]:
         """Each (state, ids, first position) fed in one forward -> each one's logits [n, V]."""
