@@ -1,14 +1,16 @@
 """Host work per target step at each depth: what the runtime does besides the forwards, on the emulated chain.
 
-    python -m experiments.host_work [--time-scale 0.03] [--predraft 0] [--requests 1] [--rounds 3] [--tokens 64]
+    python -m experiments.host_work [--time-scale 0.03] [--predraft 0] [--requests 1] [--rounds 3] [--tokens 64] [--over-grpc]
 
 For d = 1 .. 4, the last d models of experiments.scaling's CHAIN (mock stages, not real models, in this process:
 `LocalPipeline`, one event loop for every stage and the coordinator, a compute thread per stage) generate over
 experiments.bench_engine's PROMPTS, one prompt after the other (`--requests` of each in flight at once, a token
-apart), `--rounds` times, after one warm-up request, with the trace on (pipespec.engine.trace). Per depth, per target step (the target's forwards):
+apart), `--rounds` times, after one warm-up request, with the trace on (pipespec.engine.trace); `--over-grpc`: each
+stage behind its own gRPC server, the links real streams (still one process and one loop). Per depth, per target
+step (the target's forwards):
 
-- messages: what the stages' runners handled (Drafts, Verdicts, finished forwards, timers' wake-ups; the trace's
-  count), and the event loop's CPU milliseconds (the loop thread's CPU clock: every runner's handling, the
+- messages: the deliveries the stages' runners handled (Drafts, Verdicts, finished forwards, timers' wake-ups; a
+  frame's several messages are one; the trace's count), and the event loop's CPU milliseconds (the loop thread's CPU clock: every runner's handling, the
   scheduler's planning, the links, the coordinator and the client's stream);
 - the process's CPU milliseconds (every thread: the loop, the compute threads' arithmetic and choices, which stand
   in for a device's work here, and their hand-offs), beside the machine's: its cores times the wall time of a target
@@ -59,12 +61,14 @@ def process_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(depth: int, time_scale: float, predraft: int, requests: int, rounds: int, tokens: int, max_batch: int = 1) -> Depth:
+def measure(
+    depth: int, time_scale: float, predraft: int, requests: int, rounds: int, tokens: int, max_batch: int = 1, over_grpc: bool = False
+) -> Depth:
     base = emulated_config(CHAIN[-depth:], time_scale, lookahead=8, predraft=predraft, max_batch=max_batch)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     per_round: list[tuple[float, float, float, float, float]] = []
     steps_total = 0
-    with LocalPipeline(base) as pipe:
+    with LocalPipeline(base, over_grpc=over_grpc) as pipe:
         pipe.generate(prompt_token_ids=PROMPTS[0], max_new_tokens=tokens)  # warm-up
         loop_id = pipe.thread.ident
         for _ in range(rounds):
@@ -96,7 +100,8 @@ def measure(depth: int, time_scale: float, predraft: int, requests: int, rounds:
 def table(rows: list[Depth], args: argparse.Namespace) -> str:
     head = (
         f"Emulated chain (mock stages), time scale {args.time_scale}, predraft {args.predraft}, {len(PROMPTS)} prompts x "
-        f"{args.requests} in flight x {args.tokens} tokens, at most {args.max_batch} a forward, {args.rounds} rounds "
+        f"{args.requests} in flight x {args.tokens} tokens, at most {args.max_batch} a forward, {args.rounds} rounds, "
+        f"{'gRPC streams' if args.over_grpc else 'in-process links'} "
         "(medians over rounds). Per target step (a forward of the target, however many requests it carried):"
     )
     lines = [
@@ -123,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per request")
     parser.add_argument("--depths", type=int, nargs="+", default=list(range(1, len(CHAIN) + 1)))
     parser.add_argument("--max-batch", type=int, default=1, help="requests one forward carries (the mocks' batched cost model)")
+    parser.add_argument("--over-grpc", action="store_true", help="the stages linked by gRPC streams, not in process")
     add_log_level(parser)
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
@@ -132,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_batch < 1:
         parser.error(f"--max-batch: at least 1 request a forward, got {args.max_batch}")
     rows = [
-        measure(d, args.time_scale, args.predraft, args.requests, args.rounds, args.tokens, args.max_batch) for d in args.depths
+        measure(d, args.time_scale, args.predraft, args.requests, args.rounds, args.tokens, args.max_batch, args.over_grpc)
+        for d in args.depths
     ]
     print(table(rows, args))
     return 0

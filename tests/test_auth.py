@@ -81,7 +81,7 @@ def test_without_the_secret_nothing_attaches_injects_or_reads(pipe, target_alone
     outcomes = []
 
     def attack(rid):
-        inject = pb.Frame(payload=codec.encode(Close(rid)))
+        inject = pb.Frame(payloads=[codec.encode(Close(rid))])
         outcomes.append(call(pipe.addresses[stage], method, metadata, [inject]))
 
     ids = attacked(pipe, attack)
@@ -106,7 +106,7 @@ def test_a_second_attachment_is_refused_and_the_live_request_finishes_exactly(pi
     outcomes = []
 
     def attack(rid):
-        inject = pb.Frame(payload=codec.encode(Close(rid)))
+        inject = pb.Frame(payloads=[codec.encode(Close(rid))])
         outcomes.append(call(pipe.addresses[stage], method, call_metadata(pipe.secret), [inject]))
 
     ids = attacked(pipe, attack)

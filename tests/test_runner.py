@@ -83,14 +83,22 @@ def test_random_delays_keep_output_exact(agreement, k, target_alone):
 @pytest.mark.parametrize("k", [2, 3])
 def test_batched_forwards_under_random_delays_keep_output_exact(agreement, k, target_alone, monkeypatch):
     """Every stage's forward carries every request ready at it (up to 16; the mock's batched cost model): each
-    request's answer is still the target alone's, greedy and seeded, and the batches did carry several."""
+    request's answer is still the target alone's, greedy and seeded, and the batches did carry several; what a
+    forward produced for several requests travelled to each peer as one delivery."""
     rng = random.Random(f"batched-{agreement}-{k}")
+    deliveries: list[set[str]] = []  # the requests each delivery of several messages was about
+
+    class Counted(DelayLink):
+        def send_all(self, messages):
+            deliveries.append({m.request_id for m in messages})
+            return super().send_all(messages)
+
     config = mock_config([agreement] * (k - 1) + [1.0], lookahead=rng.randint(2, 6), latencies=[0.3] * k, max_batch=4)
     batches = []
     monkeypatch.setattr(
         runner_module, "compute_batch", lambda stage, work, *a: batches.append(len(work)) or batch(stage, work, *a)
     )
-    with LocalPipeline(config, link_factory=lambda peer: DelayLink(peer, 0.002, rng)) as p:
+    with LocalPipeline(config, link_factory=lambda peer: Counted(peer, 0.002, rng)) as p:
         p.start_trace()
         futures = [(p.submit(**r), target_alone.submit(**r)) for r in requests()]
         results = [(f.result(timeout=60), ref.result(timeout=60)) for f, ref in futures]
@@ -104,6 +112,7 @@ def test_batched_forwards_under_random_delays_keep_output_exact(agreement, k, ta
     assert carried == [4] * k, carried  # every stage's forwards carried several requests at times, at most 4
     assert batches and max(batches) == 4  # each as one forward of the stage (compute_batch: the mock's one_forward)
     assert all(s.requests == 1 for steps in traced for s in steps if s.kind == "prefill")  # prefills one at a time
+    assert max(len(about) for about in deliveries) > 1  # a batch's drafts, verdicts or commits went together
     assert sum(pair.num_accepted_tokens for got, _ in results for pair in got.stats.pairs) > 0
 
 

@@ -126,6 +126,11 @@ class ForgingLink:
         for m in self.case.around_open(message) if forge else [message]:
             self.peer.deliver(m)
 
+    def send_all(self, messages) -> list:
+        for message in messages:
+            self.send(message)
+        return []
+
 
 @pytest.fixture(scope="module")
 def target_alone():

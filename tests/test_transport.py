@@ -12,13 +12,14 @@ import asyncio
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipespec import LocalPipeline, load_config
 from pipespec.config import LimitsSpec
 from pipespec.protocol import codec
 from pipespec.protocol.messages import Close, Commit, Draft
 from pipespec.transport.auth import new_secret
-from pipespec.transport.streams import WRAPPER_BYTES, StageClient, channel_options, serve_stage, server_options
+from pipespec.transport.streams import WRAPPER_BYTES, StageClient, StreamLink, channel_options, serve_stage, server_options
 from tests.fixtures.recorder import Recorder, next_of
 
 
@@ -136,7 +137,7 @@ def test_a_stream_ended_by_the_stage_is_lost_to_the_client_only():
     assert served(scenario) == (True, True, 0)
 
 
-def test_a_frame_the_codec_refuses_is_dropped_and_the_stream_goes_on(monkeypatch, caplog):
+def test_a_message_the_codec_refuses_is_dropped_and_its_frame_and_stream_go_on(monkeypatch, caplog):
     decode = codec.decode
 
     def strict(payload, limits=None):
@@ -151,15 +152,31 @@ def test_a_frame_the_codec_refuses_is_dropped_and_the_stream_goes_on(monkeypatch
         try:
             link = client.control(Recorder())
             await next_of(runner.connected)
-            link.queue.put_nowait(b"refused")
+            link.queue.put_nowait([b"refused", codec.encode(Close("r1"))])  # one frame
             link.send(Close("r2"))
-            return await next_of(runner.messages), runner.losses.empty()
+            return await next_of(runner.messages), await next_of(runner.messages), runner.losses.empty()
         finally:
             await client.close()
 
-    assert served(scenario) == (Close("r2"), True)
+    assert served(scenario) == (Close("r1"), Close("r2"), True)
     (warning,) = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
     assert "'stage' coordinator stream" in warning and "a frame the codec refuses" in warning
+
+
+def test_what_is_queued_while_a_frame_goes_rides_in_the_next_frame_within_the_limit():
+    async def frames():
+        link = StreamLink(LimitsSpec(frame_bytes=2**20))
+        assert link.send_all([Close("r1"), Close("r2")]) == []
+        link.send(Close("r0"))
+        big = [Draft(rid, 0, 0, (1,), torch.zeros(1, 150_000)) for rid in ("r3", "r4")]  # 600 KB each: not both in a frame
+        assert link.send_all(big) == []
+        (too_big, error), = link.send_all([Close("r5"), Draft("r6", 0, 0, (1,), torch.zeros(1, 300_000))])
+        assert too_big.request_id == "r6" and "over the frame limit" in str(error)
+        link.close()
+        return [[codec.decode(p).request_id for p in frame.payloads] async for frame in link.frames()]
+
+    # all queued before the writer ran: in order, cut where the next payload would pass the limit
+    assert asyncio.run(frames()) == [["r1", "r2", "r0", "r3"], ["r4", "r5"]]
 
 
 def test_a_frame_over_the_limit_ends_its_stream_and_frees_the_role():
@@ -169,7 +186,7 @@ def test_a_frame_over_the_limit_ends_its_stream_and_frees_the_role():
             inbox = Recorder()
             link = client.link(inbox)
             _, attached = await next_of(runner.connected)
-            link.queue.put_nowait(bytes(256 * 2**10))  # over 64 KiB and the wrapper's allowance
+            link.queue.put_nowait([bytes(256 * 2**10)])  # over 64 KiB and the wrapper's allowance
             lost = await next_of(runner.losses), await next_of(inbox.losses)
             client.link(Recorder())
             await next_of(runner.connected)  # the role is free again

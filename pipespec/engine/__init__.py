@@ -8,6 +8,7 @@
 - `predrafting`: the hooks where a request's protocol plans, grows and cashes pre-drafted branches
 - `early_mail`: messages that overtook their request's Open, held until it comes
 - `patience`: when a verifier waits for its drafter instead of generating itself
+- `verify_budget`: how many of its drafts each request of a batched verification checks (those that pay)
 - `outcome_cache`: branches a waiting drafter pre-drafts for the verdicts it expects
 - `step`: one forward of one stage, planned on the loop and run on the compute thread
 - `scheduler`: `DeviceScheduler`, one device's compute thread shared by its stages

@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipespec.config import PipelineConfig
@@ -86,6 +86,8 @@ class StageRunner:
         adaptive_window: bool = True,  # verify only the drafts that pay for their rows (pipespec.engine.verify_budget)
     ):
         self.stage = stage
+        # what the stage can do, found once (a runtime Protocol's isinstance is dear on the event loop's hot path)
+        self.admitting = stage if isinstance(stage, AdmittingStage) else None
         self.max_batch = max_batch if isinstance(stage, BatchingStage) else 1
         # a batching verifier's seconds per forward by row bucket, which its drafts' rows are weighed against
         self.costs = ForwardCosts() if adaptive_window and drafter_name is not None and isinstance(stage, BatchingStage) else None
@@ -169,6 +171,10 @@ class StageRunner:
     def deliver(self, message: Message) -> None:
         self.inbox.put_nowait(message)
 
+    def deliver_all(self, messages: Sequence[Message]) -> None:
+        """Several messages that came together (one frame): read in one turn of the loop, planned from once."""
+        self.inbox.put_nowait(tuple(messages))
+
     def lost(self, link: Link) -> None:
         """`link` is gone (its peer died, or the stream broke): handled in order with the messages before it."""
         self.deliver(_Lost(link))
@@ -202,7 +208,8 @@ class StageRunner:
                     self.trace.handled(time.perf_counter() - t0)
                 message = await self.inbox.get()
                 t0 = time.perf_counter() if self.trace.enabled else 0.0
-                self._receive(message)
+                for one in message if isinstance(message, tuple) else (message,):
+                    self._receive(one)
                 if self.trace.enabled:
                     self.trace.handled(time.perf_counter() - t0)
         finally:
@@ -333,9 +340,9 @@ class StageRunner:
         """The oldest request waiting to be opened, once the stage has memory for it (pipespec.engine.stage.AdmittingStage:
         it and those after it wait, in order, for requests to close)."""
         oldest = next(iter(self.unprefilled), None)
-        if oldest is None or not isinstance(self.stage, AdmittingStage):
+        if oldest is None or self.admitting is None:
             return oldest
-        return oldest if self.stage.admits(self.requests[oldest].req.spec) else None  # first come, first served
+        return oldest if self.admitting.admits(self.requests[oldest].req.spec) else None  # first come, first served
 
     def _plan(self, proto: RequestProtocol) -> StepPlan | None:
         """`proto`'s next step, if any; a wait for drafts it begins wakes us when it runs out."""
@@ -440,8 +447,8 @@ class StageRunner:
             return
         self._close_session(proto)
         req = proto.req
-        if isinstance(self.stage, AdmittingStage):
-            req.stats.kv_use = self.stage.kv_use
+        if self.admitting is not None:
+            req.stats.kv_use = self.admitting.kv_use
         self._send(self.coordinator, Closed(rid, self.name, req.stats, req.up.pair if req.up is not None else None))
 
     def _on_lost(self, link: Link) -> None:
@@ -536,8 +543,9 @@ class StageRunner:
             self.outbox.append((link, message, args))
 
     def _flush(self, only: type | None = None) -> None:
-        """Send what waits in the outbox (only on links of type `only`, if given: per link, order stays)."""
-        keep = []
+        """Send what waits in the outbox (only on links of type `only`, if given), each link's as one delivery, in
+        order: one forward's messages to a peer travel together, whatever number of requests it carried."""
+        keep, by_link = [], {}
         outbox, self.outbox = self.outbox, []
         for entry in outbox:
             link, message, args = entry
@@ -545,13 +553,20 @@ class StageRunner:
                 keep.append(entry)
                 continue
             try:
-                link.send(message(*args) if args else message)
-            except Exception as error:  # a message that cannot be built or encoded fails its request only
-                rid = args[0] if args else message.request_id
-                log.error("stage %s: cannot send for request %s", self.name, rid, exc_info=error)
-                if rid in self.requests:
-                    self._fail(rid, error)
+                built = message(*args) if args else message
+            except Exception as error:  # a message that cannot be built fails its request only
+                self._unsent(args[0] if args else message.request_id, error)
+                continue
+            by_link.setdefault(id(link), (link, []))[1].append(built)
+        for link, messages in by_link.values():
+            for message, error in link.send_all(messages):  # one that cannot be encoded fails its request only
+                self._unsent(message.request_id, error)
         self.outbox = keep + self.outbox
+
+    def _unsent(self, rid: str, error: Exception) -> None:
+        log.error("stage %s: cannot send for request %s", self.name, rid, exc_info=error)
+        if rid in self.requests:
+            self._fail(rid, error)
 
 
 _ERROR_CHARS = 2000  # of an error sent in `Failed` (its frame stays small: pipespec.protocol.codec)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0epipespec.proto\x12\x08pipespec\"\x18\n\x05\x46rame\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"\x0f\n\rHealthRequest\"=\n\x0bHealthReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x10\n\x08requests\x18\x03 \x01(\x05\"\x9c\x03\n\x0fGenerateRequest\x12\x13\n\x06prompt\x18\x01 \x01(\tH\x00\x88\x01\x01\x12,\n\x10prompt_token_ids\x18\n \x01(\x0b\x32\x12.pipespec.TokenIds\x12\x12\n\x05image\x18\x03 \x01(\x0cH\x01\x88\x01\x01\x12\x1b\n\x0emax_new_tokens\x18\x04 \x01(\x03H\x02\x88\x01\x01\x12\x18\n\x0btemperature\x18\x0b \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_p\x18\x0c \x01(\x01H\x04\x88\x01\x01\x12\x12\n\x05top_k\x18\x07 \x01(\x03H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x06\x88\x01\x01\x12\x0c\n\x04stop\x18\t \x03(\t\x12\'\n\x08messages\x18\r \x03(\x0b\x32\x15.pipespec.ChatMessage\x12\x15\n\x08logprobs\x18\x0e \x01(\x03H\x07\x88\x01\x01\x42\t\n\x07_promptB\x08\n\x06_imageB\x11\n\x0f_max_new_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x0b\n\t_logprobsJ\x04\x08\x02\x10\x03J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07\"A\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12$\n\x05parts\x18\x02 \x03(\x0b\x32\x15.pipespec.ContentPart\"6\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x0f\n\x05image\x18\x02 \x01(\x08H\x00\x42\x06\n\x04kind\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"S\n\x05\x43hunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12)\n\x08logprobs\x18\x03 \x03(\x0b\x32\x17.pipespec.TokenLogprobs\"R\n\rTokenLogprobs\x12\r\n\x05token\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12!\n\x03top\x18\x03 \x03(\x0b\x32\x14.pipespec.TopLogprob\",\n\nTopLogprob\x12\r\n\x05token\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\"N\n\x08\x46inished\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12%\n\x05stats\x18\x03 \x01(\x0b\x32\x16.pipespec.RequestStatsJ\x04\x08\x02\x10\x03\"\xae\x01\n\x0cRequestStats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x18\n\x10generated_tokens\x18\x02 \x01(\x03\x12\x11\n\tprefill_s\x18\x03 \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\x04 \x01(\x01\x12\"\n\x05pairs\x18\x05 \x03(\x0b\x32\x13.pipespec.PairStats\x12$\n\x06stages\x18\x06 \x03(\x0b\x32\x14.pipespec.StageStats\"\xb0\x01\n\tPairStats\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x10\n\x08verifier\x18\x02 \x01(\t\x12\x12\n\nnum_drafts\x18\x03 \x01(\x03\x12\x18\n\x10num_draft_tokens\x18\x04 \x01(\x03\x12\x1b\n\x13num_accepted_tokens\x18\x05 \x01(\x03\x12\x16\n\x0enum_rejections\x18\x06 \x01(\x03\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x07 \x03(\x03\"\xe3\x01\n\nStageStats\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x10\n\x08\x66orwards\x18\x02 \x01(\x03\x12\x12\n\ntokens_fed\x18\x03 \x01(\x03\x12\x11\n\trollbacks\x18\x04 \x01(\x03\x12\x16\n\x0e\x64ropped_drafts\x18\x05 \x01(\x03\x12\x11\n\tcompute_s\x18\x06 \x01(\x01\x12\x15\n\rpredraft_hits\x18\x07 \x01(\x03\x12\x17\n\x0fpredraft_misses\x18\x08 \x01(\x03\x12\x17\n\x0fpredraft_tokens\x18\t \x01(\x03\x12\x19\n\x11predraft_forwards\x18\n \x01(\x03\"\x18\n\x05\x45rror\x12\x0f\n\x07message\x18\x01 \x01(\t\"\x9a\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12 \n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x0f.pipespec.ChunkH\x00\x12&\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x12.pipespec.FinishedH\x00\x12 \n\x05\x65rror\x18\x04 \x01(\x0b\x32\x0f.pipespec.ErrorH\x00\x42\x06\n\x04kind\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\x0b\x43\x61ncelReply\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x32\xa0\x01\n\x05Stage\x12,\n\x04Link\x12\x0f.pipespec.Frame\x1a\x0f.pipespec.Frame(\x01\x30\x01\x12/\n\x07\x43ontrol\x12\x0f.pipespec.Frame\x1a\x0f.pipespec.Frame(\x01\x30\x01\x12\x38\n\x06Health\x12\x17.pipespec.HealthRequest\x1a\x15.pipespec.HealthReply2\xc6\x01\n\x0b\x43oordinator\x12\x43\n\x08Generate\x12\x19.pipespec.GenerateRequest\x1a\x1a.pipespec.GenerateResponse0\x01\x12\x38\n\x06\x43\x61ncel\x12\x17.pipespec.CancelRequest\x1a\x15.pipespec.CancelReply\x12\x38\n\x06Health\x12\x17.pipespec.HealthRequest\x1a\x15.pipespec.HealthReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0epipespec.proto\x12\x08pipespec\"\x19\n\x05\x46rame\x12\x10\n\x08payloads\x18\x01 \x03(\x0c\"\x0f\n\rHealthRequest\"=\n\x0bHealthReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x10\n\x08requests\x18\x03 \x01(\x05\"\x9c\x03\n\x0fGenerateRequest\x12\x13\n\x06prompt\x18\x01 \x01(\tH\x00\x88\x01\x01\x12,\n\x10prompt_token_ids\x18\n \x01(\x0b\x32\x12.pipespec.TokenIds\x12\x12\n\x05image\x18\x03 \x01(\x0cH\x01\x88\x01\x01\x12\x1b\n\x0emax_new_tokens\x18\x04 \x01(\x03H\x02\x88\x01\x01\x12\x18\n\x0btemperature\x18\x0b \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_p\x18\x0c \x01(\x01H\x04\x88\x01\x01\x12\x12\n\x05top_k\x18\x07 \x01(\x03H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x06\x88\x01\x01\x12\x0c\n\x04stop\x18\t \x03(\t\x12\'\n\x08messages\x18\r \x03(\x0b\x32\x15.pipespec.ChatMessage\x12\x15\n\x08logprobs\x18\x0e \x01(\x03H\x07\x88\x01\x01\x42\t\n\x07_promptB\x08\n\x06_imageB\x11\n\x0f_max_new_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x0b\n\t_logprobsJ\x04\x08\x02\x10\x03J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07\"A\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12$\n\x05parts\x18\x02 \x03(\x0b\x32\x15.pipespec.ContentPart\"6\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x0f\n\x05image\x18\x02 \x01(\x08H\x00\x42\x06\n\x04kind\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"S\n\x05\x43hunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12)\n\x08logprobs\x18\x03 \x03(\x0b\x32\x17.pipespec.TokenLogprobs\"R\n\rTokenLogprobs\x12\r\n\x05token\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12!\n\x03top\x18\x03 \x03(\x0b\x32\x14.pipespec.TopLogprob\",\n\nTopLogprob\x12\r\n\x05token\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\"N\n\x08\x46inished\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12%\n\x05stats\x18\x03 \x01(\x0b\x32\x16.pipespec.RequestStatsJ\x04\x08\x02\x10\x03\"\xae\x01\n\x0cRequestStats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x18\n\x10generated_tokens\x18\x02 \x01(\x03\x12\x11\n\tprefill_s\x18\x03 \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\x04 \x01(\x01\x12\"\n\x05pairs\x18\x05 \x03(\x0b\x32\x13.pipespec.PairStats\x12$\n\x06stages\x18\x06 \x03(\x0b\x32\x14.pipespec.StageStats\"\xb0\x01\n\tPairStats\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x10\n\x08verifier\x18\x02 \x01(\t\x12\x12\n\nnum_drafts\x18\x03 \x01(\x03\x12\x18\n\x10num_draft_tokens\x18\x04 \x01(\x03\x12\x1b\n\x13num_accepted_tokens\x18\x05 \x01(\x03\x12\x16\n\x0enum_rejections\x18\x06 \x01(\x03\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x07 \x03(\x03\"\xe3\x01\n\nStageStats\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x10\n\x08\x66orwards\x18\x02 \x01(\x03\x12\x12\n\ntokens_fed\x18\x03 \x01(\x03\x12\x11\n\trollbacks\x18\x04 \x01(\x03\x12\x16\n\x0e\x64ropped_drafts\x18\x05 \x01(\x03\x12\x11\n\tcompute_s\x18\x06 \x01(\x01\x12\x15\n\rpredraft_hits\x18\x07 \x01(\x03\x12\x17\n\x0fpredraft_misses\x18\x08 \x01(\x03\x12\x17\n\x0fpredraft_tokens\x18\t \x01(\x03\x12\x19\n\x11predraft_forwards\x18\n \x01(\x03\"\x18\n\x05\x45rror\x12\x0f\n\x07message\x18\x01 \x01(\t\"\x9a\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12 \n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x0f.pipespec.ChunkH\x00\x12&\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x12.pipespec.FinishedH\x00\x12 \n\x05\x65rror\x18\x04 \x01(\x0b\x32\x0f.pipespec.ErrorH\x00\x42\x06\n\x04kind\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\x0b\x43\x61ncelReply\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x32\xa0\x01\n\x05Stage\x12,\n\x04Link\x12\x0f.pipespec.Frame\x1a\x0f.pipespec.Frame(\x01\x30\x01\x12/\n\x07\x43ontrol\x12\x0f.pipespec.Frame\x1a\x0f.pipespec.Frame(\x01\x30\x01\x12\x38\n\x06Health\x12\x17.pipespec.HealthRequest\x1a\x15.pipespec.HealthReply2\xc6\x01\n\x0b\x43oordinator\x12\x43\n\x08Generate\x12\x19.pipespec.GenerateRequest\x1a\x1a.pipespec.GenerateResponse0\x01\x12\x38\n\x06\x43\x61ncel\x12\x17.pipespec.CancelRequest\x1a\x15.pipespec.CancelReply\x12\x38\n\x06Health\x12\x17.pipespec.HealthRequest\x1a\x15.pipespec.HealthReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,43 +32,43 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pipespec_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FRAME']._serialized_start=28
-  _globals['_FRAME']._serialized_end=52
-  _globals['_HEALTHREQUEST']._serialized_start=54
-  _globals['_HEALTHREQUEST']._serialized_end=69
-  _globals['_HEALTHREPLY']._serialized_start=71
-  _globals['_HEALTHREPLY']._serialized_end=132
-  _globals['_GENERATEREQUEST']._serialized_start=135
-  _globals['_GENERATEREQUEST']._serialized_end=547
-  _globals['_CHATMESSAGE']._serialized_start=549
-  _globals['_CHATMESSAGE']._serialized_end=614
-  _globals['_CONTENTPART']._serialized_start=616
-  _globals['_CONTENTPART']._serialized_end=670
-  _globals['_TOKENIDS']._serialized_start=672
-  _globals['_TOKENIDS']._serialized_end=695
-  _globals['_CHUNK']._serialized_start=697
-  _globals['_CHUNK']._serialized_end=780
-  _globals['_TOKENLOGPROBS']._serialized_start=782
-  _globals['_TOKENLOGPROBS']._serialized_end=864
-  _globals['_TOPLOGPROB']._serialized_start=866
-  _globals['_TOPLOGPROB']._serialized_end=910
-  _globals['_FINISHED']._serialized_start=912
-  _globals['_FINISHED']._serialized_end=990
-  _globals['_REQUESTSTATS']._serialized_start=993
-  _globals['_REQUESTSTATS']._serialized_end=1167
-  _globals['_PAIRSTATS']._serialized_start=1170
-  _globals['_PAIRSTATS']._serialized_end=1346
-  _globals['_STAGESTATS']._serialized_start=1349
-  _globals['_STAGESTATS']._serialized_end=1576
-  _globals['_ERROR']._serialized_start=1578
-  _globals['_ERROR']._serialized_end=1602
-  _globals['_GENERATERESPONSE']._serialized_start=1605
-  _globals['_GENERATERESPONSE']._serialized_end=1759
-  _globals['_CANCELREQUEST']._serialized_start=1761
-  _globals['_CANCELREQUEST']._serialized_end=1796
-  _globals['_CANCELREPLY']._serialized_start=1798
-  _globals['_CANCELREPLY']._serialized_end=1830
-  _globals['_STAGE']._serialized_start=1833
-  _globals['_STAGE']._serialized_end=1993
-  _globals['_COORDINATOR']._serialized_start=1996
-  _globals['_COORDINATOR']._serialized_end=2194
+  _globals['_FRAME']._serialized_end=53
+  _globals['_HEALTHREQUEST']._serialized_start=55
+  _globals['_HEALTHREQUEST']._serialized_end=70
+  _globals['_HEALTHREPLY']._serialized_start=72
+  _globals['_HEALTHREPLY']._serialized_end=133
+  _globals['_GENERATEREQUEST']._serialized_start=136
+  _globals['_GENERATEREQUEST']._serialized_end=548
+  _globals['_CHATMESSAGE']._serialized_start=550
+  _globals['_CHATMESSAGE']._serialized_end=615
+  _globals['_CONTENTPART']._serialized_start=617
+  _globals['_CONTENTPART']._serialized_end=671
+  _globals['_TOKENIDS']._serialized_start=673
+  _globals['_TOKENIDS']._serialized_end=696
+  _globals['_CHUNK']._serialized_start=698
+  _globals['_CHUNK']._serialized_end=781
+  _globals['_TOKENLOGPROBS']._serialized_start=783
+  _globals['_TOKENLOGPROBS']._serialized_end=865
+  _globals['_TOPLOGPROB']._serialized_start=867
+  _globals['_TOPLOGPROB']._serialized_end=911
+  _globals['_FINISHED']._serialized_start=913
+  _globals['_FINISHED']._serialized_end=991
+  _globals['_REQUESTSTATS']._serialized_start=994
+  _globals['_REQUESTSTATS']._serialized_end=1168
+  _globals['_PAIRSTATS']._serialized_start=1171
+  _globals['_PAIRSTATS']._serialized_end=1347
+  _globals['_STAGESTATS']._serialized_start=1350
+  _globals['_STAGESTATS']._serialized_end=1577
+  _globals['_ERROR']._serialized_start=1579
+  _globals['_ERROR']._serialized_end=1603
+  _globals['_GENERATERESPONSE']._serialized_start=1606
+  _globals['_GENERATERESPONSE']._serialized_end=1760
+  _globals['_CANCELREQUEST']._serialized_start=1762
+  _globals['_CANCELREQUEST']._serialized_end=1797
+  _globals['_CANCELREPLY']._serialized_start=1799
+  _globals['_CANCELREPLY']._serialized_end=1831
+  _globals['_STAGE']._serialized_start=1834
+  _globals['_STAGE']._serialized_end=1994
+  _globals['_COORDINATOR']._serialized_start=1997
+  _globals['_COORDINATOR']._serialized_end=2195
 # @@protoc_insertion_point(module_scope)

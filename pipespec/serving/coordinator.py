@@ -148,6 +148,10 @@ class Coordinator:
 
     # ---- stage side ---------------------------------------------------------------------------
 
+    def deliver_all(self, messages: Sequence[Message]) -> None:
+        for message in messages:
+            self.deliver(message)
+
     def deliver(self, message: Message) -> None:
         if not isinstance(message, (Commit, Closed, Failed)):  # a stage never sends anything else
             log.error("coordinator: dropped %.200r: not a message a stage sends", message)

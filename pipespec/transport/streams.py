@@ -2,7 +2,10 @@
 
 A stage serves `Stage.Link` (its drafter connects and streams drafts; verdicts come back on the same
 stream) and `Stage.Control` (the coordinator connects: opens and closes go down, commits, statistics
-and failures come up). Each message is one msgpack frame (pipespec.protocol.codec). `send` never blocks the
+and failures come up). Each message is one msgpack payload (pipespec.protocol.codec); a gRPC frame carries
+every payload queued since the last one went (what one `send_all` sent at least: a forward's drafts or
+verdicts for all its requests), as many as fit `limits.frame_bytes`, and its reader delivers them as one.
+`send` never blocks the
 event loop: it queues the frame and a writer awaits gRPC's flow control, so a slow peer holds back
 the writer, not the runner; the queue stays small because the protocol bounds what is in flight
 (lookahead per request).
@@ -28,14 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import grpc
 
 from pipespec.config import FaultSpec, LimitsSpec
 from pipespec.protocol import codec
-from pipespec.protocol.links import Inbox
+from pipespec.protocol.links import Inbox, Unsent
 from pipespec.protocol.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.protos import pipespec_pb2_grpc as pb_grpc
@@ -102,20 +105,36 @@ class StreamLink:
     because the stream ended) it drops what is sent: nothing piles up for a peer that is gone."""
 
     def __init__(self, limits: LimitsSpec) -> None:
-        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[list[bytes] | None] = asyncio.Queue()  # payloads sent together
         self.closed = False
         self.limits = limits
 
     def send(self, message: Message) -> None:
         """Queue `message`; one larger than its kind's limit raises codec.FrameError (its request fails,
         not the stream: gRPC would end the stream for it, and the peer would refuse it anyway)."""
+        if not self.closed:
+            self.queue.put_nowait([self._encode(message)])
+
+    def send_all(self, messages: Sequence[Message]) -> list[Unsent]:
+        """Queue `messages` to go in one frame (those over their kinds' limits stay behind, named)."""
+        payloads, unsent = [], []
         if self.closed:
-            return
+            return unsent
+        for message in messages:
+            try:
+                payloads.append(self._encode(message))
+            except codec.FrameError as error:
+                unsent.append((message, error))
+        if payloads:
+            self.queue.put_nowait(payloads)
+        return unsent
+
+    def _encode(self, message: Message) -> bytes:
         payload = codec.encode(message)
         kind = type(message).__name__
         if len(payload) > (limit := codec.frame_limit(kind, self.limits)):
             raise codec.FrameError(f"a {kind} of {len(payload)} bytes is over the frame limit of {limit} (limits.frame_bytes)")
-        self.queue.put_nowait(payload)
+        return payload
 
     def close(self) -> None:
         if not self.closed:
@@ -123,8 +142,30 @@ class StreamLink:
             self.queue.put_nowait(_END)
 
     async def frames(self) -> AsyncIterator[pb.Frame]:
-        while (payload := await self.queue.get()) is not _END:
-            yield pb.Frame(payload=payload)
+        """Every payload queued, in order, in as few frames as fit `limits.frame_bytes` (gRPC's message limit,
+        beside the wrapper): whatever was queued while the last frame went rides in the next."""
+        ended = False
+        while not ended and (payloads := await self.queue.get()) is not _END:
+            while not self.queue.empty():
+                if (more := self.queue.get_nowait()) is _END:
+                    ended = True
+                    break
+                payloads.extend(more)
+            for frame in _frames(payloads, self.limits.frame_bytes):
+                yield pb.Frame(payloads=frame)
+
+
+def _frames(payloads: list[bytes], budget: int) -> Iterator[list[bytes]]:
+    """`payloads` in order, cut into runs of at most `budget` bytes (a payload alone may be as large)."""
+    frame, size = [], 0
+    for payload in payloads:
+        if frame and size + len(payload) > budget:
+            yield frame
+            frame, size = [], 0
+        frame.append(payload)
+        size += len(payload)
+    if frame:
+        yield frame
 
 
 # What each stream carries, by the side reading it: a frame of another kind is dropped
@@ -134,21 +175,23 @@ FROM_COORDINATOR = (Open, Close)  # a stage reads the coordinator's opens and cl
 FROM_STAGE = (Commit, Closed, Failed)  # the coordinator reads a stage's answers
 
 
-async def _read(
-    frames: AsyncIterator[pb.Frame], deliver: Callable[[Message], None], limits: LimitsSpec, kinds: tuple[type, ...], what: str
-) -> None:
-    """Deliver every incoming frame of `kinds` until the stream ends; a frame the codec refuses, or of
-    another kind, is logged and dropped."""
+async def _read(frames: AsyncIterator[pb.Frame], inbox: Inbox, limits: LimitsSpec, kinds: tuple[type, ...], what: str) -> None:
+    """Deliver every incoming frame's messages of `kinds`, as one, until the stream ends; a payload the codec
+    refuses, or of another kind, is logged and dropped (the frame's others are delivered)."""
     async for frame in frames:
-        try:
-            message = codec.decode(frame.payload, limits)
-        except codec.FrameError as e:
-            log.warning("%s: dropped a frame: %s", what, e)
-            continue
-        if not isinstance(message, kinds):
-            log.warning("%s: dropped a %s: this stream does not carry it", what, type(message).__name__)
-            continue
-        deliver(message)
+        messages = []
+        for payload in frame.payloads:
+            try:
+                message = codec.decode(payload, limits)
+            except codec.FrameError as e:
+                log.warning("%s: dropped a message: %s", what, e)
+                continue
+            if not isinstance(message, kinds):
+                log.warning("%s: dropped a %s: this stream does not carry it", what, type(message).__name__)
+                continue
+            messages.append(message)
+        if messages:
+            inbox.deliver_all(messages)
 
 
 class StageService(pb_grpc.StageServicer):
@@ -206,7 +249,7 @@ class StageService(pb_grpc.StageServicer):
             self.coordinator_attached.set()
         what = f"stage {self.runner.name!r} {role} stream"
         reader = asyncio.create_task(
-            _read(incoming, self.runner.deliver, self.limits, FROM_DRAFTER if role == DRAFTER else FROM_COORDINATOR, what)
+            _read(incoming, self.runner, self.limits, FROM_DRAFTER if role == DRAFTER else FROM_COORDINATOR, what)
         )
         reader.add_done_callback(lambda _: link.close())
         why = "cancelled (the peer went away)"
@@ -336,7 +379,7 @@ class StageClient:
         what = f"{role} stream to the stage at {self.address}"
         why = "its reader failed"  # an unexpected error, which the task raises
         try:
-            await _read(call, inbox.deliver, self.limits, FROM_VERIFIER if role == DRAFTER else FROM_STAGE, what)
+            await _read(call, inbox, self.limits, FROM_VERIFIER if role == DRAFTER else FROM_STAGE, what)
             why = "the stage ended it"
         except grpc.aio.AioRpcError as e:
             why = f"{e.code().name}: {e.details()}"
