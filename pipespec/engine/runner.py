@@ -39,7 +39,7 @@ from pipespec.engine.scheduler import Batch, DeviceScheduler, Done, Priority
 from pipespec.engine.stage import AdmittingStage, BatchingStage, PrefillingSession, Session, Stage, chunk_of
 from pipespec.engine.step import Outcome, Prefill, PromptChunk, StepPlan, compute, compute_batch, compute_chunks
 from pipespec.engine.trace import StageTrace
-from pipespec.engine.verify_budget import Candidate, ForwardCosts, acceptance, verify_counts
+from pipespec.engine.verify_budget import EXPLORE_EVERY, Candidate, ForwardCosts, acceptance, verify_counts
 from pipespec.protocol.links import InProcessLink, Link
 from pipespec.protocol.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
 from pipespec.protocol.stats import StageStats
@@ -89,8 +89,9 @@ class StageRunner:
         # what the stage can do, found once (a runtime Protocol's isinstance is dear on the event loop's hot path)
         self.admitting = stage if isinstance(stage, AdmittingStage) else None
         self.max_batch = max_batch if isinstance(stage, BatchingStage) else 1
-        # a batching verifier's seconds per forward by row bucket, which its drafts' rows are weighed against
+        # a batching verifier's seconds per batched forward (by requests and rows), which its drafts' rows are weighed against
         self.costs = ForwardCosts() if adaptive_window and drafter_name is not None and isinstance(stage, BatchingStage) else None
+        self.budgeted = 0  # batched verifications weighed against `costs`
         # every drafter may pre-draft (a middle stage tells its own drafter a branch it took in its verdict)
         predraft = predraft if depth > 0 and not sends_features else 0
         self.role = Role(
@@ -314,15 +315,19 @@ class StageRunner:
         return None
 
     def _budgeted(self, plans: tuple[StepPlan, ...]) -> tuple[StepPlan, ...]:
-        """`plans` checking only the drafts that pay for their rows in one forward (pipespec.engine.verify_budget)."""
-        if self.costs is None or not self.costs.seconds or not any(plan.drafts for plan in plans):
-            return plans  # no budget, nothing measured yet, or nothing to weigh
+        """`plans` checking only the drafts that pay for their rows in one batched forward
+        (pipespec.engine.verify_budget); a request alone checks its window (its forward is another shape)."""
+        if self.costs is None or len(plans) == 1 or not self.costs.measured or not any(plan.drafts for plan in plans):
+            return plans  # no budget, one request, nothing measured yet, or nothing to weigh
+        self.budgeted += 1
+        if self.budgeted % EXPLORE_EVERY == 0:
+            return plans  # every draft rides now and then: every bucket's cost stays measured
         prior = self.around.patience.acceptance
         candidates = [
             Candidate(plan.rows - len(plan.drafts), len(plan.drafts), acceptance(self.requests[plan.request_id].req.up.pair, prior))
             for plan in plans
         ]
-        counts = verify_counts(candidates, lambda rows: self.costs.estimate(self.stage.forward_rows(rows)))
+        counts = verify_counts(candidates, lambda rows: self.costs.estimate(len(plans), self.stage.forward_rows(rows)))
         return tuple(plan if n == len(plan.drafts) else plan.verifying(n) for plan, n in zip(plans, counts))
 
     def _chunks(self) -> tuple[PromptChunk, ...]:
@@ -482,9 +487,10 @@ class StageRunner:
             return
         outcomes = done.future.result()  # one per plan, an error among them (pipespec.engine.step)
         plans = done.batch.plans
-        if self.costs is not None and isinstance(plans[0], StepPlan) and outcomes and outcomes[0].error is None:
+        if self.costs is not None and len(plans) > 1 and isinstance(plans[0], StepPlan) and outcomes[0].error is None:
             timing = outcomes[0].timing
-            self.costs.observe(self.stage.forward_rows(sum(plan.rows for plan in plans)), timing.ended - timing.started)
+            rows = self.stage.forward_rows(sum(plan.rows for plan in plans))
+            self.costs.observe(len(plans), rows, timing.ended - timing.started)
         for i, (plan, outcome) in enumerate(zip(done.batch.plans, outcomes)):
             if (proto := self.requests.get(plan.request_id)) is not None:
                 try:

@@ -6,62 +6,94 @@ verifies g drafts, each accepted with probability a (its measured acceptance), y
 
     E(g) = 1 + a + ... + a^g
 
-tokens; a forward of R rows lasts T(R), measured per row bucket on the stage's own device (`ForwardCosts`).
+tokens; a batched forward of n requests and R rows lasts T(n, R), fitted to the stage's own forwards
+(`ForwardCosts`: what a request costs, its own attention over its own cache, apart from what a row costs).
 `verify_counts` picks every request's g so that the forward yields the most expected tokens per second (the
 "goodput" rule of SmartSpec, Liu et al. 2024): the k-th draft of a request adds a^k tokens, so the forward
 takes the best prefix of all requests' drafts ranked by that gain. Rows a bucket pads anyway are free, so
 every draft rides while the batch fits its bucket; where every row costs and acceptance is low, none does
 and the verifier generates alone: speculation stops where it stops paying. Drafts left out stay pending
 (the next forward may take them), and a verifier's tokens do not depend on how many drafts it checks, so
-the answer is the same whatever is chosen.
+the answer is the same whatever is chosen. Now and then (`EXPLORE_EVERY` batched verifications) every draft
+rides, so that the fit keeps seeing forwards of every width: were rows measured too dear by chance, drafts
+would otherwise never ride again, and the fit never be corrected.
 """
 
 from __future__ import annotations
 
-import bisect
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from pipespec.protocol.stats import PairStats
 
+EXPLORE_EVERY = 16  # batched verifications: one in this many checks every pending draft
 _PRIOR = 2.0  # weight, in verifications, of the stage's acceptance in a request's own estimate
 _MOST = 0.999  # the acceptance no estimate exceeds: E(g) stays finite and each further draft gains less
 
 
 class ForwardCosts:
-    """A device's seconds per forward by the rows it computed (a row bucket), measured: an average per bucket.
+    """A device's seconds per batched forward, fitted to its last `keep` forwards by least squares:
 
-    Rows never measured are estimated from their neighbours: between two, linearly; past the widest, along the
-    slope of the two widest, never cheaper than the widest; below the least, cheaper in proportion to the rows.
-    The last is optimistic on purpose: a narrower forward than any run so far gets chosen, and so measured (were
-    it as dear as the least measured, the wide forwards the first batches ran would never be narrowed)."""
+        T(n, R) = fixed + per_request * n + per_row * R     (n requests, R rows: its row bucket, the rows it pads to)
 
-    def __init__(self, smoothing: float = 0.2):
-        self.smoothing = smoothing
-        self.seconds: dict[int, float] = {}  # rows -> moving average of a forward's seconds
-        self._rows: list[int] = []  # the measured rows, ascending
+    A request's rows share its attention over its own cache, so a draft row costs less than a request does; the fit
+    keeps the two apart. A shape's first forward is left out (it warms up: compiles, allocates); so are forwards far
+    slower than the fit says (preempted on a shared machine), and no coefficient is below zero."""
 
-    def observe(self, rows: int, seconds: float) -> None:
-        held = self.seconds.get(rows)
-        if held is None:
-            bisect.insort(self._rows, rows)
-        self.seconds[rows] = seconds if held is None else (1 - self.smoothing) * held + self.smoothing * seconds
+    def __init__(self, keep: int = 64):
+        self.keep = keep
+        self._warmed: set[tuple[int, int]] = set()  # shapes (requests, rows) whose first forward was seen
+        self._recent: deque[tuple[int, int, float]] = deque(maxlen=keep)  # (requests, rows, seconds)
+        self._fit: tuple[float, float, float] | None = None  # (fixed, per_request, per_row), made when needed
 
-    def estimate(self, rows: int) -> float | None:
-        """Seconds of a forward of `rows` rows; None before any forward was measured."""
-        if rows in self.seconds or not self.seconds:
-            return self.seconds.get(rows)
-        i = bisect.bisect(self._rows, rows)
-        if i == 0:
-            least = self._rows[0]
-            return self.seconds[least] * rows / least
-        if len(self._rows) == 1:
-            return self.seconds[self._rows[0]]
-        i = min(i, len(self._rows) - 1)  # past the widest: the two widest's slope
-        below, above = self._rows[i - 1], self._rows[i]
-        low, high = self.seconds[below], self.seconds[above]
-        slope = (high - low) / (above - below)
-        return low + slope * (rows - below) if rows < above else high + max(slope, 0.0) * (rows - above)
+    @property
+    def measured(self) -> bool:
+        return len(self._recent) >= _LEAST_FORWARDS
+
+    def observe(self, requests: int, rows: int, seconds: float) -> None:
+        if (requests, rows) not in self._warmed:
+            self._warmed.add((requests, rows))
+            return
+        self._recent.append((requests, rows, seconds))
+        self._fit = None
+
+    def coefficients(self) -> tuple[float, float, float] | None:
+        """(fixed, per_request, per_row) seconds, as fitted; None before enough forwards were measured."""
+        if not self.measured:
+            return None
+        if self._fit is None:
+            x = np.array([(1.0, n, r) for n, r, _ in self._recent])  # [forwards, 3]
+            y = np.array([t for _, _, t in self._recent])  # [forwards]
+            fit = _nonnegative_fit(x, y)
+            residual = y - x @ fit
+            typical = float(np.median(np.abs(residual)))
+            kept = residual <= _OUTLIER * typical + 1e-9  # preempted forwards out (the fit's own, once)
+            self._fit = tuple(float(c) for c in (_nonnegative_fit(x[kept], y[kept]) if kept.sum() >= 3 else fit))
+        return self._fit
+
+    def estimate(self, requests: int, rows: int) -> float | None:
+        """Seconds of a forward of `requests` requests and `rows` rows; None before enough were measured."""
+        fit = self.coefficients()
+        return None if fit is None else fit[0] + fit[1] * requests + fit[2] * rows
+
+
+_LEAST_FORWARDS = 8  # measured before the fit is trusted
+_OUTLIER = 3.0  # a forward slower than the fit by this many typical residuals is left out
+
+
+def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares of y ~ x @ c with c >= 0: a coefficient the plain fit makes negative is dropped and the rest
+    refitted (three columns: a few passes at most)."""
+    free = np.ones(x.shape[1], dtype=bool)
+    while True:
+        c = np.zeros(x.shape[1])
+        c[free] = np.linalg.lstsq(x[:, free], y, rcond=None)[0]
+        if (c >= 0).all() or free.sum() == 1:
+            return np.maximum(c, 0.0)
+        free &= c > 0
 
 
 @dataclass(frozen=True)
