@@ -119,6 +119,16 @@ def test_a_verifier_waits_for_drafts_worth_waiting_for_and_wakes_when_the_wait_r
     assert p.req.up.wait_until is None
 
 
+def test_a_verifier_whose_forwards_carry_other_requests_waits_for_no_drafts():
+    patience = Patience()
+    patience.observe_forward(0.010)  # as above: alone, it would wait
+    p = protocol(depth=0, drafter=True, window=4, patience=patience, drafter_token_s=0.001)
+    p.around.crowded = True  # its runner's forwards carry other requests stepping now (StageRunner.next_batch)
+    p.on_draft(Draft("r", 0, 0, (1,)))
+    plan = p.plan(lambda: 100.0)
+    assert plan is not None and plan.drafts == (1,) and p.wake_at is None  # it goes now, with what it has
+
+
 def test_without_its_drafter_a_verifier_steps_alone():
     p = protocol(depth=0, drafter=True)
     p.on_draft(Draft("r", 0, 0, (1, 2)))
@@ -235,5 +245,10 @@ def test_a_batch_takes_the_most_urgent_steps_first_and_fills_its_slots_round_rob
         batch = runner.next_batch()
         assert [plan.request_id for plan in batch.plans] == expected
         assert batch.priority is (Priority.DRAFT if max_batch == 1 else Priority.CHECK)
+        assert runner.around.crowded is (max_batch > 1)  # several step in its forwards: none of them waits for drafts
+        for rid in "bcd":
+            del runner.requests[rid]
+        runner.next_batch()
+        assert not runner.around.crowded  # one alone may wait
     finally:
         runner.scheduler.shutdown(wait=True)

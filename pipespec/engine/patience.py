@@ -23,6 +23,12 @@ DREAM (7 ms a token against its 17 ms) and stepped alone on 77% of its steps whi
 same positions beside it. At two forwards it waited for whatever the rate asked and lost 4-12% in the
 emulated sweep (an 8B drafter a fifth of a 70B target). One forward (the default) does as well as two
 on the demo models and as well as half in the emulated sweep (experiments/results/patience/README.md).
+
+The rule is one request's. Where a verifier's forwards carry several requests that step now, none waits
+(pipespec.engine.request_protocol, `Surroundings.crowded`): their waits fall together, so the device idles for
+all of them, while the drafts they wait for come from a drafter that makes them in one forward for all of them
+too (on the demo models at 16 in flight: 15% of the target's time idle, and no more drafts accepted for it;
+experiments/results/verify_budget/README.md).
 """
 
 from __future__ import annotations

@@ -103,6 +103,9 @@ class Surroundings:
     drafter_token_s: float | None = None  # what our drafter last told us of its own
     drafter: bool = False  # a link to our drafter
     verifier: bool = False  # a link to our verifier
+    # our forwards carry several requests that step now: none waits for drafts (the device would idle for all of
+    # them, for drafts their drafter makes in one forward for all of them too)
+    crowded: bool = False
 
 
 class RequestProtocol:
@@ -154,7 +157,7 @@ class RequestProtocol:
         if up is not None:  # a verifier: the drafts it checks in this step (the first stage generates one token)
             room = min(role.verify_window, role.drafter_lookahead, limit - start - 1)
             n = min(len(up.pending), room)
-            if self.around.drafter and self._wait(clock(), n, room):
+            if self.around.drafter and not self.around.crowded and self._wait(clock(), n, room):
                 return None
             drafts = tuple(up.pending[:n])
             probs = torch.stack(up.pending_probs[:n]) if n and req.spec.params.rejection else None

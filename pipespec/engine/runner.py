@@ -12,7 +12,10 @@ Per request a runner keeps that request's side of the protocol, a state machine 
 its forwards, sends what it says to send over the link to that peer, and asks it for its next forward.
 The runner itself holds what its requests share: the links (and tells the requests which it still
 has), the device's scheduler, the trace, the outbox, which requests are open, closed or not yet
-prefilled, and early mail; it schedules the wake-ups of their waits for drafts.
+prefilled, and early mail; it schedules the wake-ups of their waits for drafts. What one turn of its loop
+has to send to a peer (one forward's drafts, verdicts or commits for every request it carried) goes as one
+delivery (`Link.send_all`: one gRPC frame). A batching verifier checks, per forward, the drafts that pay for
+their rows (pipespec.engine.verify_budget).
 
 Messages that overtake their request's Open are held, within bounds, until it comes (pipespec.engine.early_mail).
 
@@ -91,7 +94,7 @@ class StageRunner:
         self.max_batch = max_batch if isinstance(stage, BatchingStage) else 1
         # a batching verifier's seconds per batched forward (by requests and rows), which its drafts' rows are weighed against
         self.costs = ForwardCosts() if adaptive_window and drafter_name is not None and isinstance(stage, BatchingStage) else None
-        self.budgeted = 0  # batched verifications weighed against `costs`
+        self._weighed = 0  # batched verifications weighed against `costs`
         # every drafter may pre-draft (a middle stage tells its own drafter a branch it took in its verdict)
         predraft = predraft if depth > 0 and not sends_features else 0
         self.role = Role(
@@ -289,6 +292,8 @@ class StageRunner:
             return Batch(self, self._chunks(), Priority.CHECK)
         ready: list[tuple[Priority, StepPlan]] = []
         checks = 0  # verifications among them: a batch of those is full at max_batch
+        stepping = len(self.requests) - len(self.unprefilled) - len(self.prefilling)
+        self.around.crowded = self.max_batch > 1 and stepping > 1
         for rid, proto in list(self.requests.items()):
             if rid in self.unprefilled or rid in self.prefilling:  # waiting for memory to be opened, or for its prompt
                 continue
@@ -319,9 +324,9 @@ class StageRunner:
         (pipespec.engine.verify_budget); a request alone checks its window (its forward is another shape)."""
         if self.costs is None or len(plans) == 1 or not self.costs.measured or not any(plan.drafts for plan in plans):
             return plans  # no budget, one request, nothing measured yet, or nothing to weigh
-        self.budgeted += 1
-        if self.budgeted % EXPLORE_EVERY == 0:
-            return plans  # every draft rides now and then: every bucket's cost stays measured
+        self._weighed += 1
+        if self._weighed % EXPLORE_EVERY == 0:
+            return plans  # every draft rides now and then: the cost fit keeps seeing wide forwards
         prior = self.around.patience.acceptance
         candidates = [
             Candidate(plan.rows - len(plan.drafts), len(plan.drafts), acceptance(self.requests[plan.request_id].req.up.pair, prior))
