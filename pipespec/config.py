@@ -50,11 +50,11 @@ class StageSpec:
     # 0: none. A middle stage hands its own drafter a branch it took in its Verdict (`after`)
     predraft: int = 0
     # most requests one forward carries, where the stage's kind batches (pipespec.engine.stage.BatchingStage:
-    # today the mock's cost model); 1: one request a forward
+    # causal_lm, vlm, dream, mock); 1: one request a forward
     max_batch: int = 1
-    # a verifier of a batching kind checks, per forward, only the drafts that pay for their rows (measured
-    # acceptance and the device's measured cost per row bucket: pipespec.engine.verify_budget); false: its
-    # whole verify window whenever the drafts are there
+    # a verifier of a batching kind checks, per batched forward, only the drafts that pay for their rows (measured
+    # acceptance and its forwards' cost fitted per request and per row: pipespec.engine.verify_budget); false:
+    # its whole verify window whenever the drafts are there
     adaptive_window: bool = True
 
     @property

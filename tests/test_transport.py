@@ -170,8 +170,9 @@ def test_what_is_queued_while_a_frame_goes_rides_in_the_next_frame_within_the_li
         link.send(Close("r0"))
         big = [Draft(rid, 0, 0, (1,), torch.zeros(1, 150_000)) for rid in ("r3", "r4")]  # 600 KB each: not both in a frame
         assert link.send_all(big) == []
-        (too_big, error), = link.send_all([Close("r5"), Draft("r6", 0, 0, (1,), torch.zeros(1, 300_000))])
-        assert too_big.request_id == "r6" and "over the frame limit" in str(error)
+        unsent = link.send_all([Close("r5"), Draft("r6", 0, 0, (1,), torch.zeros(1, 300_000)), Draft("r7", 0, 0, (object(),))])
+        assert [(m.request_id, type(e).__name__) for m, e in unsent] == [("r6", "FrameError"), ("r7", "TypeError")]
+        assert "over the frame limit" in str(unsent[0][1])  # each named, its request to fail; the others went
         link.close()
         return [[codec.decode(p).request_id for p in frame.payloads] async for frame in link.frames()]
 

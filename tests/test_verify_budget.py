@@ -35,6 +35,22 @@ def test_the_cost_of_a_request_and_of_a_row_are_fitted_apart_warm_ups_and_preemp
     assert costs.estimate(8, 24) == pytest.approx(0.002 + 0.008 + 0.0024, rel=0.05)
 
 
+def test_forwards_of_one_shape_tell_no_cost_of_a_row_apart_and_none_is_assumed():
+    costs = ForwardCosts()
+    for _ in range(20):
+        costs.observe(16, 64, 0.010)  # a full batch, always the same bucket: a row's own cost is not seen
+    assert costs.coefficients()[2] == 0.0
+    assert costs.estimate(16, 32) == pytest.approx(0.010)  # not halved with the rows (drafts ride, and are measured)
+    for _ in range(20):
+        costs.observe(8, 32, 0.006)  # rows a multiple of requests: still no row's own cost
+    fixed, per_request, per_row = costs.coefficients()
+    assert per_row == 0.0 and per_request == pytest.approx(0.0005) and fixed == pytest.approx(0.002)
+    full = ForwardCosts()
+    for rows in [8, 40] * 10:
+        full.observe(8, rows, 0.001 + 0.002 * rows)  # every forward carries 8: rows alone vary, and are seen
+    assert full.coefficients()[2] == pytest.approx(0.002) and full.estimate(8, 24) == pytest.approx(0.049)
+
+
 def test_no_cost_is_below_zero():
     costs = ForwardCosts()
     for n, rows in itertools.product(range(1, 5), [16, 24, 32]):

@@ -14,7 +14,7 @@ The runner itself holds what its requests share: the links (and tells the reques
 has), the device's scheduler, the trace, the outbox, which requests are open, closed or not yet
 prefilled, and early mail; it schedules the wake-ups of their waits for drafts. What one turn of its loop
 has to send to a peer (one forward's drafts, verdicts or commits for every request it carried) goes as one
-delivery (`Link.send_all`: one gRPC frame). A batching verifier checks, per forward, the drafts that pay for
+delivery (`Link.send_all`: a gRPC frame, cut only at `limits.frame_bytes`). A batching verifier checks, per forward, the drafts that pay for
 their rows (pipespec.engine.verify_budget).
 
 Messages that overtake their request's Open are held, within bounds, until it comes (pipespec.engine.early_mail).
@@ -570,7 +570,11 @@ class StageRunner:
                 continue
             by_link.setdefault(id(link), (link, []))[1].append(built)
         for link, messages in by_link.values():
-            for message, error in link.send_all(messages):  # one that cannot be encoded fails its request only
+            try:
+                unsent = link.send_all(messages)  # one that cannot be encoded fails its request only
+            except Exception as error:  # a link that fails them all fails their requests, not the runner
+                unsent = [(message, error) for message in messages]
+            for message, error in unsent:
                 self._unsent(message.request_id, error)
         self.outbox = keep + self.outbox
 

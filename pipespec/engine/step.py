@@ -50,7 +50,7 @@ class StepPlan:
 
     def verifying(self, n: int) -> StepPlan:
         """This step checking only its first `n` drafts (the rest stay pending: pipespec.engine.verify_budget)."""
-        probs = self.draft_probs[:n] if self.draft_probs is not None else None
+        probs = self.draft_probs[:n] if self.draft_probs is not None and n else None
         return replace(self, drafts=self.drafts[:n], draft_probs=probs)
 
 

@@ -14,7 +14,7 @@ takes the best prefix of all requests' drafts ranked by that gain. Rows a bucket
 every draft rides while the batch fits its bucket; where every row costs and acceptance is low, none does
 and the verifier generates alone: speculation stops where it stops paying. Drafts left out stay pending
 (the next forward may take them), and a verifier's tokens do not depend on how many drafts it checks, so
-the answer is the same whatever is chosen. Now and then (`EXPLORE_EVERY` batched verifications) every draft
+the answer is the same whatever is chosen (its distribution, under rejection sampling). Now and then (`EXPLORE_EVERY` batched verifications) every draft
 rides, so that the fit keeps seeing forwards of every width: were rows measured too dear by chance, drafts
 would otherwise never ride again, and the fit never be corrected.
 """
@@ -67,11 +67,15 @@ class ForwardCosts:
         if self._fit is None:
             x = np.array([(1.0, n, r) for n, r, _ in self._recent])  # [forwards, 3]
             y = np.array([t for _, _, t in self._recent])  # [forwards]
-            fit = _nonnegative_fit(x, y)
+            used = _identified(x)
+            fit = np.zeros(3)
+            fit[used] = _nonnegative_fit(x[:, used], y)
             residual = y - x @ fit
             typical = float(np.median(np.abs(residual)))
             kept = residual <= _OUTLIER * typical + 1e-9  # preempted forwards out (the fit's own, once)
-            self._fit = tuple(float(c) for c in (_nonnegative_fit(x[kept], y[kept]) if kept.sum() >= 3 else fit))
+            if kept.sum() >= 3 and (used == _identified(x[kept])).all():
+                fit[used] = _nonnegative_fit(x[kept][:, used], y[kept])
+            self._fit = (float(fit[0]), float(fit[1]), float(fit[2]))
         return self._fit
 
     def estimate(self, requests: int, rows: int) -> float | None:
@@ -84,9 +88,23 @@ _LEAST_FORWARDS = 8  # measured before the fit is trusted
 _OUTLIER = 3.0  # a forward slower than the fit by this many typical residuals is left out
 
 
+def _identified(x: np.ndarray) -> np.ndarray:
+    """The columns of x ([forwards, (1, requests, rows)]) the forwards can tell apart. Where the rows never varied
+    apart from the requests (one shape, or rows in step with requests) a row's own cost is not seen, and is taken
+    as none (optimistic: drafts then ride, and the forwards they widen are measured); where every forward carried
+    as many requests, a request's is not seen (nor needed: the budget weighs rows at a given count)."""
+    if np.linalg.matrix_rank(x) == 3:
+        return np.array([True, True, True])
+    if np.linalg.matrix_rank(x[:, [0, 1]]) == 2:
+        return np.array([True, True, False])
+    if np.linalg.matrix_rank(x[:, [0, 2]]) == 2:
+        return np.array([True, False, True])
+    return np.array([True, False, False])
+
+
 def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares of y ~ x @ c with c >= 0: a coefficient the plain fit makes negative is dropped and the rest
-    refitted (three columns: a few passes at most)."""
+    """Least squares of y ~ x @ c with no c below zero, approximately: the coefficients the plain fit makes
+    negative are dropped and the rest refitted (three columns: a few passes at most)."""
     free = np.ones(x.shape[1], dtype=bool)
     while True:
         c = np.zeros(x.shape[1])

@@ -149,6 +149,7 @@ class Coordinator:
     # ---- stage side ---------------------------------------------------------------------------
 
     def deliver_all(self, messages: Sequence[Message]) -> None:
+        """Several messages that came in one frame (a forward's commits for its requests), in order."""
         for message in messages:
             self.deliver(message)
 

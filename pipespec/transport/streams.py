@@ -6,7 +6,7 @@ and failures come up). Each message is one msgpack payload (pipespec.protocol.co
 every payload queued since the last one went (what one `send_all` sent at least: a forward's drafts or
 verdicts for all its requests), as many as fit `limits.frame_bytes`, and its reader delivers them as one.
 `send` never blocks the
-event loop: it queues the frame and a writer awaits gRPC's flow control, so a slow peer holds back
+event loop: it queues the payload and a writer awaits gRPC's flow control, so a slow peer holds back
 the writer, not the runner; the queue stays small because the protocol bounds what is in flight
 (lookahead per request).
 
@@ -21,8 +21,8 @@ restarted peer can attach.
 Loss: when a stream ends other than by our own `close()` / `stop()`, the endpoint it fed is told
 (`Inbox.lost(link)`), on the stage's side and on the client's, and a warning names the stage, the
 role and why. Keepalive pings, both ways, declare a silent peer lost after about `detect_s` (the
-config's `faults.detect_s`). Frames: each is decoded against the config's limits; one the codec
-refuses (`codec.FrameError`) is logged and dropped, and the stream goes on. gRPC refuses a message
+config's `faults.detect_s`). Each payload is decoded against the config's limits; one the codec
+refuses (`codec.FrameError`) is logged and dropped, and the frame's others and the stream go on. gRPC refuses a message
 larger than `limits.frame_bytes` (and a little for the wrapper), which ends that stream. Servers never
 share their port (no SO_REUSEPORT): a second server on a port in use fails to bind.
 """
@@ -123,7 +123,7 @@ class StreamLink:
         for message in messages:
             try:
                 payloads.append(self._encode(message))
-            except codec.FrameError as error:
+            except Exception as error:  # one that cannot be encoded, or too large: its request fails, not the stream
                 unsent.append((message, error))
         if payloads:
             self.queue.put_nowait(payloads)
@@ -155,20 +155,24 @@ class StreamLink:
                 yield pb.Frame(payloads=frame)
 
 
+_FIELD_BYTES = 8  # what protobuf adds to each payload of a Frame (its tag and length), at most
+
+
 def _frames(payloads: list[bytes], budget: int) -> Iterator[list[bytes]]:
-    """`payloads` in order, cut into runs of at most `budget` bytes (a payload alone may be as large)."""
+    """`payloads` in order, cut into runs of at most `budget` bytes with their fields' framing (a payload alone may
+    be as large: the wrapper's allowance covers its framing)."""
     frame, size = [], 0
     for payload in payloads:
-        if frame and size + len(payload) > budget:
+        if frame and size + len(payload) + _FIELD_BYTES > budget:
             yield frame
             frame, size = [], 0
         frame.append(payload)
-        size += len(payload)
+        size += len(payload) + _FIELD_BYTES
     if frame:
         yield frame
 
 
-# What each stream carries, by the side reading it: a frame of another kind is dropped
+# What each stream carries, by the side reading it: a message of another kind is dropped
 FROM_DRAFTER = (Draft,)  # a verifier reads its drafter's drafts
 FROM_VERIFIER = (Verdict, TargetFeatures)  # a drafter reads its verifier's verdicts (and a DREAM stage its features)
 FROM_COORDINATOR = (Open, Close)  # a stage reads the coordinator's opens and closes
