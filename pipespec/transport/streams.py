@@ -5,10 +5,9 @@ stream) and `Stage.Control` (the coordinator connects: opens and closes go down,
 and failures come up). Each message is one msgpack payload (pipespec.protocol.codec); a gRPC frame carries
 every payload queued since the last one went (what one `send_all` sent at least: a forward's drafts or
 verdicts for all its requests), as many as fit `limits.frame_bytes`, and its reader delivers them as one.
-`send` never blocks the
-event loop: it queues the payload and a writer awaits gRPC's flow control, so a slow peer holds back
-the writer, not the runner; the queue stays small because the protocol bounds what is in flight
-(lookahead per request).
+`send` never blocks the event loop: it queues the payload and a writer awaits gRPC's flow control, so a
+slow peer holds back the writer, not the runner; the queue stays small because the protocol bounds what
+is in flight (lookahead per request).
 
 Who may attach (design 5c): every call (Link, Control, Health, and grpc.health.v1's, which says
 SERVING once the stage is linked: pipespec.transport.health) carries the pipeline's secret as
@@ -22,8 +21,8 @@ Loss: when a stream ends other than by our own `close()` / `stop()`, the endpoin
 (`Inbox.lost(link)`), on the stage's side and on the client's, and a warning names the stage, the
 role and why. Keepalive pings, both ways, declare a silent peer lost after about `detect_s` (the
 config's `faults.detect_s`). Each payload is decoded against the config's limits; one the codec
-refuses (`codec.FrameError`) is logged and dropped, and the frame's others and the stream go on. gRPC refuses a message
-larger than `limits.frame_bytes` (and a little for the wrapper), which ends that stream. Servers never
+refuses (`codec.FrameError`) is logged and dropped, and the frame's others and the stream go on. gRPC
+refuses a message larger than `limits.frame_bytes` (and a little for the wrapper), which ends that stream. Servers never
 share their port (no SO_REUSEPORT): a second server on a port in use fails to bind.
 """
 
@@ -116,7 +115,8 @@ class StreamLink:
             self.queue.put_nowait([self._encode(message)])
 
     def send_all(self, messages: Sequence[Message]) -> list[Unsent]:
-        """Queue `messages` to go in one frame (those over their kinds' limits stay behind, named)."""
+        """Queue `messages` to go in one frame; those that cannot be encoded, or are over their kinds' limits, stay
+        behind, each named with why."""
         payloads, unsent = [], []
         if self.closed:
             return unsent
