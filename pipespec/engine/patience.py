@@ -27,7 +27,7 @@ on the demo models and as well as half in the emulated sweep (experiments/result
 The rule is one request's. Where a verifier's forwards carry several requests that step now, none waits
 (pipespec.engine.request_protocol, `Surroundings.crowded`): their waits fall together, so the device idles for
 all of them, while the drafts they wait for come from a drafter that makes them in one forward for all of them
-too (on the demo models at 16 in flight: 15% of the target's time idle, and no more drafts accepted for it;
+too (on the demo models at 16 in flight: 8-15% of the target's time idle, for drafts that barely moved it;
 experiments/results/verify_budget/README.md).
 """
 

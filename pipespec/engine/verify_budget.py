@@ -41,13 +41,15 @@ class ForwardCosts:
 
     A request's rows share its attention over its own cache, so a draft row costs less than a request does; the fit
     keeps the two apart. A shape's first forward is left out (it warms up: compiles, allocates); so are forwards far
-    slower than the fit says (preempted on a shared machine), and no coefficient is below zero."""
+    slower than the fit says (preempted on a shared machine), and no coefficient is below zero. The fit is made again
+    after every `_REFIT_EVERY` forwards, not after each (it runs on the event loop: about 0.2 ms a fit)."""
 
     def __init__(self, keep: int = 64):
         self.keep = keep
         self._warmed: set[tuple[int, int]] = set()  # shapes (requests, rows) whose first forward was seen
         self._recent: deque[tuple[int, int, float]] = deque(maxlen=keep)  # (requests, rows, seconds)
         self._fit: tuple[float, float, float] | None = None  # (fixed, per_request, per_row), made when needed
+        self._unfitted = 0  # forwards measured since the fit was made
 
     @property
     def measured(self) -> bool:
@@ -58,13 +60,14 @@ class ForwardCosts:
             self._warmed.add((requests, rows))
             return
         self._recent.append((requests, rows, seconds))
-        self._fit = None
+        self._unfitted += 1
 
     def coefficients(self) -> tuple[float, float, float] | None:
         """(fixed, per_request, per_row) seconds, as fitted; None before enough forwards were measured."""
         if not self.measured:
             return None
-        if self._fit is None:
+        if self._fit is None or self._unfitted >= _REFIT_EVERY:
+            self._unfitted = 0
             x = np.array([(1.0, n, r) for n, r, _ in self._recent])  # [forwards, 3]
             y = np.array([t for _, _, t in self._recent])  # [forwards]
             used = _identified(x)
@@ -85,6 +88,7 @@ class ForwardCosts:
 
 
 _LEAST_FORWARDS = 8  # measured before the fit is trusted
+_REFIT_EVERY = 8  # forwards measured between two fits
 _OUTLIER = 3.0  # a forward slower than the fit by this many typical residuals is left out
 
 

@@ -3,9 +3,8 @@
 Every endpoint (stage runner, coordinator) has an inbox; a `Link` delivers into one. Links are FIFO,
 like the gRPC streams and asyncio queues behind them, and `send` never blocks the event loop.
 `send_all` sends several messages as one delivery (a gRPC frame, cut only at the frame limit; one item in a
-runner's inbox): a stage
-sends what one forward produced for all the requests it carried that way, so that its peer's event loop
-takes one turn for the lot, not one a request.
+runner's inbox): a stage sends what one forward produced for all the requests it carried that way, so that
+its peer's event loop takes one turn for the lot, not one a request.
 
 - `InProcessLink`: same event loop, straight into the peer's inbox (tests, notebooks, LocalPipeline).
 - `DelayLink`: a fault-injection wrapper for tests: every message waits a random delay before
