@@ -39,7 +39,7 @@ from pathlib import Path
 import yaml
 
 from experiments.prompt_sets import WORLD_PROMPTS, Prompt, load_prompts
-from experiments.serving_load import run_load, summarize
+from experiments.serving_load import CLIENTS, run_load, summarize
 from pipespec.commands.logs import add_log_level, setup_logging
 
 log = logging.getLogger(__name__)
@@ -110,13 +110,13 @@ def served_model(url: str) -> str:
         return json.load(r)["data"][0]["id"]
 
 
-def measure(url: str, requests: list[dict], concurrencies: list[int]) -> dict[int, dict]:
+def measure(url: str, requests: list[dict], concurrencies: list[int], client: str = "aiohttp") -> dict[int, dict]:
     model = served_model(url)
     requests = [{**r, "model": model} for r in requests]
-    asyncio.run(run_load(url, requests[:1], 1))  # warm-up
+    asyncio.run(run_load(url, requests[:1], 1, client=client))  # warm-up
     figures = {}
     for c in concurrencies:
-        samples, duration = asyncio.run(run_load(url, requests, c))
+        samples, duration = asyncio.run(run_load(url, requests, c, client=client))
         figures[c] = summarize(samples, duration)
         figures[c]["texts"] = [s.text for s in samples]
         log.info(
@@ -138,6 +138,7 @@ def medians(runs: list[dict[int, dict]], c: int) -> dict:
         }
     out["completed"] = min(f["completed"] for f in at)
     out["requests"] = at[0]["requests"]
+    out["runs_output_tokens_per_s"] = [f["output_tokens_per_s"] for f in at]
     return out
 
 
@@ -201,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--client", choices=CLIENTS, default="aiohttp", help="how requests are sent: raw HTTP, or the official openai client"
+    )
     parser.add_argument("--out", type=Path, default=Path("experiments/results/bench_http"))
     add_log_level(parser, default="INFO")
     args = parser.parse_args(argv)
@@ -209,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(args.prompts)
     requests = bodies(prompts, args.max_tokens, args.requests)
     if args.url:
-        result = {"sides": {args.url: {c: medians([measure(args.url, requests, [c])], c) for c in args.concurrency}}}
+        result = {"sides": {args.url: {c: medians([measure(args.url, requests, [c], args.client)], c) for c in args.concurrency}}}
     else:
         with tempfile.TemporaryDirectory() as tmp:
             if args.demo:
@@ -221,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                 for side in configs if i % 2 == 0 else reversed(list(configs)):
                     log.info("run %d: %s", i + 1, side)
                     with served(configs[side], args.out) as url:
-                        runs[side].append(measure(url, requests, args.concurrency))
+                        runs[side].append(measure(url, requests, args.concurrency, args.client))
         result = {"sides": {side: {c: medians(r, c) for c in args.concurrency} for side, r in runs.items()}}
         if len(runs) == 2:
             pipe, alone = result["sides"]["pipeline"], result["sides"]["target alone"]

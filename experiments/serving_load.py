@@ -63,7 +63,11 @@ def record_line(sample: Sample, line: bytes, at: float) -> None:
     if line == b"data: [DONE]":
         sample.done = True
         return
-    chunk = json.loads(line[6:])
+    record_chunk(sample, json.loads(line[6:]), at)
+
+
+def record_chunk(sample: Sample, chunk: dict, at: float) -> None:
+    """Record one chunk of a streamed chat completion (its JSON as a dict), `at` seconds after the send."""
     if (error := chunk.get("error")) is not None:
         sample.error = f"error event: {error.get('message', error) if isinstance(error, dict) else error}"
         return
@@ -99,19 +103,55 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: dict) -> S
     return sample
 
 
-async def run_load(url: str, bodies: Sequence[dict], concurrency: int, timeout_s: float = 600.0) -> tuple[list[Sample], float]:
-    """Send every body, at most `concurrency` at once; -> the samples (in body order) and the run's seconds."""
+async def one_request_openai(client, body: dict) -> Sample:
+    """`one_request` through the official `openai` client (an `AsyncOpenAI`): what our users' code runs. The client
+    consumes `data: [DONE]` and raises on an error event; a stream counts as done once a choice's finish reason came."""
+    import openai
+
+    sample = Sample()
+    sent = time.perf_counter()
+    try:
+        stream = await client.chat.completions.create(**body, stream=True, stream_options={"include_usage": True})
+        async for chunk in stream:
+            record_chunk(sample, chunk.model_dump(exclude_none=True), time.perf_counter() - sent)
+            sample.done |= any(choice.finish_reason is not None for choice in chunk.choices)
+        if not sample.done:
+            sample.error = "the stream ended without a finish reason"
+    except openai.APIError as e:
+        sample.error = f"{type(e).__name__}: {e}"
+    sample.e2el = time.perf_counter() - sent
+    return sample
+
+
+CLIENTS = ("aiohttp", "openai")  # how `run_load` sends: raw HTTP, or the official openai client
+
+
+async def run_load(
+    url: str, bodies: Sequence[dict], concurrency: int, timeout_s: float = 600.0, client: str = "aiohttp"
+) -> tuple[list[Sample], float]:
+    """Send every body, at most `concurrency` at once, with `client` (one of CLIENTS); -> the samples (in body
+    order) and the run's seconds."""
     gate = asyncio.Semaphore(concurrency)
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+    if client == "openai":
+        import openai
 
-        async def gated(body: dict) -> Sample:
-            async with gate:
-                return await one_request(session, url, body)
+        session = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=timeout_s)
+        send = lambda body: one_request_openai(session, body)  # noqa: E731
+    else:
+        connector = aiohttp.TCPConnector(limit=concurrency)
+        session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s))
+        send = lambda body: one_request(session, url, body)  # noqa: E731
 
+    async def gated(body: dict) -> Sample:
+        async with gate:
+            return await send(body)
+
+    try:
         started = time.perf_counter()
         samples = await asyncio.gather(*(gated(b) for b in bodies))
         return list(samples), time.perf_counter() - started
+    finally:
+        await session.close()
 
 
 def _stats(values: Sequence[float]) -> dict[str, float | None]:

@@ -56,6 +56,10 @@ class StageSpec:
     # acceptance and its forwards' cost fitted per request and per row: pipespec.engine.verify_budget); false:
     # its whole verify window whenever the drafts are there
     adaptive_window: bool = True
+    # a middle stage passes its drafter's drafts on to its verifier unchecked, without a forward, while more than
+    # this many requests are open on it: under load the chain sheds this stage's forwards (online drafter
+    # selection; the target still checks every token). None: it always checks them
+    relay_above: int | None = None
 
     @property
     def group(self) -> str:
@@ -176,16 +180,25 @@ def load_config(source: str | os.PathLike | Mapping[str, Any]) -> PipelineConfig
     )
 
 
+def cut_chain(stages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Raw stages taken from a longer chain, as a chain of their own: one no longer in the middle relays nothing
+    (its `relay_above` goes; `sub_pipeline` does the same to loaded stages)."""
+    last = len(stages) - 1
+    return [dict(s) if 0 < i < last else {k: v for k, v in s.items() if k != "relay_above"} for i, s in enumerate(stages)]
+
+
 def sub_pipeline(config: PipelineConfig, names: Sequence[str]) -> PipelineConfig:
     """The pipeline of `config`'s stages named in `names` (kept in the config's order, the target
-    included), checked like a loaded config; a name the config lacks is a ConfigError naming it."""
+    included), checked like a loaded config; a name the config lacks is a ConfigError naming it. A stage
+    no longer in the middle relays nothing (its `relay_above` goes, as in `cut_chain`)."""
     known = [s.name for s in config.stages]
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ConfigError(f"no stage named {unknown[0]!r} in pipeline {config.name!r} (stages: {', '.join(known)})")
     if config.target.name not in names:
         raise ConfigError(f"a sub-pipeline of {config.name!r} must keep its target {config.target.name!r}")
-    stages = tuple(s for s in config.stages if s.name in names)
+    kept = [s for s in config.stages if s.name in names]
+    stages = tuple(s if 0 < i < len(kept) - 1 else replace(s, relay_above=None) for i, s in enumerate(kept))
     _check_chain(stages)
     return replace(config, name=f"{config.name}[{'->'.join(s.name for s in stages)}]", stages=stages)
 
@@ -235,6 +248,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
         "predraft",
         "max_batch",
         "adaptive_window",
+        "relay_above",
     ]
     _reject_unknown(raw, common + option_keys, f"{where} ({kind})")
 
@@ -269,6 +283,11 @@ def _stage(raw: Any, i: int) -> StageSpec:
             f"{where}.max_batch: kind {kind!r} carries one request a forward (only {batching} batch), got {max_batch}"
         )
     adaptive = _typed(raw.get("adaptive_window", True), bool, f"{where}.adaptive_window")
+    relay_above = raw.get("relay_above")
+    if relay_above is not None and _typed(relay_above, int, f"{where}.relay_above") < 0:
+        raise ConfigError(f"{where}.relay_above: must be >= 0 requests open, got {relay_above}")
+    if relay_above is not None and predraft:
+        raise ConfigError(f"{where}.relay_above: a stage that pre-drafts (predraft {predraft}) does not relay, got {relay_above}")
     dtype = raw.get("dtype", "bfloat16")
     if dtype not in DTYPES:
         raise ConfigError(f"{where}.dtype: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
@@ -307,7 +326,8 @@ def _stage(raw: Any, i: int) -> StageSpec:
         options = option_cls(**values)
         options.check(where)
     return StageSpec(
-        name, kind, model, lookahead, window, dtype, device, dict(resources), group, options, predraft, max_batch, adaptive
+        name, kind, model, lookahead, window, dtype, device, dict(resources), group, options, predraft, max_batch, adaptive,
+        relay_above,
     )
 
 
@@ -318,6 +338,11 @@ def _check_chain(stages: tuple[StageSpec, ...]) -> None:
             raise ConfigError(f"stages: duplicate stage name {n!r}")
     for i, s in enumerate(stages):
         kind_of(s).place(stages, i)
+        if s.relay_above is not None and not 0 < i < len(stages) - 1:
+            raise ConfigError(
+                f"stages[{i}].relay_above: only a middle stage (a drafter before it, a verifier after it) relays drafts; "
+                f"stage {s.name!r} is the {'first' if i == 0 else 'target'}, got {s.relay_above}"
+            )
     first: dict[str, StageSpec] = {}
     for s in stages:  # one device: one set of resources, one torch device
         lead = first.setdefault(s.group, s)

@@ -23,7 +23,8 @@ MAX_BATCH = 8
 NEW_TOKENS = 16
 
 
-def _config(paths: dict[str, str], names: Sequence[str], kinds: dict[str, str] | None = None):
+def _config(paths: dict[str, str], names: Sequence[str], kinds: dict[str, str] | None = None, relay_above: int | None = None):
+    """`relay_above`: the middle stage's, where the chain has one."""
     stages = [
         {
             "name": n, "kind": (kinds or {}).get(n, "causal_lm"), "model": paths[n], "max_lookahead": 4,
@@ -31,6 +32,8 @@ def _config(paths: dict[str, str], names: Sequence[str], kinds: dict[str, str] |
         }
         for n in names
     ]  # fmt: skip
+    if relay_above is not None:
+        stages[1]["relay_above"] = relay_above
     return load_config({"stages": stages})
 
 
@@ -73,31 +76,45 @@ def one_at_a_time(family, batching, prompts):
         return [[p.generate(prompt_token_ids=q, **_kwargs(params)).token_ids for q in prompts] for params in sampling_cases()]
 
 
-@pytest.mark.parametrize("names", [["target"], ["tiny", "target"], ["tiny", "mid", "target"]], ids=["alone", "k2", "k3"])
-def test_sixteen_in_flight_answer_as_the_target_alone_one_at_a_time(names, family, batching, prompts, one_at_a_time):
+@pytest.mark.parametrize(
+    "names, relay_above",
+    [(["target"], None), (["tiny", "target"], None), (["tiny", "mid", "target"], None), (["tiny", "mid", "target"], 4)],
+    ids=["alone", "k2", "k3", "k3-relay"],  # relay: mid passes tiny's drafts on unchecked while over 4 are open
+)
+def test_sixteen_in_flight_answer_as_the_target_alone_one_at_a_time(
+    names, relay_above, family, batching, prompts, one_at_a_time
+):
     stages = [batching[n] for n in names]
     widths = Widths(stages)
     try:
-        with LocalPipeline(_config(family, names), stages=stages) as p:
+        with LocalPipeline(_config(family, names, relay_above=relay_above), stages=stages) as p:
+            relayed = 0
             for params, want in zip(sampling_cases(), one_at_a_time):
                 futures = [p.submit(prompt_token_ids=q, **_kwargs(params)) for q in prompts]
                 assert [f.result().token_ids for f in futures] == want, params
+                relayed += sum(s.relayed_drafts for f in futures for s in f.result().stats.stages)
     finally:
         for stage in stages:
             del stage.forward_batch
     assert widths.most > 1  # forwards did carry several requests
+    assert (relayed > 0) is (relay_above is not None)
 
 
-def test_a_dream_chain_with_images_in_flight_answers_as_the_target_alone(world):  # noqa: F811
+@pytest.mark.parametrize("relay_above", [None, 2], ids=["checked", "relay"])
+def test_a_dream_chain_with_images_in_flight_answers_as_the_target_alone(relay_above, world):  # noqa: F811
+    """With `relay_above`, DREAM passes drafts on while more than 2 are open, then steps again for the last two,
+    on the target's features of the positions it relayed."""
     kinds = {"tiny": "causal_lm", "dream": "dream", "target": "vlm"}
     requests = image_requests()
     with LocalPipeline(_config(world, ["target"], kinds)) as p:
         want = [p.generate(**dict(r, max_new_tokens=NEW_TOKENS)).token_ids for r in requests]
-    with LocalPipeline(_config(world, ["tiny", "dream", "target"], kinds)) as p:
+    with LocalPipeline(_config(world, ["tiny", "dream", "target"], kinds, relay_above)) as p:
         widths = Widths(p.stages)
-        got = [g.token_ids for g in run_all(p, requests, NEW_TOKENS)]
-    assert got == want
+        generations = run_all(p, requests, NEW_TOKENS)
+    assert [g.token_ids for g in generations] == want
     assert widths.most > 1
+    relayed = sum(s.relayed_drafts for g in generations for s in g.stats.stages)
+    assert (relayed > 0) is (relay_above is not None)
 
 
 def test_requests_past_the_kv_budget_wait_for_memory_and_answer_the_same(family, prompts, one_at_a_time):

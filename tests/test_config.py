@@ -16,7 +16,9 @@ from pipespec.config import (
     SamplingSpec,
     ServerSpec,
     StageSpec,
+    cut_chain,
     load_config,
+    sub_pipeline,
 )
 from pipespec.protocol.params import VerifyMode
 from pipespec.stages.kinds import DreamOptions
@@ -271,6 +273,34 @@ def test_only_a_kind_that_batches_takes_a_max_batch_above_one():
         match=r"stages\[0\]\.max_batch: kind 'ngram' carries one request a forward \(only causal_lm, dream, vlm, mock batch\), got 4",
     ):
         load_config(config)
+
+
+@pytest.mark.parametrize(
+    "index, changes, message",
+    [
+        (0, {"relay_above": 1}, r"stages\[0\]\.relay_above: only a middle stage .* stage 'tiny' is the first, got 1"),
+        (2, {"relay_above": 1}, r"stages\[2\]\.relay_above: only a middle stage .* stage 'target' is the target, got 1"),
+        (1, {"relay_above": -1}, r"stages\[1\]\.relay_above: must be >= 0 requests open, got -1"),
+        (1, {"relay_above": "many"}, r"stages\[1\]\.relay_above"),
+        (1, {"relay_above": 4, "predraft": 2}, r"stages\[1\]\.relay_above: a stage that pre-drafts \(predraft 2\) does not"),
+    ],
+)
+def test_only_a_middle_stage_relays_and_its_threshold_is_a_count(index, changes, message):
+    def chain(index=1, **changes):
+        stages = [{"name": name, "kind": "mock", "vocab_size": 64} for name in ("tiny", "mid", "target")]
+        stages[index].update(changes)
+        return {"stages": stages}
+
+    assert load_config(chain(relay_above=4)).stages[1].relay_above == 4
+    assert load_config(chain()).stages[1].relay_above is None
+    with pytest.raises(ConfigError, match=message):
+        load_config(chain(index, **changes))
+
+    pair = sub_pipeline(load_config(chain(relay_above=4)), ["mid", "target"])  # mid is first there: it relays nothing
+    assert [s.relay_above for s in pair.stages] == [None, None]
+    raw = chain(relay_above=4)["stages"]
+    assert [s.get("relay_above") for s in cut_chain(raw)] == [None, 4, None]
+    assert [s.get("relay_above") for s in cut_chain(raw[1:])] == [None, None]  # as the planner cuts raw configs
 
 
 def test_ngram_options_out_of_order():

@@ -42,9 +42,10 @@ def exact(deltas, rest) -> list[list[int]]:
     return [[t for d in deltas for t in d.token_ids]] + [f.result(timeout=60).token_ids for f in rest]
 
 
-@pytest.mark.parametrize("lost", ["tiny", "mid"])
-def test_a_lost_drafter_costs_speed_not_correctness(reference, lost):
-    config = mock3()
+@pytest.mark.parametrize("lost, relay_above", [("tiny", None), ("mid", None), ("tiny", 2), ("mid", 2)])
+def test_a_lost_drafter_costs_speed_not_correctness(reference, lost, relay_above):
+    """relay_above: mid passes tiny's drafts on while more than 2 go on (8 do), until tiny or mid is lost."""
+    config = mock3(relay_above=relay_above)
     i = [s.name for s in config.stages].index(lost)
     with LocalPipeline(config) as pipe:
         assert exact(*first_tokens_then(pipe, lambda: kill_stage(pipe, i))) == reference
@@ -54,9 +55,9 @@ def test_a_lost_drafter_costs_speed_not_correctness(reference, lost):
         assert not pipe.coordinator.live
 
 
-@pytest.mark.parametrize("stage", ["tiny", "mid", "target"])
-def test_a_restored_stage_rejoins_running_requests_exactly(reference, stage):
-    config = mock3()
+@pytest.mark.parametrize("stage, relay_above", [("tiny", None), ("mid", None), ("target", None), ("mid", 2)])
+def test_a_restored_stage_rejoins_running_requests_exactly(reference, stage, relay_above):
+    config = mock3(relay_above=relay_above)
     i = [s.name for s in config.stages].index(stage)
     with LocalPipeline(config) as pipe:
 

@@ -67,9 +67,9 @@ def test_a_request_is_recorded_as_it_streams():
     assert got[("pipespec:num_requests_running", ())] == 0 and got[("pipespec:num_requests_waiting", ())] == 0
 
 
-def test_pre_drafting_is_counted_per_stage():
+def test_pre_drafting_and_relaying_are_counted_per_stage():
     metrics = Metrics()
-    tiny = StageStats("tiny", predraft_hits=2, predraft_misses=3, predraft_tokens=5, predraft_forwards=9)
+    tiny = StageStats("tiny", predraft_hits=2, predraft_misses=3, predraft_tokens=5, predraft_forwards=9, relayed_drafts=4)
     record = metrics.request(prompt_tokens=5, arrived=time.perf_counter())
     target = StageStats("target", kv_use=0.25)
     record.observe(Delta("", (), "length", RequestStats(5, 3, 0.1, 0.2, [], [tiny, target])))
@@ -80,6 +80,7 @@ def test_pre_drafting_is_counted_per_stage():
     assert got[("pipespec:predraft_misses_total", stage)] == 3
     assert got[("pipespec:predraft_tokens_total", stage)] == 5
     assert got[("pipespec:predraft_forwards_total", stage)] == 9
+    assert got[("pipespec:relayed_drafts_total", stage)] == 4
     assert ("pipespec:predraft_hits_total", (("stage", "target"),)) not in got  # a stage that did not pre-draft
 
 

@@ -301,9 +301,11 @@ def test_chains_through_an_unmeasured_pair_are_not_candidates():
         {"tiny": (1, 1), "mid": (5, 5), "target": (40, 40)},
         {("tiny", "mid"): None, ("tiny", "target"): 0.81, ("mid", "target"): 0.9},
     )
+    raw["stages"][1]["relay_above"] = 1  # mid relays where it is in the middle
     plan = recommend(prof, raw)
     assert ("tiny", "mid", "target") not in [c.stages for c in plan.chains]
     assert plan.recommended.stages == ("mid", "target")
+    assert load_config(recommended_config(raw, plan)).stages[0].relay_above is None  # first there: it relays nothing
 
 
 def test_the_recommended_config_drops_unused_stages_and_sets_lookaheads():

@@ -13,7 +13,9 @@ the full target distribution after a rejection instead of the residual (the know
 N = 3000 keeps the suite within its budget: the bound holds for any N, and the broken variant's TV
 (0.173 at k = 2 measured at N = 3000; 0.18 at k = 2 and 0.15 at k = 3 at N = 4000) stays well over it
 (0.121), where the correct chains measure 0.040 (k = 2) and 0.041 (k = 3). The broken variant runs at
-k = 2 only: the residual is each stage's own step, and k = 2 shows the test's power.
+k = 2 only: the residual is each stage's own step, and k = 2 shows the test's power. A k = 3 chain whose middle
+stage relays under load (`relay_above`) passes its drafter's drafts on with the drafter's probabilities: it is
+tested the same way, and one that relays them with other probabilities must fail (TV 0.338 measured).
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ V, N, NEW, PROMPT = 4, 3000, 3, (1, 2)
 DELTA = 1e-6
 
 
-def chain_config(k):
+def chain_config(k, relay_above=None):
     stages = [
         {"name": f"m{i}", "kind": "mock", "agreement": 0.0, "vocab_size": V, "scale": 1.5, "max_lookahead": 3} for i in range(k)
     ]
     stages[-1]["latency_ms"] = 0.3  # a slightly slower target: drafts are usually waiting to be verified
+    if relay_above is not None:
+        stages[1]["relay_above"] = relay_above
     return load_config({"stages": stages, "sampling": {"temperature": 1.0, "verify": "rejection"}})
 
 
@@ -70,9 +74,11 @@ def tv_bound() -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("k", [2, 3])
-def test_rejection_chain_matches_target_distribution(k):
-    tv = empirical_tv(chain_config(k))
+@pytest.mark.parametrize("k, relay_above", [(2, None), (3, None), (3, 250)], ids=["k2", "k3", "k3-relay"])
+def test_rejection_chain_matches_target_distribution(k, relay_above):
+    """k3-relay: the middle stage passes its drafter's drafts and their probabilities on unchecked while over 250
+    of each 500 are open, and checks them for the rest."""
+    tv = empirical_tv(chain_config(k, relay_above))
     assert tv < tv_bound(), f"k={k}: TV {tv:.4f} >= bound {tv_bound():.4f}"
 
 
@@ -82,3 +88,20 @@ def test_broken_residual_is_caught(k, monkeypatch):
     monkeypatch.setattr(pipespec.engine.choice, "residual", lambda p, q: p)  # full p after a rejection: wrong
     tv = empirical_tv(chain_config(k))
     assert tv > tv_bound(), f"k={k}: the broken sampler went unnoticed (TV {tv:.4f} < {tv_bound():.4f})"
+
+
+@pytest.mark.slow
+def test_a_relay_passing_on_the_wrong_probabilities_is_caught(monkeypatch):
+    """A middle stage that relays its drafter's drafts with uniform probabilities in place of the drafter's."""
+    from pipespec.engine.request_protocol import RequestProtocol
+
+    relay = RequestProtocol._relay
+
+    def broken(self):
+        up = self.req.up
+        up.pending_probs[:] = [torch.full_like(q, 1.0 / q.numel()) for q in up.pending_probs]
+        relay(self)
+
+    monkeypatch.setattr(RequestProtocol, "_relay", broken)
+    tv = empirical_tv(chain_config(3, relay_above=250))
+    assert tv > tv_bound(), f"the broken relay went unnoticed (TV {tv:.4f} < {tv_bound():.4f})"

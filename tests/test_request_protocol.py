@@ -140,6 +140,38 @@ def test_without_its_drafter_a_verifier_steps_alone():
     assert sent(p) == [(Peer.COORDINATOR, Commit("r", 0, (3,)))]  # no verdict: no drafter to tell
 
 
+def test_a_relaying_middle_stage_passes_drafts_on_unchecked_and_its_drafter_hears_its_verifiers_rejection():
+    p = protocol(depth=1, drafter=True, lookahead=3, relaying=True)  # load sheds its forwards (StageRunner.next_batch)
+    p.on_draft(Draft("r", 0, 0, (1, 2, 3, 4)))
+    assert p.req.tokens == [1, 2, 3] and p.req.up.pending == [4]  # its bound: 3 ahead of what its verifier confirmed
+    assert sent(p) == [(Peer.DRAFTER, Verdict("r", 0, 2, 3)), (Peer.VERIFIER, Draft("r", 0, 0, (1, 2, 3), None, None))]
+    assert p.plan(lambda: 0.0) is None and p.req.stats.forwards == 1  # no forward of its own (1: its prefill)
+    p.on_verdict(Verdict("r", 1, 1, 7))  # the verifier took 7 at position 1: the drafter's 2, 3 and 4 go
+    assert p.req.tokens == [1, 7] and p.req.up.pending == [] and sent(p) == [(Peer.DRAFTER, Verdict("r", 1, 1, 7))]
+    p.around.drafter = False  # its drafter is lost: nothing to relay, it steps alone
+    assert p.plan(lambda: 0.0).drafts == ()
+    p.around.drafter = True
+    p.on_draft(Draft("r", 1, 2, (5, 99, 6)))  # nothing past a stop token goes on
+    assert p.req.tokens == [1, 7, 5, 99] and p.req.stats.relayed_drafts == 5
+    assert sent(p) == [(Peer.DRAFTER, Verdict("r", 1, 3, 99)), (Peer.VERIFIER, Draft("r", 1, 2, (5, 99), None, None))]
+    assert (p.req.up.pair.num_drafts, p.req.stats.rollbacks) == (0, 1)  # relayed drafts count as none verified
+
+
+def test_a_forward_in_flight_when_relaying_starts_is_dropped_and_the_next_step_feeds_what_was_relayed():
+    p = protocol(depth=1, drafter=True, lookahead=4)
+    p.on_draft(Draft("r", 0, 0, (1, 2)))
+    flight = p.launched(p.plan(lambda: 0.0))  # it verifies 1 and 2
+    p.around.relaying = True
+    p.on_draft(Draft("r", 0, 2, (3,)))
+    assert p.req.tokens == [1, 2, 3]
+    sent(p)
+    answer(p, flight, 2, 9)  # its verdict came too late: our tokens grew past what it computed on
+    assert p.req.tokens == [1, 2, 3] and not p.sends
+    p.around.relaying = False  # load fell: it steps again, feeding the relayed tokens first
+    plan = p.plan(lambda: 0.0)
+    assert (plan.feed, plan.start, plan.drafts) == ((1, 2, 3), 3, ())  # the dropped forward fed the prompt's last
+
+
 def test_a_stop_token_ends_the_request_and_a_rejoin_holds_its_committed_tokens():
     p = protocol(depth=0, drafter=False)
     answer(p, p.plan(lambda: 0.0), 0, 99)
@@ -212,7 +244,8 @@ class Planned:
     """A request whose next step is `plan` (what the runner asks of a request's protocol when it gathers a batch)."""
 
     def __init__(self, plan: StepPlan):
-        self.step, self.wake_at = plan, None
+        self.step, self.wake_at, self.sends = plan, None, []
+        self.ended = False
 
     def plan(self, clock):
         return self.step
@@ -250,5 +283,21 @@ def test_a_batch_takes_the_most_urgent_steps_first_and_fills_its_slots_round_rob
             del runner.requests[rid]
         runner.next_batch()
         assert not runner.around.crowded  # one alone may wait
+    finally:
+        runner.scheduler.shutdown(wait=True)
+
+
+def test_a_middle_stage_relays_while_more_requests_than_its_relay_above_are_open():
+    from pipespec.engine.runner import StageRunner
+
+    runner = StageRunner(Batching(), name="me", depth=1, max_lookahead=4, drafter_name="up", max_batch=8, relay_above=2)
+    try:
+        for rid in "abc":
+            runner.requests[rid] = Planned(StepPlan(rid, 0, 0, 3, (7,), 0, (), None))
+        runner.next_batch()
+        assert runner.around.relaying
+        runner.requests["c"].ended = True  # its tokens end it: it waits only for its Close
+        runner.next_batch()
+        assert not runner.around.relaying  # two go on: each steps again
     finally:
         runner.scheduler.shutdown(wait=True)

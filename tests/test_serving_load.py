@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from experiments.serving_load import Sample, one_request, record_line, summarize
+from experiments.serving_load import Sample, one_request, one_request_openai, record_line, summarize
 
 
 def test_figures_follow_vllm_definitions():
@@ -33,7 +33,7 @@ def test_no_successful_request_gives_no_figures():
 
 
 def chunk(content: str) -> bytes:
-    return b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": content}}]}).encode() + b"\n"
+    return b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": content}}]}).encode() + b"\n\n"  # one event
 
 
 def test_a_stream_is_read_line_by_line():
@@ -53,14 +53,20 @@ def test_an_error_event_mid_stream_is_the_samples_error():
     assert summarize([sample], duration_s=1.0)["completed"] == 0
 
 
+FINISH = b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n'
 STREAMS = {  # what a server sends, by path: a whole stream, one failing mid-way as ours does, one cut short
-    "/ok": [chunk("a"), chunk("b"), b"data: [DONE]\n\n"],
+    "/ok": [chunk("a"), chunk("b"), FINISH, b"data: [DONE]\n\n"],
     "/failed": [chunk("a"), b'data: {"error": {"message": "stage \'target\' was lost"}}\n\n', b"data: [DONE]\n\n"],
     "/cut": [chunk("a")],
 }
 
 
-def test_one_request_fails_on_an_error_event_or_a_stream_without_done():
+@pytest.mark.parametrize("client", ["aiohttp", "openai"])
+def test_one_request_fails_on_an_error_event_or_a_stream_without_done(client):
+    """The same with raw HTTP and with the official openai client (which consumes [DONE] itself: a stream without a
+    finish reason is the cut one)."""
+    import openai
+
     async def scenario() -> dict[str, Sample]:
         async def handler(request: web.Request) -> web.StreamResponse:
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -78,6 +84,13 @@ def test_one_request_fails_on_an_error_event_or_a_stream_without_done():
         await site.start()
         port = runner.addresses[0][1]
         try:
+            if client == "openai":
+                body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+                samples = {}
+                for path in STREAMS:
+                    async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}{path}/v1", api_key="-", max_retries=0) as c:
+                        samples[path] = await one_request_openai(c, body)
+                return samples
             async with aiohttp.ClientSession() as session:
                 return {path: await one_request(session, f"http://127.0.0.1:{port}{path}", {}) for path in STREAMS}
         finally:
@@ -85,5 +98,9 @@ def test_one_request_fails_on_an_error_event_or_a_stream_without_done():
 
     samples = asyncio.run(scenario())
     assert (samples["/ok"].text, samples["/ok"].error) == ("ab", None)
-    assert samples["/failed"].error == "error event: stage 'target' was lost"
-    assert samples["/cut"].error == "the stream ended without data: [DONE]"
+    if client == "openai":
+        assert samples["/failed"].error.startswith("APIError: stage 'target' was lost")
+        assert samples["/cut"].error == "the stream ended without a finish reason"
+    else:
+        assert samples["/failed"].error == "error event: stage 'target' was lost"
+        assert samples["/cut"].error == "the stream ended without data: [DONE]"

@@ -26,7 +26,10 @@ part per role (pipespec.engine.request_state):
 
 A step verifies the pending drafts (or, with none, generates one token itself: a verifier never
 idles), then what downstream has not seen is published: a Draft to our verifier, or a Commit
-(target), with the logprobs of its tokens when the request asks for them. A step that was computing on
+(target), with the logprobs of its tokens when the request asks for them. A middle stage under load
+(`Surroundings.relaying`, its `relay_above`) steps for none: it takes its drafter's drafts as its own
+tokens on arrival, unchecked, and publishes them (`_relay`); the target checks every token, and once
+the load falls its next step feeds what it relayed. A step that was computing on
 tokens a verdict changed meanwhile is discarded when it returns (`rev` changed). The KV cache is
 truncated lazily: `fed` counts the context tokens in the cache that are still valid, and the next
 forward passes it as `keep`.
@@ -106,6 +109,9 @@ class Surroundings:
     # our forwards carry several requests that step now: none waits for drafts (the device would idle for all of
     # them, for drafts their drafter makes in one forward for all of them too)
     crowded: bool = False
+    # load sheds this stage's forwards: our drafter's drafts go on to our verifier unchecked (a middle stage's
+    # `relay_above`; the target still checks every token)
+    relaying: bool = False
 
 
 class RequestProtocol:
@@ -129,6 +135,12 @@ class RequestProtocol:
     def _send(self, peer: Peer, message: Callable[..., Message] | Message, *args) -> None:
         self.sends.append((peer, message, args))
 
+    @property
+    def ended(self) -> bool:
+        """Our tokens end the request (a stop token, or max_new_tokens), unless a verdict changes them."""
+        tokens, spec = self.req.tokens, self.req.spec
+        return len(tokens) >= spec.max_new_tokens or bool(tokens) and tokens[-1] in spec.stop_token_ids
+
     # ---- the next forward ---------------------------------------------------------------------
 
     def _limit(self) -> int:
@@ -149,6 +161,9 @@ class RequestProtocol:
         if start and req.tokens[-1] in req.spec.stop_token_ids:
             return None
         if req.features is not None and not req.features.has_prefill:
+            return None
+        if self._relays():
+            self._relay()
             return None
         if start >= limit:  # at our bound: nothing to draft but what we expect the verdict to need
             return predrafting.branch_plan(req) if req.outcomes is not None and self.around.verifier else None
@@ -180,6 +195,30 @@ class RequestProtocol:
             up.wait_until, up.wait_for = now + seconds, want
             self.wake_at = up.wait_until
         return pending < min(up.wait_for, room) and now < up.wait_until  # `launched` ends the wait
+
+    def _relays(self) -> bool:
+        """Our drafter's drafts go on unchecked: load sheds this stage's forwards, and both neighbours are there."""
+        around = self.around
+        return around.relaying and around.drafter and around.verifier and self.req.outcomes is None
+
+    def _relay(self) -> None:
+        """Pass the pending drafts within our bound on to our verifier as ours, without a forward; our drafter hears
+        them confirmed and drafts on. They carry the drafter's probabilities, what our verifier's rejection sampling
+        checks them against; a rejection comes back as a verdict, as for any token of ours. A forward in flight for
+        the request is dropped when it returns (`rev`): our tokens grew past what it computed on."""
+        req, up = self.req, self.req.up
+        start = len(req.tokens)
+        n = min(len(up.pending), self._limit() - start)
+        if n <= 0 or (start and req.tokens[-1] in req.spec.stop_token_ids):
+            return
+        n = next((i + 1 for i, t in enumerate(up.pending[:n]) if t in req.spec.stop_token_ids), n)  # none past a stop
+        req.tokens.extend(up.pending[:n])
+        req.probs.extend(up.pending_probs[:n])
+        up.drop_pending(n)
+        req.rev += 1
+        req.stats.relayed_drafts += n
+        self._verdict(len(req.tokens) - 1)
+        self._publish()
 
     def launched(self, plan: StepPlan) -> StepPlan:
         """The device takes `plan`: the wait for drafts, if any, is over; -> the plan with the features taken now."""
@@ -303,6 +342,8 @@ class RequestProtocol:
                 raise self._violation(draft, f"tokens[{i}] = {token} at position {position}, where it sent {held} in this epoch")
         if up.start < known and not up.pending:
             up.start = known
+        if self._relays():
+            self._relay()
 
     def on_verdict(self, verdict: Verdict) -> None:
         req = self.req
@@ -349,6 +390,8 @@ class RequestProtocol:
             elif (unheard := self._absorb()) is not None:
                 self._verdict(unheard)
         self._publish()
+        if self._relays():  # our bound moved on
+            self._relay()
 
     def on_features(self, message: TargetFeatures) -> None:
         if self.req.features is None:

@@ -87,6 +87,7 @@ class StageRunner:
         predraft: int = 0,  # branches pre-drafted per request while we wait (pipespec.engine.outcome_cache); 0: none
         max_batch: int = 1,  # most requests one forward carries, where the stage batches (BatchingStage)
         adaptive_window: bool = True,  # verify only the drafts that pay for their rows (pipespec.engine.verify_budget)
+        relay_above: int | None = None,  # a middle stage passes its drafter's drafts on unchecked while more requests are open
     ):
         self.stage = stage
         # what the stage can do, found once (a runtime Protocol's isinstance is dear on the event loop's hot path)
@@ -101,6 +102,7 @@ class StageRunner:
             name, depth, max_lookahead, drafter_name, drafter_lookahead, verify_window, sends_features, reads_features, predraft
         )
         self.around = Surroundings(patience or Patience())  # what our requests share: our pace, our links
+        self.relay_above = relay_above if drafter_name is not None and depth > 0 else None
         self._upstream: Link | None = None  # to our drafter
         self._downstream: Link | None = None  # to our verifier
         self.coordinator: Link | None = None
@@ -167,6 +169,7 @@ class StageRunner:
             predraft=specs[i].predraft,
             max_batch=specs[i].max_batch,
             adaptive_window=specs[i].adaptive_window,
+            relay_above=specs[i].relay_above,
             scheduler=scheduler,
         )
 
@@ -284,7 +287,9 @@ class StageRunner:
         requests' prompt chunks, oldest first, alternate with forwards of steps, so a long prompt delays the
         streams by a chunk at a time. Then the opened requests' steps, round robin: as many requests' steps as one
         forward carries (`max_batch`), the most urgent first (a verification before a draft), the rest filling its
-        slots; the batch is as urgent as its most urgent. A request whose plan fails is failed, not the runner."""
+        slots; the batch is as urgent as its most urgent. A request whose plan fails is failed, not the runner.
+        A middle stage with more requests going on than its `relay_above` steps for none: each passes its
+        drafter's drafts on unchecked (pipespec.engine.request_protocol)."""
         admitted = self._admitted()
         if admitted is not None:
             return Batch(self, (Prefill(admitted),), Priority.CHECK)
@@ -294,6 +299,9 @@ class StageRunner:
         checks = 0  # verifications among them: a batch of those is full at max_batch
         stepping = len(self.requests) - len(self.unprefilled) - len(self.prefilling)
         self.around.crowded = self.max_batch > 1 and stepping > 1
+        if self.relay_above is not None:  # requests whose tokens end them wait only for their Close
+            self.around.relaying = sum(not proto.ended for proto in self.requests.values()) > self.relay_above
+        relayed = False  # a plan passed drafts on: our loop sends them
         for rid, proto in list(self.requests.items()):
             if rid in self.unprefilled or rid in self.prefilling:  # waiting for memory to be opened, or for its prompt
                 continue
@@ -303,12 +311,17 @@ class StageRunner:
                 self._fail(rid, error)
                 self.deliver(_WAKE)  # another runner's poke may have asked: our own loop sends the failure
                 continue
+            if proto.sends:  # it relayed
+                self._route(proto)
+                relayed = True
             if plan is not None:
                 priority = self._priority(plan)
                 ready.append((priority, plan))
                 checks += priority is Priority.CHECK
                 if self.max_batch == 1 or checks >= self.max_batch:
                     break  # one request a forward: the first ready, round robin; or a batch of the most urgent, full
+        if relayed:
+            self.deliver(_WAKE)  # another runner's poke may have asked: our own loop sends them
         if ready:
             ready.sort(key=lambda entry: entry[0])  # stable: round robin within a kind; the rest fill the slots
             chosen = ready[: self.max_batch]

@@ -47,7 +47,7 @@ from typing import Any
 
 import yaml
 
-from pipespec.config import PipelineConfig, load_config
+from pipespec.config import PipelineConfig, cut_chain, load_config
 from pipespec.errors import ConfigError
 from pipespec.planning.analytical import client_rate, forward_latency, placed_rate, sync_rate
 from pipespec.planning.placement import Devices, label, on_devices, placements
@@ -293,14 +293,15 @@ def placed_stages(
 ) -> list[dict[str, Any]]:
     """The raw stages `names` of the config `raw`, in that order, placed on `groups`: stages sharing a
     device get the `device_group` named after them (`tiny+dream`), and with `devices`, every stage the
-    resources of one device (its own, num_cpus set to the device's cores). The config's own groups go."""
+    resources of one device (its own, num_cpus set to the device's cores). The config's own groups go, and the
+    `relay_above` of a stage no longer in the middle."""
     specs = load_config(raw).stages
     by_name = {s.name: raw["stages"][k] for k, s in enumerate(specs)}
     resources = {s.name: s.resources for s in specs}  # with their defaults (a cuda stage's GPU)
     group_of = {name: "+".join(group) for group in groups if len(group) > 1 for name in group}
     out = []
-    for name in names:
-        stage = {k: v for k, v in by_name[name].items() if k != "device_group"}
+    for name, raw_stage in zip(names, cut_chain([by_name[name] for name in names])):
+        stage = {k: v for k, v in raw_stage.items() if k != "device_group"}
         stage["name"] = name
         if name in group_of:
             stage["device_group"] = group_of[name]

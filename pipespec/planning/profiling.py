@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from pipespec.config import PipelineConfig, load_config
+from pipespec.config import PipelineConfig, cut_chain, load_config
 from pipespec.engine.affinity import pinned
 from pipespec.engine.handoff import FeaturedVerifier, hand_prefill
 from pipespec.engine.stage import Session, Stage
@@ -143,8 +143,9 @@ def read_config(source: str | os.PathLike | Mapping[str, Any]) -> tuple[Pipeline
 
 
 def sub_config(raw: Mapping[str, Any], indices: Sequence[int]) -> PipelineConfig:
-    """The config of the chain of stages `indices` (upstream first); ConfigError says why it is invalid."""
-    return load_config({**raw, "stages": [raw["stages"][i] for i in indices]})
+    """The config of the chain of stages `indices` (upstream first; the last one its target, a drafter alone
+    included); ConfigError says why it is invalid."""
+    return load_config({**raw, "stages": cut_chain([raw["stages"][i] for i in indices])})
 
 
 def profile(

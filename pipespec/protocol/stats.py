@@ -102,6 +102,7 @@ class StageStats:
     predraft_misses: int = 0  # ... that no branch foresaw (while pre-drafting is on)
     predraft_tokens: int = 0  # tokens sent from branches, without a forward
     predraft_forwards: int = 0  # forwards that grew branches, their own or beside our line (a tree forward; in `forwards`)
+    relayed_drafts: int = 0  # drafts passed on to our verifier unchecked, under load (a middle stage's `relay_above`)
     kv_use: float = (
         0.0  # the share of the stage's KV budget its requests held when it finished this one (pipespec.stages.kv_pool)
     )

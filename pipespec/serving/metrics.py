@@ -12,7 +12,8 @@ Speculative decoding, per drafter -> verifier pair, from each finished request's
 drafts), `..._num_draft_tokens_total`, `..._num_accepted_tokens_total` and
 `..._num_accepted_tokens_per_pos_total{position}` (steps that accepted draft index `position`, from 0;
 they sum to the accepted tokens). Pre-drafting, per stage (pipespec.engine.outcome_cache, StageStats):
-`pipespec:predraft_hits_total`, `..._misses_total`, `..._tokens_total` and `..._forwards_total`. KV memory, per
+`pipespec:predraft_hits_total`, `..._misses_total`, `..._tokens_total` and `..._forwards_total`; a middle stage's
+drafts passed on unchecked under load (`relay_above`): `pipespec:relayed_drafts_total`. KV memory, per
 stage: `pipespec:kv_cache_usage_perc{stage}` (the share of its budget its requests held when it last finished
 one, pipespec.stages.kv_pool). Requests, as vLLM splits them: `pipespec:num_requests_waiting` (in flight, no
 token streamed yet: waiting for memory, or in their prefill) and `pipespec:num_requests_running` (streaming),
@@ -62,7 +63,7 @@ class Metrics:
             (*PAIR, "position"),
             registry=registry,
         )
-        self.predraft = {  # StageStats field -> its counter, per stage (pipespec.engine.outcome_cache)
+        self.stage_counts = {  # StageStats field -> its counter, per stage (pipespec.engine.outcome_cache, relay_above)
             "predraft_hits": Counter(
                 "pipespec:predraft_hits", "Verdicts a pre-drafted branch foresaw.", ("stage",), registry=registry
             ),
@@ -77,6 +78,9 @@ class Metrics:
             ),
             "predraft_forwards": Counter(
                 "pipespec:predraft_forwards", "Forwards that grew pre-drafted branches.", ("stage",), registry=registry
+            ),
+            "relayed_drafts": Counter(
+                "pipespec:relayed_drafts", "Drafts a middle stage passed on unchecked, under load.", ("stage",), registry=registry
             ),
         }
         self.running = Gauge("pipespec:num_requests_running", "Requests streaming tokens now.", registry=registry)
@@ -136,7 +140,7 @@ class Metrics:
     def record_stages(self, stages: Sequence[StageStats]) -> None:
         for stage in stages:
             self.kv_use.labels(stage.stage).set(stage.kv_use)
-            for name, counter in self.predraft.items():
+            for name, counter in self.stage_counts.items():
                 if value := getattr(stage, name):
                     counter.labels(stage.stage).inc(value)
 

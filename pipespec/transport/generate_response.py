@@ -26,6 +26,7 @@ _STAGE = (
     "predraft_misses",
     "predraft_tokens",
     "predraft_forwards",
+    "relayed_drafts",
 )
 _REQUEST = ("prompt_tokens", "generated_tokens", "prefill_s", "decode_s")
 
