@@ -20,7 +20,7 @@ import difflib
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +57,8 @@ class StageSpec:
     # its whole verify window whenever the drafts are there
     adaptive_window: bool = True
     # a middle stage passes its drafter's drafts on to its verifier unchecked, without a forward, while more than
-    # this many requests are open on it: under load the chain sheds this stage's forwards (online drafter
-    # selection; the target still checks every token). None: it always checks them
+    # this many requests go on there: under load the chain sheds this stage's steps (online drafter selection;
+    # its prefills still run, the target still checks every token). None: it always checks them
     relay_above: int | None = None
 
     @property
@@ -178,6 +178,27 @@ def load_config(source: str | os.PathLike | Mapping[str, Any]) -> PipelineConfig
         limits=_positive(raw.get("limits") or {}, LimitsSpec, "limits"),
         faults=_positive(raw.get("faults") or {}, FaultSpec, "faults"),
     )
+
+
+def config_dict(config: PipelineConfig) -> dict[str, Any]:
+    """`config` as the mapping `load_config` reads, every default filled in (a stage's kind options among its own
+    keys, its model as the directory it loads): loading it again gives `config` (`pipespec config FILE` prints it)."""
+
+    def stage(spec: StageSpec) -> dict[str, Any]:
+        out = {f.name: getattr(spec, f.name) for f in fields(spec) if f.name != "options"}
+        out["resources"] = dict(spec.resources)
+        if spec.model is None:
+            del out["model"]
+        return out | (asdict(spec.options) if spec.options is not None else {})
+
+    return {
+        "name": config.name,
+        "stages": [stage(s) for s in config.stages],
+        "sampling": asdict(config.sampling) | {"verify": config.sampling.verify.value},
+        "server": asdict(config.server),
+        "limits": asdict(config.limits),
+        "faults": asdict(config.faults),
+    }
 
 
 def cut_chain(stages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -341,7 +362,7 @@ def _check_chain(stages: tuple[StageSpec, ...]) -> None:
         if s.relay_above is not None and not 0 < i < len(stages) - 1:
             raise ConfigError(
                 f"stages[{i}].relay_above: only a middle stage (a drafter before it, a verifier after it) relays drafts; "
-                f"stage {s.name!r} is the {'first' if i == 0 else 'target'}, got {s.relay_above}"
+                f"stage {s.name!r} is the {'target' if i == len(stages) - 1 else 'first'}, got {s.relay_above}"
             )
     first: dict[str, StageSpec] = {}
     for s in stages:  # one device: one set of resources, one torch device

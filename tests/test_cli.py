@@ -11,6 +11,7 @@ cannot be reached.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import asyncio
 import json
 import os
@@ -372,3 +373,37 @@ def test_pipespec_serve_on_a_port_in_use_returns_at_once_naming_it(busy):
     assert (out.returncode, out.stdout) == (2, ""), out.stderr
     assert f"pipespec: the coordinator cannot serve on 127.0.0.1:{busy}: Address already in use" in out.stderr
     assert seconds < 30, seconds  # a hang guard (a loaded CI machine); it took 0.7 s here
+
+
+@pytest.mark.parametrize("name", ["mock3", "demo", "demo_two_cores"])
+def test_config_prints_a_shipped_example_with_every_default_and_it_loads_back_the_same(name, capsys, monkeypatch):
+    from pipespec.cli import main
+    from pipespec.commands.examples import config_path
+    from pipespec.config import StageSpec, load_config
+
+    monkeypatch.chdir(Path(__file__).parents[1])  # the demo configs name models/demo relative to the checkout
+    assert main(["config", name]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert load_config(printed) == load_config(config_path(name))
+    keys = {f.name for f in dataclasses.fields(StageSpec)} - {"options", "model"}  # a mock loads no model
+    assert all(keys <= set(stage) for stage in printed["stages"])  # every key, its default written out
+
+
+def test_config_names_the_bad_key_on_one_line_and_exits_2(tmp_path, capsys):
+    from pipespec.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"stages": [{"name": "t", "kind": "mock", "max_lookahead": -1}]}))
+    assert main(["config", str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "pipespec config: stages[0].max_lookahead: must be >= 0, got -1\n"
+
+
+def test_version_is_the_installed_packages(capsys):
+    from importlib.metadata import version
+
+    from pipespec.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"pipespec {version('pipespec')}\n"

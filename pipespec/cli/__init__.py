@@ -11,6 +11,8 @@
                       [--tokenizer DIR]
     pipespec plan CONFIG [--devices N] [--prompt TEXT ...] [--image FILE] [--max-new-tokens N] [--json FILE]
                   [--write-config FILE] [--threads N] [--trials N]
+    pipespec config CONFIG
+    pipespec --version
 
 Every command takes `--log-level LEVEL` (DEBUG, INFO, WARNING, ERROR, CRITICAL; default WARNING;
 INFO shows `plan`'s progress), or a logging config file named by $PIPESPEC_LOGGING_CONFIG (pipespec.commands.logs).
@@ -41,6 +43,9 @@ splits the cores into N devices). Then it tries `--trials` chains (pipespec.plan
 target alone, in place on a local Ray, each round beside the target alone in this process, and
 recommends the greatest speedup measured (`trials`; requests timed as `timed_requests` times them for
 the demo too).
+`config` prints the config (a file, or the name of an example shipped in pipespec/configs) as it is validated,
+every default filled in, as YAML that loads back to the same config; an invalid one is one line on stderr naming
+the key and its value (exit 2).
 `--plan auto` on `serve` (and `demo`, by default) profiles quickly, prints the recommendation and why,
 and runs it; `demo` tries first, `serve` takes the model's pick (it may be launched onto a cluster).
 """
@@ -50,6 +55,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +242,20 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def config_command(args: argparse.Namespace) -> int:
+    import yaml
+
+    from pipespec.commands.examples import config_path
+    from pipespec.config import config_dict, load_config
+
+    try:
+        config = load_config(config_path(args.config))
+    except ValueError as e:  # ConfigError: the message names the key
+        return _fail("config", e)
+    print(yaml.safe_dump(config_dict(config), sort_keys=False), end="")
+    return 0
+
+
 def _add_plan_flags(parser: argparse.ArgumentParser, plan_help: str, default: str = "none") -> None:
     """`--plan auto|none` and the `--devices` auto places the stages on (demo, serve); `plan_help` says what each runs."""
     parser.add_argument("--plan", choices=["auto", "none"], default=default, help=f"{plan_help} (default {default})")
@@ -258,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     from pipespec.commands.logs import add_log_level
 
     parser = argparse.ArgumentParser(prog="pipespec", description="Asynchronous hierarchical speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"pipespec {version('pipespec')}")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run the embedded default pipeline on this machine")
     d.add_argument("--prompt", help="the question (default: Describe the image.)")
@@ -349,6 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write-config", help="write the recommended config (YAML) to this file")
     add_log_level(p)  # INFO: profiling's and the trials' progress (real models take a while)
     p.set_defaults(run=plan)
+    c = sub.add_parser("config", help="print a config as validated, every default filled in (or its error)")
+    c.add_argument("config", help="a pipeline YAML file, or the name of an example shipped in pipespec/configs")
+    add_log_level(c)
+    c.set_defaults(run=config_command)
     return parser
 
 

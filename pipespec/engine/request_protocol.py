@@ -27,9 +27,9 @@ part per role (pipespec.engine.request_state):
 A step verifies the pending drafts (or, with none, generates one token itself: a verifier never
 idles), then what downstream has not seen is published: a Draft to our verifier, or a Commit
 (target), with the logprobs of its tokens when the request asks for them. A middle stage under load
-(`Surroundings.relaying`, its `relay_above`) steps for none: it takes its drafter's drafts as its own
-tokens on arrival, unchecked, and publishes them (`_relay`); the target checks every token, and once
-the load falls its next step feeds what it relayed. A step that was computing on
+(`Surroundings.relaying`, its `relay_above`) runs no steps: it takes its drafter's drafts as its own
+tokens on arrival, unchecked, and publishes them at its drafter's pace (`_relay`); the target checks
+every token, and once the load falls its next step feeds what it relayed. A step that was computing on
 tokens a verdict changed meanwhile is discarded when it returns (`rev` changed). The KV cache is
 truncated lazily: `fed` counts the context tokens in the cache that are still valid, and the next
 forward passes it as `keep`.
@@ -160,10 +160,10 @@ class RequestProtocol:
         limit = self._limit()
         if start and req.tokens[-1] in req.spec.stop_token_ids:
             return None
-        if req.features is not None and not req.features.has_prefill:
-            return None
-        if self._relays():
+        if self._relays():  # as on a draft's arrival: no forward, so no features needed
             self._relay()
+            return None
+        if req.features is not None and not req.features.has_prefill:
             return None
         if start >= limit:  # at our bound: nothing to draft but what we expect the verdict to need
             return predrafting.branch_plan(req) if req.outcomes is not None and self.around.verifier else None
@@ -444,7 +444,8 @@ class RequestProtocol:
             return  # nothing new, or our verifier is lost
         if self.role.depth > 0:
             probs = torch.stack(req.probs[down.sent :]) if req.spec.params.rejection else None
-            self._send(Peer.VERIFIER, Draft(rid, down.epoch, down.sent, tuple(tokens[down.sent :]), probs, self.around.token_s))
+            pace = self.around.drafter_token_s if self._relays() else self.around.token_s  # whose tokens come next
+            self._send(Peer.VERIFIER, Draft(rid, down.epoch, down.sent, tuple(tokens[down.sent :]), probs, pace))
         else:
             logprobs = None
             if req.spec.logprobs is not None:  # those of tokens[down.sent:], computed with them (pipespec.engine.step)

@@ -288,8 +288,10 @@ class StageRunner:
         streams by a chunk at a time. Then the opened requests' steps, round robin: as many requests' steps as one
         forward carries (`max_batch`), the most urgent first (a verification before a draft), the rest filling its
         slots; the batch is as urgent as its most urgent. A request whose plan fails is failed, not the runner.
-        A middle stage with more requests going on than its `relay_above` steps for none: each passes its
-        drafter's drafts on unchecked (pipespec.engine.request_protocol)."""
+        A middle stage with more requests going on than its `relay_above` runs no steps (its prefills still run):
+        each request passes its drafter's drafts on unchecked (pipespec.engine.request_protocol)."""
+        if self.relay_above is not None:  # requests whose tokens end them wait only for their Close
+            self.around.relaying = sum(not proto.ended for proto in self.requests.values()) > self.relay_above
         admitted = self._admitted()
         if admitted is not None:
             return Batch(self, (Prefill(admitted),), Priority.CHECK)
@@ -299,8 +301,6 @@ class StageRunner:
         checks = 0  # verifications among them: a batch of those is full at max_batch
         stepping = len(self.requests) - len(self.unprefilled) - len(self.prefilling)
         self.around.crowded = self.max_batch > 1 and stepping > 1
-        if self.relay_above is not None:  # requests whose tokens end them wait only for their Close
-            self.around.relaying = sum(not proto.ended for proto in self.requests.values()) > self.relay_above
         relayed = False  # a plan passed drafts on: our loop sends them
         for rid, proto in list(self.requests.items()):
             if rid in self.unprefilled or rid in self.prefilling:  # waiting for memory to be opened, or for its prompt
