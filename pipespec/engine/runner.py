@@ -87,7 +87,7 @@ class StageRunner:
         predraft: int = 0,  # branches pre-drafted per request while we wait (pipespec.engine.outcome_cache); 0: none
         max_batch: int = 1,  # most requests one forward carries, where the stage batches (BatchingStage)
         adaptive_window: bool = True,  # verify only the drafts that pay for their rows (pipespec.engine.verify_budget)
-        relay_above: int | None = None,  # a middle stage passes its drafter's drafts on unchecked while more requests are open
+        relay_above: int | None = None,  # a middle stage relays its drafter's drafts unchecked while more requests go on
     ):
         self.stage = stage
         # what the stage can do, found once (a runtime Protocol's isinstance is dear on the event loop's hot path)
