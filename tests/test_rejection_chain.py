@@ -15,7 +15,7 @@ N = 3000 keeps the suite within its budget: the bound holds for any N, and the b
 (0.121), where the correct chains measure 0.040 (k = 2) and 0.041 (k = 3). The broken variant runs at
 k = 2 only: the residual is each stage's own step, and k = 2 shows the test's power. A k = 3 chain whose middle
 stage relays under load (`relay_above`) passes its drafter's drafts on with the drafter's probabilities: it is
-tested the same way, and one that relays them with other probabilities must fail (TV 0.338 measured).
+tested the same way, and one that relays them with other probabilities must fail (TV 0.337 measured).
 """
 
 from __future__ import annotations
