@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -136,10 +136,15 @@ class RequestProtocol:
         self.sends.append((peer, message, args))
 
     @property
+    def stopped(self) -> bool:
+        """Our last token is a stop token."""
+        tokens = self.req.tokens
+        return bool(tokens) and tokens[-1] in self.req.spec.stop_token_ids
+
+    @property
     def ended(self) -> bool:
         """Our tokens end the request (a stop token, or max_new_tokens), unless a verdict changes them."""
-        tokens, spec = self.req.tokens, self.req.spec
-        return len(tokens) >= spec.max_new_tokens or bool(tokens) and tokens[-1] in spec.stop_token_ids
+        return self.stopped or len(self.req.tokens) >= self.req.spec.max_new_tokens
 
     # ---- the next forward ---------------------------------------------------------------------
 
@@ -158,7 +163,7 @@ class RequestProtocol:
         req, role = self.req, self.role
         start = len(req.tokens)
         limit = self._limit()
-        if start and req.tokens[-1] in req.spec.stop_token_ids:
+        if self.stopped:
             return None
         if self._relays():  # as on a draft's arrival: no forward, so no features needed
             self._relay()
@@ -207,12 +212,12 @@ class RequestProtocol:
         checks them against; a rejection comes back as a verdict, as for any token of ours. A forward in flight for
         the request is dropped when it returns (`rev`): our tokens grew past what it computed on."""
         req, up = self.req, self.req.up
-        start = len(req.tokens)
-        n = min(len(up.pending), self._limit() - start)
-        if n <= 0 or (start and req.tokens[-1] in req.spec.stop_token_ids):
+        room = max(0, self._limit() - len(req.tokens))  # our bound
+        drafts = _through_stop(up.pending[:room], req.spec.stop_token_ids)
+        if not drafts or self.stopped:
             return
-        n = next((i + 1 for i, t in enumerate(up.pending[:n]) if t in req.spec.stop_token_ids), n)  # none past a stop
-        req.tokens.extend(up.pending[:n])
+        n = len(drafts)
+        req.tokens.extend(drafts)
         req.probs.extend(up.pending_probs[:n])
         up.drop_pending(n)
         req.rev += 1
@@ -270,11 +275,7 @@ class RequestProtocol:
 
     def _apply(self, plan: StepPlan, decision: Decision, hidden: torch.Tensor | None) -> None:
         req = self.req
-        tokens = decision.tokens
-        for i, t in enumerate(tokens):  # nothing after a stop token
-            if t in req.spec.stop_token_ids:
-                tokens = tokens[: i + 1]
-                break
+        tokens = _through_stop(decision.tokens, req.spec.stop_token_ids)
         req.tokens.extend(tokens)
         req.probs.extend(decision.probs[: len(tokens)] if decision.probs is not None else [None] * len(tokens))
         if decision.logprobs is not None:  # the target's, for the next Commit
@@ -452,3 +453,8 @@ class RequestProtocol:
                 logprobs, req.logprobs = tuple(req.logprobs), []
             self._send(Peer.COORDINATOR, Commit(rid, down.sent, tuple(tokens[down.sent :]), logprobs))
         down.sent = len(tokens)
+
+
+def _through_stop(tokens: Sequence[int], stops: Container[int]) -> Sequence[int]:
+    """`tokens` up to its first stop token, that one included (nothing after a stop token)."""
+    return next((tokens[: i + 1] for i, t in enumerate(tokens) if t in stops), tokens)
