@@ -415,3 +415,19 @@ def test_synchronous_speculation_with_a_dream_drafter_equals_the_target_alone(wo
         result = generate_sync(target, spec, dream, gamma=3)
         assert result.token_ids == expected
         assert result.pair.num_draft_tokens > 0
+
+
+def test_synchronous_trees_with_a_dream_drafter_equal_the_target_alone(world, reference):
+    """A DREAM drafter grows trees by its own forwards (its line, pipespec.engine.tree_drafting.LineExpander) and
+    gets the target's features of each accepted path; the target verifies each tree in one forward."""
+    from pipespec.engine.synchronous import generate_sync
+    from pipespec.engine.tree_drafting import TreeShape
+
+    pipe = LocalPipeline(vlm_chain(world, ["dream", "target"]))  # never started: its stages and front door
+    dream, target = pipe.stages
+    for r, expected in list(zip(image_requests(), reference))[:4]:
+        r = dict(r)
+        spec, _ = pipe.request(r.pop("prompt"), max_new_tokens=16, **r)
+        result = generate_sync(target, spec, dream, tree=TreeShape(budget=5, depth=3, branching=2))
+        assert result.token_ids == expected
+        assert result.pair.num_draft_tokens > 0

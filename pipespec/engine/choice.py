@@ -62,7 +62,7 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return r / total if total > 0 else p
 
 
-def _sample(probs: torch.Tensor, seed: int, position: int, stream: int) -> int:
+def sample(probs: torch.Tensor, seed: int, position: int, stream: int) -> int:
     """Exact sample of probs [V] by Gumbel-max with counter noise."""
     g = noise.gumbel(seed, position, probs.shape[-1], stream, probs.device)
     return int(torch.argmax(torch.log(probs) + g))
@@ -94,9 +94,9 @@ def decide(
         q = draft_probs[i]
         if noise.scalar_uniform(params.seed, start + i, s_accept) * float(q[x]) < float(p[i, x]):
             continue  # accepted with probability min(1, p(x) / q(x))
-        token = _sample(residual(p[i], q), params.seed, start + i, s_residual)
+        token = sample(residual(p[i], q), params.seed, start + i, s_residual)
         return Decision(i, tuple(drafts[:i]) + (token,), p[: i + 1])
-    token = _sample(p[n], params.seed, start + n, s_sample)
+    token = sample(p[n], params.seed, start + n, s_sample)
     return Decision(n, tuple(drafts) + (token,), p)
 
 

@@ -31,6 +31,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from pipespec.engine.draft_tree import DraftTree
 from pipespec.protocol.messages import PrefillFeatures, RequestSpec, TargetFeatures
 
 
@@ -75,14 +76,43 @@ class TreeSession(Session, Protocol):
 
 
 @dataclass(frozen=True)
+class TreeNodes:
+    """Nodes of a draft tree (pipespec.engine.draft_tree) that a forward feeds after its line of tokens. Each node's
+    row sits at the position after its parent's (the tree's root: the line's last token, or the cache's last if the
+    line is empty) and attends to the cache before the tree and to its own ancestors only. Node i's keys go in
+    past the cache's length, at keep + len(line) + i, until `DraftTreeSession.keep_path` moves a path's into place."""
+
+    tree: DraftTree
+    fed: tuple[int, ...]  # the nodes fed now, parents first; an ancestor not among them was fed since the same keep
+
+
+@runtime_checkable
+class DraftTreeSession(Session, Protocol):
+    """A session that feeds draft trees (the model stages'): a verifier checks a whole tree in one forward, a
+    drafter grows one a level a forward; each node's logits are bitwise those of a one-token decode of its path."""
+
+    def forward_tree(self, keep: int, line: Sequence[int], nodes: TreeNodes) -> torch.Tensor:
+        """`forward(keep, line)` and the tree's nodes `nodes.fed` after it, in one forward; the cache then holds
+        keep + len(line) entries (the nodes' past them). -> [len(line) + len(nodes.fed), V] float32 logits."""
+        ...
+
+    def keep_path(self, at: int, path: Sequence[int]) -> None:
+        """After a tree forward that left `at` entries: the entries of the tree nodes `path` (root's child first,
+        each fed) moved to at, at + 1, ..; the cache then holds at + len(path)."""
+        ...
+
+
+@dataclass(frozen=True)
 class Feed:
     """One request's part of a batched forward: `session.forward(keep, tokens)`, and a tree session's side
-    lines (`TreeSession.forward_tree`'s `sides`; none for other sessions)."""
+    lines (`TreeSession.forward_tree`'s `sides`; none for other sessions), or the draft-tree nodes after its
+    tokens (a `DraftTreeSession`'s)."""
 
     session: Session
     keep: int
     tokens: Sequence[int]
     sides: Sequence[tuple[int, Sequence[int]]] = ()
+    nodes: TreeNodes | None = None
 
 
 NO_SIDES = torch.empty(0)  # the side rows of a feed without side lines (a session that is not a TreeSession)

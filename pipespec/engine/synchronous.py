@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 import torch
 
 from pipespec.engine.choice import decide
+from pipespec.engine.draft_tree import DraftTree
 from pipespec.engine.handoff import hand_prefill, step_message
-from pipespec.engine.stage import FeatureReader, Session, Stage, unfed_tail
+from pipespec.engine.stage import DraftTreeSession, FeatureReader, Session, Stage, TreeNodes, unfed_tail
+from pipespec.engine.tree_drafting import LineExpander, TreeShape, grow
+from pipespec.engine.tree_verification import TreeVerify, verify_tree
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.stats import PairStats
 
@@ -40,6 +43,21 @@ class _Cursor:
         self.fed = p + len(tokens) + len(extra)
         return logits[len(feed) - 1 :]
 
+    def tree_rows(self, tokens: list[int], tree: DraftTree) -> torch.Tensor:
+        """Feed the unfed part of `tokens`, then every node of `tree` in the same forward; -> [len(tree) + 1, V]
+        logits: the root's (at len(tokens)), then each node's."""
+        p = self.session.prompt_len
+        feed = unfed_tail(self.last, p, self.fed, tokens)
+        self.fed_from, self.fed_own = self.fed, len(feed)
+        logits = self.session.forward_tree(self.fed, feed, TreeNodes(tree, tuple(range(len(tree)))))
+        self.fed = p + len(tokens)
+        return logits[len(feed) - 1 :]
+
+    def keep_path(self, path: tuple[int, ...]) -> None:
+        """After `tree_rows`: the accepted path's entries put in place, after the root."""
+        self.session.keep_path(self.fed, path)
+        self.fed += len(path)
+
     def keep(self, valid_tokens: int) -> None:
         self.fed = min(self.fed, self.session.prompt_len + valid_tokens)
 
@@ -54,12 +72,22 @@ class SyncResult:
     accept_lengths: list[int] = field(default_factory=list)  # tokens committed by each target forward
 
 
-def generate_sync(target: Stage, spec: RequestSpec, drafter: Stage | None = None, gamma: int = 4) -> SyncResult:
+def generate_sync(
+    target: Stage,
+    spec: RequestSpec,
+    drafter: Stage | None = None,
+    gamma: int = 4,
+    tree: TreeShape | None = None,
+    method: TreeVerify = TreeVerify.TRAVERSAL,
+) -> SyncResult:
+    """`gamma` drafts a verification, or with `tree` a draft tree of its shape, verified by `method` under rejection sampling."""
     start_s = time.perf_counter()
     first_s = None
     t = _Cursor(target.open(spec))
     d = _Cursor(drafter.open(spec)) if drafter is not None else None
     features = d is not None and isinstance(d.session, FeatureReader)  # a DREAM drafter
+    if tree is not None and d is not None:
+        return _generate_tree(t, d, spec, tree, method, PairStats(drafter.name, target.name), start_s)
     if features:
         hand_prefill(d.session, t.session, spec.request_id)
     pair = PairStats(drafter.name, target.name) if d else None
@@ -99,3 +127,53 @@ def generate_sync(target: Stage, spec: RequestSpec, drafter: Stage | None = None
     end_s = time.perf_counter()
     first_s = first_s or end_s
     return SyncResult(tokens[: spec.max_new_tokens], pair, forwards, first_s - start_s, end_s - first_s, accept_lengths)
+
+
+def _check_target(target: Session) -> None:
+    if not isinstance(target, DraftTreeSession):
+        raise ValueError(f"draft trees need a target with tree forwards, which {type(target).__name__} lacks")
+
+
+def _generate_tree(
+    t: _Cursor, d: _Cursor, spec: RequestSpec, shape: TreeShape, method: TreeVerify, pair: PairStats, start_s: float
+) -> SyncResult:
+    """The loop of `generate_sync` with draft trees: the drafter grows a tree a node a forward (pipespec.engine.
+    tree_drafting.LineExpander), the target verifies it whole in one forward and keeps its accepted path; the
+    drafter keeps what it fed of that path. A DREAM drafter gets the target's features of the path."""
+    first_s = None
+    tokens: list[int] = []
+    accept_lengths: list[int] = []
+    params = spec.params
+    features = isinstance(d.session, FeatureReader)
+    try:
+        _check_target(t.session)
+        if features:
+            hand_prefill(d.session, t.session, spec.request_id)
+        while len(tokens) < spec.max_new_tokens and not (tokens and tokens[-1] in spec.stop_token_ids):
+            start = len(tokens)
+            most = spec.max_new_tokens - start - 1
+            tree, line = DraftTree((), ()), None
+            if most > 0:
+                root = d.rows(tokens)[0]
+                line = LineExpander(d.session, d.fed)
+                tree = grow(root, line, shape, params, start, 1, most)
+            decision = verify_tree(t.tree_rows(tokens, tree), tree, params, start, 0, method)
+            if features:  # the target's hidden states of its own tokens and the accepted path
+                hidden = t.session.hidden
+                rows = torch.cat([hidden[: t.fed_own], hidden[t.fed_own + torch.tensor(decision.path, dtype=torch.long)]])
+                d.session.add_features(step_message(spec.request_id, t.fed_from, rows, t.fed_own, decision.accepted))
+            t.keep_path(decision.path)
+            d.fed += line.kept(decision.tokens[:-1]) if line else 0  # the accepted path's start that its line holds
+            pair.record(len(tree), decision.accepted)
+            for token in decision.tokens:
+                tokens.append(token)
+                if token in spec.stop_token_ids:
+                    break
+            accept_lengths.append(len(tokens) - start)
+            first_s = first_s or time.perf_counter()
+    finally:
+        t.session.close()
+        d.session.close()
+    end_s = time.perf_counter()
+    first_s = first_s or end_s
+    return SyncResult(tokens[: spec.max_new_tokens], pair, len(accept_lengths), first_s - start_s, end_s - first_s, accept_lengths)

@@ -24,7 +24,7 @@ from pipespec.stages.device import kv_budget, stage_device
 from pipespec.stages.forwards import Shapes, compiles
 from pipespec.stages.invariance import fit_model
 from pipespec.stages.kinds import ModelOptions
-from pipespec.stages.packed_forwards import PackedForwards
+from pipespec.stages.packed_forwards import PackedForwards, TreeFeeding
 from pipespec.stages.packing import use_packed_attention
 from pipespec.stages.static_kv import static_pool
 from pipespec.stages.vocabulary import LogitsFit
@@ -118,7 +118,7 @@ class CausalLMStage:
         return open_whole(self, request)
 
 
-class CausalLMSession:
+class CausalLMSession(TreeFeeding):
     def __init__(self, stage: CausalLMStage, prompt: Sequence[int], cache_size: int):
         self.stage = stage
         self.cache = stage.caches.take(cache_size)

@@ -31,15 +31,16 @@ import time
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from pipespec.engine.stage import Feed, check_keep, check_length
+from pipespec.engine.stage import Feed, TreeNodes, check_keep, check_length
 from pipespec.stages.cuda_graphs import GraphedStep
 from pipespec.stages.forwards import _GRAPHS, MOST_GRAPHS, Shapes, _without_registry_guards
 from pipespec.stages.invariance import NONE_NEEDED, Invariance
 from pipespec.stages.kv_pool import KVPool
-from pipespec.stages.packing import Packing, Piece, packed
+from pipespec.stages.packing import Packing, Piece, TreeRows, packed
 from pipespec.stages.static_kv import StaticKV
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,26 @@ class CacheFeed:
     keep: int
     tokens: Sequence[int]
     shift: int = 0
+    nodes: TreeNodes | None = None  # draft-tree nodes fed after `tokens`, in the same piece (pipespec.engine.stage)
+
+    @property
+    def end(self) -> int:
+        """The cache slots it writes before: its tokens' and, past them, its tree nodes'."""
+        return self.keep + len(self.tokens) + (max(self.nodes.fed, default=-1) + 1 if self.nodes else 0)
+
+    def rows(self, start: int, length: int) -> tuple[list[int], list[int], list[int]]:
+        """The ids, cache slots and rotary positions of its piece of `length` tokens from `start` (a tree feed: its
+        one piece, the line's tokens then its nodes', node i at slot keep + len(tokens) + i, its position the one
+        after its parent's)."""
+        at = self.keep + start
+        ids, slots = list(self.tokens[start : start + length]), list(range(at, at + length))
+        rotary = [slot + self.shift for slot in slots]
+        if self.nodes is not None:
+            base, tree = self.keep + len(self.tokens), self.nodes.tree
+            ids += [tree.tokens[n] for n in self.nodes.fed]
+            slots += [base + n for n in self.nodes.fed]
+            rotary += [base + tree.depths[n] - 1 + self.shift for n in self.nodes.fed]
+        return ids, slots, rotary
 
 
 class PackedForwards:
@@ -103,7 +124,7 @@ class PackedForwards:
             if f.sides:
                 raise ValueError(f"stage {self.stage!r}: a model stage grows no side lines (not a TreeSession)")
         shifts = shifts or [0] * len(feeds)
-        outs = self([CacheFeed(f.session.cache, f.keep, f.tokens, shift) for f, shift in zip(feeds, shifts)])
+        outs = self([CacheFeed(f.session.cache, f.keep, f.tokens, shift, f.nodes) for f, shift in zip(feeds, shifts)])
         for f in feeds:
             check_length(self.stage, f.session.cache.length, f.keep + len(f.tokens))
         return outs
@@ -112,8 +133,8 @@ class PackedForwards:
     def __call__(self, feeds: Sequence[CacheFeed]) -> list[tuple[torch.Tensor, ...]]:
         """Run every feed; -> per feed, each output of `step` for its real rows [n, ...]."""
         for feed in feeds:
-            self._check_room(feed.cache, feed.keep + len(feed.tokens))
-        cuts = [self.shapes.pieces(len(feed.tokens)) for feed in feeds]
+            self._check_room(feed.cache, feed.keep + len(feed.tokens), feed.end)
+        cuts = [self._cut(feed) for feed in feeds]
         parts: list[list[list[torch.Tensor]]] = [[] for _ in feeds]
         for round_ in range(max(map(len, cuts))):
             riders = [i for i, pieces in enumerate(cuts) if round_ < len(pieces)]
@@ -149,10 +170,20 @@ class PackedForwards:
             cache.rewind(end)
         return [hidden[0, piece.rows] for piece in pieces]
 
-    def _check_room(self, cache: StaticKV, end: int) -> None:
-        """A ValueError naming the limit unless a request's context may reach `end` tokens in `cache`."""
+    def _cut(self, feed: CacheFeed) -> list[tuple[int, int, int]]:
+        """-> (start, length, width) of each piece of `feed`'s tokens; a tree feed is one piece, its line and nodes."""
+        if feed.nodes is None:
+            return self.shapes.pieces(len(feed.tokens))
+        rows, widest = len(feed.tokens) + len(feed.nodes.fed), self.shapes.widths[-1]
+        if rows > widest:
+            raise ValueError(f"stage {self.stage!r}: a tree forward of {rows} rows exceeds its max_width of {widest}")
+        return [(0, len(feed.tokens), rows)]
+
+    def _check_room(self, cache: StaticKV, end: int, slots: int | None = None) -> None:
+        """A ValueError naming the limit unless a request's context may reach `end` tokens in `cache` (and a forward
+        write its first `slots`: a tree's nodes past its context)."""
         self.shapes.check_context(self.stage, end)
-        if end + self.shapes.widths[-1] > cache.capacity:  # room for a one-request forward's padding
+        if max(end, slots or 0) + self.shapes.widths[-1] > cache.capacity:  # room for a one-request forward's padding
             raise ValueError(
                 f"stage {self.stage!r}: {end} context tokens exceed the request's KV cache of {cache.capacity} "
                 f"positions (its prompt and max_new_tokens)"
@@ -164,24 +195,25 @@ class PackedForwards:
         """One packed forward of a piece (start, length, _) of each feed -> (outputs [1, T, ...], each piece's (row, length))."""
         ids: list[int] = []
         positions: list[int] = []  # in the cache
-        shifts: list[int] = []  # to the rotary positions
+        rotaries: list[int] = []
         pieces, spans = [], []
+        device = work[0][0].cache.device
         for feed, (start, length, _) in work:
-            at = feed.keep + start
-            pieces.append(Piece(feed.cache, len(ids), length))
-            spans.append((len(ids), length))
-            ids += feed.tokens[start : start + length]
-            positions += range(at, at + length)
-            shifts += [feed.shift] * length
+            fed, slots, rotary = feed.rows(start, length)
+            tree = None if feed.nodes is None else TreeRows.of(len(ids), length, feed.keep + length, feed.nodes, device)
+            pieces.append(Piece(feed.cache, len(ids), len(fed), tree))
+            spans.append((len(ids), len(fed)))
+            ids += fed
+            positions += slots
+            rotaries += rotary
         pad = self.bucket(len(ids)) - len(ids)  # rows of no request (alone on a GPU: its own padding)
         positions += range(positions[-1] + 1, positions[-1] + 1 + pad)
-        shifts += shifts[-1:] * pad
+        rotaries += range(rotaries[-1] + 1, rotaries[-1] + 1 + pad)
         ids += ids[-1:] * pad
-        device = work[0][0].cache.device
         ids_t = torch.tensor([ids], dtype=torch.long, device=device)  # [1, T]
         positions_t = torch.tensor([positions], dtype=torch.long, device=device)  # [1, T]
-        rotary = positions_t + torch.tensor([shifts], dtype=torch.long, device=device) if any(shifts) else positions_t
-        if self.graphs is not None and len(pieces) == 1:
+        rotary = torch.tensor([rotaries], dtype=torch.long, device=device) if rotaries != positions else positions_t
+        if self.graphs is not None and len(pieces) == 1 and pieces[0].tree is None:
             with _GRAPHS:  # a replay's outputs: overwritten by the next one, copied now
                 return tuple(out.clone() for out in self.graphs(pieces[0].cache, ids_t, torch.cat([positions_t, rotary]))), spans
         with packed(self._packing(pieces, positions_t)):
@@ -218,6 +250,22 @@ class PackedForwards:
         self.warmup_s = time.perf_counter() - began
         how = "compiled" if self.compiled else "eager"
         log.info("stage %r: %s forwards at row buckets %s warmed up in %.1f s", self.stage, how, self.buckets, self.warmup_s)
+
+
+class TreeFeeding:
+    """A model stage's session as a `DraftTreeSession` (pipespec.engine.stage): its tree forwards are its stage's
+    packed forwards (`forward_batch`), a path kept is moved within its `StaticKV`."""
+
+    stage: Any  # a model stage: `name` and `forward_batch`
+    cache: StaticKV
+
+    def forward_tree(self, keep: int, line: Sequence[int], nodes: TreeNodes) -> torch.Tensor:
+        ((logits, _),) = self.stage.forward_batch([Feed(self, keep, line, nodes=nodes)])  # type: ignore[arg-type]
+        return logits  # [len(line) + len(nodes.fed), V]
+
+    def keep_path(self, at: int, path: Sequence[int]) -> None:
+        check_length(self.stage.name, self.cache.length, at)
+        self.cache.keep_path(at, path)
 
 
 def _own_code(step: PackedStep, stage: str) -> PackedStep:

@@ -37,6 +37,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import repeat_kv
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from pipespec.engine.stage import TreeNodes
 from pipespec.stages.static_kv import StaticKV
 
 IMPLEMENTATION = "pipespec_packed"
@@ -44,12 +45,53 @@ PREFILL = "pipespec_prefill"  # the same attention, given the mask transformers 
 
 
 @dataclass(frozen=True)
+class NodeGroup:
+    """Rows of a draft tree's nodes that lie on one path from its root: attended as that path's one-token decodes
+    attend, over a copy of the cache whose entries after the root are the path's own, in order."""
+
+    rows: torch.Tensor  # [m] long: the forward's rows it answers, by depth
+    path: torch.Tensor  # [d] long: the cache slots of the path's nodes, the root's child first
+    positions: torch.Tensor  # [m] long: those rows' positions on the path
+
+
+@dataclass(frozen=True)
+class TreeRows:
+    """A piece that feeds a line, then draft-tree nodes (pipespec.engine.stage.TreeNodes): node i's keys at cache slot
+    `base + i`, its position the one after its parent's."""
+
+    line: int  # the piece's first rows: its line, attended as any piece's rows
+    base: int  # the cache slot after the tree's root
+    groups: tuple[NodeGroup, ...]
+
+    @classmethod
+    def of(cls, offset: int, line: int, base: int, nodes: TreeNodes, device: torch.device) -> TreeRows:
+        """The rows of a piece at row `offset` of its forward that feeds `line` tokens, then `nodes.fed`."""
+        tree, fed = nodes.tree, set(nodes.fed)
+        row = {node: offset + line + k for k, node in enumerate(nodes.fed)}
+        groups, answered = [], set()
+        for leaf in (n for n in nodes.fed if not fed.intersection(tree.children(n))):
+            path = tree.path(leaf)
+            mine = [n for n in path if n in fed and n not in answered]
+            answered.update(mine)
+            groups.append(
+                NodeGroup(
+                    torch.tensor([row[n] for n in mine], device=device),
+                    torch.tensor([base + n for n in path], device=device),
+                    torch.tensor([base + tree.depths[n] - 1 for n in mine], device=device),
+                )
+            )
+        return cls(line, base, tuple(groups))
+
+
+@dataclass(frozen=True)
 class Piece:
-    """One request's rows of a packed forward: `width` rows from row `offset` (their positions: the packing's)."""
+    """One request's rows of a packed forward: `width` rows from row `offset` (their positions: the packing's),
+    draft-tree nodes among them (`tree`) or not."""
 
     cache: StaticKV
     offset: int
     width: int
+    tree: TreeRows | None = None
 
     @property
     def rows(self) -> slice:
@@ -77,13 +119,19 @@ class Packing:
         mask = self._masks.get((i, window))
         if mask is None:
             piece = self.pieces[i]
-            rows = _at_least(self.positions[0, piece.rows], queries, 0)[:, None]  # [q, 1]
-            keys = torch.arange(piece.cache.capacity, device=rows.device)[None, :]  # [1, C]
-            mask = keys <= rows
-            if window:
-                mask &= keys > rows - window
-            mask = self._masks[(i, window)] = mask[None, None]
+            mask = self._masks[(i, window)] = causal(self.positions[0, piece.rows], piece.cache.capacity, window, queries)
         return mask
+
+
+def causal(positions: torch.Tensor, capacity: int, window: int, queries: int) -> torch.Tensor:
+    """positions [m] of query rows -> [1, 1, q, capacity] bool: the keys each sees (its own position and before, within
+    `window` if set); the rows past m repeat the last."""
+    rows = _at_least(positions, queries, 0)[:, None]  # [q, 1]
+    keys = torch.arange(capacity, device=rows.device)[None, :]  # [1, C]
+    mask = keys <= rows
+    if window:
+        mask &= keys > rows - window
+    return mask[None, None]
 
 
 _current = threading.local()  # a stage's forwards run on its compute thread; two stages may share a process
@@ -121,13 +169,16 @@ def packed_attention(
     prefill's own mask, transformers' (see `prefill`), in place of the causal one built from positions."""
     packing = _packing()
     groups = query.shape[1] // key.shape[1]
-    alone = len(packing.pieces) == 1 and packing.pieces[0].offset == 0  # one request: its attention is the output
+    alone = len(packing.pieces) == 1 and packing.pieces[0].offset == 0 and packing.pieces[0].tree is None  # its attention is the output
     out = None if alone else query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3])  # [1, T, heads, d]
     for i, piece in enumerate(packing.pieces):
         rows, at = piece.rows, packing.positions[0, piece.rows]  # [w]
         held = piece.cache.layers[layer]
         held.keys.index_copy_(2, at, key[:, :, rows])
         held.values.index_copy_(2, at, value[:, :, rows])
+        if piece.tree is not None:
+            _tree_attention(query, held, groups, piece, packing, scaling, window, out)
+            continue
         keys, values = repeat_kv(held.keys, groups), repeat_kv(held.values, groups)  # [1, heads, C, d]
         # alone, its query rows reach every row of the forward: the rows past its own are no request's (any output);
         # a prefill with its own mask attends with exactly its rows
@@ -139,6 +190,30 @@ def packed_attention(
             return attended[:, :, :n].transpose(1, 2).contiguous()
         out[:, rows] = attended[:, :, : piece.width].transpose(1, 2)
     return out
+
+
+def _tree_attention(
+    query: torch.Tensor, held: Any, groups: int, piece: Piece, packing: Packing, scaling: float, window: int, out: torch.Tensor
+) -> None:
+    """A tree piece's attention into `out` [1, T, heads, d]: its line's rows as any piece's, then each group of its
+    nodes' rows over the cache with its path's entries put after the root, as a one-token decode of the path has them
+    (the keys past a row's position masked): bitwise that decode's attention."""
+    tree, capacity = piece.tree, held.keys.shape[2]
+
+    def attend(rows: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        queries = _at_least(query[:, :, rows], packing.query_rows(len(rows)), 2)
+        mask = causal(positions, capacity, window, queries.shape[2])
+        attended = torch.nn.functional.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scaling)
+        out[:, rows] = attended[:, :, : len(rows)].transpose(1, 2)
+
+    if tree.line:
+        rows = torch.arange(piece.offset, piece.offset + tree.line, device=query.device)
+        attend(rows, packing.positions[0, rows], repeat_kv(held.keys, groups), repeat_kv(held.values, groups))
+    for group in tree.groups:
+        chain = torch.arange(tree.base, tree.base + len(group.path), device=query.device)
+        keys = held.keys.index_copy(2, chain, held.keys.index_select(2, group.path))
+        values = held.values.index_copy(2, chain, held.values.index_select(2, group.path))
+        attend(group.rows, group.positions, repeat_kv(keys, groups), repeat_kv(values, groups))
 
 
 def _at_least(t: torch.Tensor, rows: int, dim: int) -> torch.Tensor:

@@ -17,6 +17,8 @@ tensors are not marked as static addresses: one compiled forward takes any reque
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers import Cache, PretrainedConfig
 from transformers.cache_utils import StaticLayer
@@ -63,6 +65,17 @@ class StaticKV(Cache):
         """Hold the first `length` entries; the next forward writes its keys from there."""
         for layer in self.layers:
             layer.cumulative_length.fill_(length)
+
+    def keep_path(self, at: int, path: Sequence[int]) -> None:
+        """After a tree forward that left `at` entries, its nodes' at at + node (pipespec.engine.stage.TreeNodes):
+        the entries of the nodes `path` moved to at, at + 1, ..; then hold at + len(path)."""
+        if path:
+            chain = torch.arange(at, at + len(path), device=self.device)
+            slots = torch.tensor([at + node for node in path], device=self.device)
+            for layer in self.layers:
+                layer.keys.index_copy_(2, chain, layer.keys.index_select(2, slots))
+                layer.values.index_copy_(2, chain, layer.values.index_select(2, slots))
+        self.rewind(at + len(path))
 
 
 def _dims(config: PretrainedConfig) -> tuple[int, int, int]:

@@ -37,7 +37,7 @@ from pipespec.stages.dream.compression import attention_received
 from pipespec.stages.forwards import Shapes, compiles
 from pipespec.stages.invariance import fit_model
 from pipespec.stages.kinds import ModelOptions
-from pipespec.stages.packed_forwards import PackedForwards
+from pipespec.stages.packed_forwards import PackedForwards, TreeFeeding
 from pipespec.stages.packing import prefill, use_packed_attention
 from pipespec.stages.static_kv import static_pool
 from pipespec.stages.vocabulary import LogitsFit
@@ -235,7 +235,7 @@ class VLMStage:
         return self.forwards.bucket(rows)
 
 
-class VLMSession:
+class VLMSession(TreeFeeding):
     def __init__(self, stage: VLMStage, prompt: Sequence[int], cache_size: int):
         self.stage = stage
         self.prompt = tuple(prompt)

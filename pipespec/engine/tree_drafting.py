@@ -1,0 +1,160 @@
+"""How a drafter grows a draft tree: EAGLE-2's dynamic tree under a node budget, grown best first.
+
+A node's value is the sum of the drafter's log-probabilities along its path (EAGLE-2's: how likely the target is
+to accept the path, when the drafter's probabilities are calibrated). The tree takes, one node at a time, the
+best on offer: a child of a node already in it (each node offers its `branching` likeliest children), at most
+`depth` levels down, until it holds `budget` nodes. So it holds the `budget` best nodes that a top-`branching`
+search can reach, the tree EAGLE-2's reranking keeps. A node's children are known once the drafter has run a
+forward of it; as none can be worth more than their parent, a node is expanded only once its own value is the
+best on offer (a node the budget never reaches costs no forward).
+
+What a node's children and values are, per sampling mode:
+- greedy: the top logits; value: log-softmax.
+- coupled: the top of the drafter's choice scores at the children's position (log q' plus the position's
+  shared Gumbel noise, pipespec.engine.choice: the first child is the drafter's own choice); value: the
+  log-softmax of those scores, how sure the drafter is of its choice once the noise is known.
+- rejection: a Gumbel-top-k of q' (a sample without replacement, its noise keyed by the node), value log q'.
+  Taking children by their own value would take a child for being likely, and the verifier would no longer
+  see a sample of q (pipespec.engine.tree_verification): under rejection a child is taken by its parent's value
+  and its draw order, which cuts no child for its own value.
+
+`temperature` calibrates the values (the drafter's log-probabilities divided by it first): a drafter sure of
+itself too seldom (the demo's tiny drafter: its likeliest token is the target's more often than it says)
+grows too wide a tree. `fit_temperature` finds it from the target's tokens (`pipespec plan`'s profile).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import count
+
+import torch
+
+from pipespec.engine import noise
+from pipespec.engine.choice import scores
+from pipespec.engine.draft_tree import ROOT, DraftTree
+from pipespec.engine.sampling import log_processed
+from pipespec.engine.stage import Session
+from pipespec.protocol.params import SamplingParams
+
+# (the tree so far, the nodes to feed: their ancestors fed before or with them) -> their logits [m, V]
+Expand = Callable[[DraftTree, Sequence[int]], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A drafter's `tree` section: how big a tree it grows for its verifier."""
+
+    budget: int = 7  # most nodes: with the root, the rows of the verifier's tree forward
+    depth: int = 7  # most levels
+    branching: int = 4  # most children of a node
+    temperature: float = 1.0  # of the drafter's log-probabilities in a node's value: its calibration (`fit_temperature`)
+
+    def __post_init__(self) -> None:
+        for name in ("budget", "depth", "branching"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"tree.{name} must be an integer >= 1, got {value!r}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+            raise ValueError(f"tree.temperature must be a number > 0, got {t!r}")
+
+
+def fit_temperature(logits: torch.Tensor, tokens: Sequence[int]) -> float:
+    """The temperature that calibrates a drafter's probabilities against its target's tokens: the one of least
+    negative log-likelihood of `tokens` under softmax(logits / T) (temperature scaling, Guo et al. 2017), on a grid
+    from 0.3 to 2. logits [n, V]: the drafter's at the positions of the target's n tokens."""
+    picked = torch.as_tensor(list(tokens))
+    rows = logits.double()
+    grid = [round(0.3 + 0.05 * i, 2) for i in range(35)]
+    loss = [float(-torch.log_softmax(rows / t, dim=-1)[torch.arange(len(picked)), picked].mean()) for t in grid]
+    return grid[loss.index(min(loss))]
+
+
+def grow(root: torch.Tensor, expand: Expand, shape: TreeShape, params: SamplingParams, start: int, depth: int, most: int) -> DraftTree:
+    """root [V]: the drafter's logits at position `start` (after the root token); `depth`: the drafter's hops
+    above the target; `most`: the deepest a node may go (the tokens the request has left). -> the tree."""
+    levels = min(shape.depth, most)
+    tokens: list[int] = []
+    parents: list[int] = []
+    probs: list[torch.Tensor | None] = []
+    value, level = {ROOT: 0.0}, {ROOT: 0}
+    heap: list[tuple] = []  # (key, order, parent, token, value, q): a child of `parent`, or (token None) expand `parent`
+    order = count()
+
+    def expanded(node: int, logits: torch.Tensor) -> None:
+        kids, logv, q = _children(logits, node, shape, params, start + level[node], depth)
+        for rank, x in enumerate(kids):
+            v = value[node] + float(logv[x])
+            key = (-value[node], rank) if params.rejection else (-v, 0)  # rejection: no child taken for its own value
+            heapq.heappush(heap, (key, next(order), node, x, v, q))
+
+    expanded(ROOT, root)
+    while heap and len(tokens) < shape.budget:
+        _, _, parent, x, v, q = heapq.heappop(heap)
+        if x is None:  # a node whose children may now be worth taking: one forward of the drafter
+            expanded(parent, expand(DraftTree(tuple(tokens), tuple(parents)), [parent])[0])
+            continue
+        node = len(tokens)
+        tokens.append(x)
+        parents.append(parent)
+        probs.append(q)
+        value[node], level[node] = v, level[parent] + 1
+        if level[node] < levels:  # its children are worth at most its value: expanded once that is the best on offer
+            heapq.heappush(heap, ((-v, -1), next(order), node, None, v, None))
+    return DraftTree(tuple(tokens), tuple(parents), torch.stack(probs) if params.rejection and probs else None)
+
+
+class LineExpander:
+    """A drafter's `Expand` on any session (pipespec.engine.stage.Session): a node's logits by feeding its path as
+    the session's line after the root. The session keeps the path it fed last, so a node under the last one
+    expanded costs one token, one on another branch its path past where the two part; a forward a node."""
+
+    def __init__(self, session: Session, at: int):
+        """`at`: the context entries the session holds, the tree's root the last."""
+        self.session = session
+        self.at = at
+        self.line: tuple[int, ...] = ()  # the tokens after the root the session holds
+
+    def __call__(self, tree: DraftTree, nodes: Sequence[int]) -> torch.Tensor:
+        rows = []
+        for node in nodes:
+            path = tuple(tree.tokens[n] for n in tree.path(node))
+            same = self.kept(path)
+            rows.append(self.session.forward(self.at + same, path[same:])[-1])
+            self.line = path
+        return torch.stack(rows)  # [len(nodes), V]
+
+    def kept(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` (after the root) the session holds: the common start of its line and them."""
+        same = 0
+        while same < min(len(self.line), len(tokens)) and self.line[same] == tokens[same]:
+            same += 1
+        return same
+
+
+def _children(
+    logits: torch.Tensor, node: int, shape: TreeShape, params: SamplingParams, at: int, depth: int
+) -> tuple[list[int], torch.Tensor, torch.Tensor | None]:
+    """logits [V] of `node`, whose children sit at position `at` -> (its `branching` children, the log-probabilities
+    of their values [V], the q' they were drawn from [V] float64 under rejection, else None)."""
+    row, k = logits[None], shape.branching  # [1, V]
+    if params.greedy:
+        logv = torch.log_softmax(row.float() / shape.temperature, dim=-1)[0]
+        return torch.topk(logv, k).indices.tolist(), logv, None
+    if not params.rejection:
+        chosen = scores(row, params, at)[0]  # log q' + the position's shared noise
+        return torch.topk(chosen, k).indices.tolist(), torch.log_softmax(chosen / shape.temperature, dim=-1), None
+    logq = log_processed(row, params)[0]  # [V] float64
+    g = noise.gumbel(params.seed, at, logq.shape[-1], node_stream(depth, node), logq.device)
+    kids = [x for x in torch.topk(logq + g, k).indices.tolist() if logq[x] > float("-inf")]
+    return kids, logq, torch.exp(logq)
+
+
+def node_stream(depth: int, node: int) -> int:
+    """The noise stream of the children a drafter `depth` hops above the target draws for `node` under rejection
+    sampling: one per node, so the sibling subtrees of a tree are independent samples (as Traversal Verification
+    needs); far from the chain's streams (pipespec.engine.choice.rejection_streams)."""
+    return 1_000_000 + 10_000 * depth + node + 1
