@@ -15,6 +15,8 @@
 - `affinity`: which cores this process's threads run on (a device's, and a baseline measured beside it)
 - `choice`, `sampling`, `noise`: how logits become tokens (greedy, coupled, rejection), exactly alike
   on every stage
+- `draft_tree`, `tree_drafting`, `tree_verification`: draft trees, how a drafter grows one (EAGLE-2's dynamic
+  tree) and how a verifier takes a path of it (exact match; token-level or Traversal Verification)
 - `handoff`: the target-to-DREAM feature handoff
 - `trace`: where a stage's time goes, step by step
 - `synchronous`: synchronous speculative decoding, the baseline the pipeline must beat
