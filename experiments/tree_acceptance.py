@@ -1,15 +1,18 @@
 """Draft trees against chains at the same forward width: tokens a verification, speed, exactness.
 
-    python -m experiments.tree_acceptance [CONFIG] [--drafters tiny] [--widths 4 8 16] [--limit 16] [--tokens 96]
-        [--temperature 0.7] [--repeats 3] [--out DIR]
+    python -m experiments.tree_acceptance [CONFIG] [--drafters tiny dream] [--widths 4 8 16] [--calibrate 8]
+        [--limit 24] [--tokens 96] [--temperature 0.7] [--repeats 3] [--out DIR]
 
 For each drafter of CONFIG (default: the demo's) straight before its target, synchronous speculation
-(pipespec.engine.synchronous) answers the held-out questions with a chain of w - 1 drafts and with a tree of
+(pipespec.engine.synchronous) answers held-out questions with a chain of w - 1 drafts and with a tree of
 w - 1 nodes (EAGLE-2's dynamic tree: pipespec.engine.tree_drafting), so both verify in target forwards of w
-rows. Per mode (greedy; coupled sampling; rejection sampling with token-level and with Traversal Verification)
+rows (the target's max_width raised to the widest w). The trees' value temperature is fitted first on the
+target's greedy answers to the first `--calibrate` questions (`fit_temperature`), which the measurement leaves
+out. Per mode (greedy; coupled sampling; rejection sampling with token-level and with Traversal Verification)
 it reports the tokens committed per target forward, mean and per question kind, the nodes a verification
-checks, and the decode throughput, the sides alternated question by question over `--repeats` rounds (the
-median of the rounds). Every greedy and coupled answer is checked token for token against the target alone.
+checks, and the decode throughput: each side once unmeasured (its first forwards), then `--repeats` rounds over
+the questions, the sides taking turns within a round (throughput: the median of the rounds). Every greedy and
+coupled answer is checked token for token against the target alone.
 
 Writes tree_acceptance.json and tree_acceptance.md under --out (default experiments/results/trees).
 """
@@ -32,12 +35,15 @@ from experiments.prompt_sets import Prompt, load_prompts
 from pipespec import LocalPipeline, load_config
 from pipespec.commands.logs import add_log_level, setup_logging
 from pipespec.config import sub_pipeline
+from pipespec.engine.handoff import FeaturedVerifier
 from pipespec.engine.stage import Stage
-from pipespec.engine.synchronous import generate_sync
-from pipespec.engine.tree_drafting import TreeShape
+from pipespec.engine.synchronous import SyncResult, generate_sync
+from pipespec.engine.tree_drafting import TreeShape, fit_temperature
 from pipespec.engine.tree_verification import TreeVerify
+from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams, VerifyMode
 from pipespec.stages.build import load_stages
+from pipespec.stages.kinds import ModelOptions
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +61,18 @@ class Side:
     shape: TreeShape | None = None
     method: TreeVerify = TreeVerify.TRAVERSAL
 
+    def run(self, target: Stage, drafter: Stage, spec: RequestSpec) -> SyncResult:
+        return generate_sync(target, spec, drafter, self.gamma, self.shape, self.method)
 
-def sides(width: int, branching: int) -> list[Side]:
+
+def sides(width: int, branching: int, temperature: float, rejection: bool) -> list[Side]:
+    """The chain and the tree of a forward `width` (and, under rejection, the tree verified token by token)."""
     drafts = width - 1
-    tree = TreeShape(budget=drafts, depth=drafts, branching=branching)
-    return [
-        Side(f"chain w{width}", drafts),
-        Side(f"tree w{width}", drafts, tree, TreeVerify.TRAVERSAL),
-        Side(f"tree w{width} token", drafts, tree, TreeVerify.TOKEN),
-    ]
+    tree = TreeShape(budget=drafts, depth=drafts, branching=branching, temperature=temperature)
+    out = [Side(f"chain w{width}", drafts), Side(f"tree w{width}", drafts, tree)]
+    if rejection:
+        out.append(Side(f"tree w{width} token", drafts, tree, TreeVerify.TOKEN))
+    return out
 
 
 def modes(temperature: float) -> dict[str, SamplingParams]:
@@ -75,61 +84,83 @@ def modes(temperature: float) -> dict[str, SamplingParams]:
 
 
 def run(config_path: str, drafter_name: str, prompts: Sequence[Prompt], args: argparse.Namespace) -> list[dict]:
-    config = sub_pipeline(load_config(config_path), [drafter_name, load_config(config_path).target.name])
+    full = load_config(config_path)
+    config = sub_pipeline(full, [drafter_name, full.target.name])
+    options = replace(config.target.options or ModelOptions(), max_width=max(args.widths))
+    config = replace(config, stages=(*config.stages[:-1], replace(config.target, options=options)))
     drafter, target = load_stages(config)
     rows = []
     with LocalPipeline(config, stages=[drafter, target]) as pipe:
         specs = [pipe.request(prompt=p.text, max_new_tokens=args.tokens, **({"image": str(p.image)} if p.image else {}))[0] for p in prompts]
+        temperature = calibrated(drafter, target, specs[: args.calibrate], config.sends_features(1)) if args.calibrate else 1.0
+        log.info("%s: value temperature %.2f (fitted on %d questions)", drafter_name, temperature, args.calibrate)
+        measured, kinds = specs[args.calibrate :], [p.category for p in prompts[args.calibrate :]]
         for mode, params in modes(args.temperature).items():
-            mode_specs = [replace(s, params=replace(params, seed=i)) for i, s in enumerate(specs)]
+            mode_specs = [replace(s, params=replace(params, seed=i)) for i, s in enumerate(measured)]
             alone = [generate_sync(target, s).token_ids for s in mode_specs]
             for width in args.widths:
-                for side in sides(width, args.branching):
-                    if side.method is TreeVerify.TOKEN and not params.rejection:
-                        continue  # greedy and coupled verify by exact match: no method to compare
-                    rows.append(_measure(drafter, target, prompts, mode_specs, alone, mode, side, width, args.repeats, params))
+                compared = sides(width, args.branching, temperature, params.rejection)
+                for side in compared:  # its first forwards (a width compiled), unmeasured
+                    side.run(target, drafter, mode_specs[0])
+                runs: dict[str, list[list[SyncResult]]] = {side.name: [] for side in compared}
+                for _ in range(args.repeats):
+                    for side in compared:
+                        runs[side.name].append([side.run(target, drafter, s) for s in mode_specs])
+                for side in compared:
+                    rows.append(_row(drafter.name, mode, side, width, runs[side.name], kinds, alone, params))
                     log.info("%s", rows[-1])
     return rows
 
 
-def _measure(drafter: Stage, target: Stage, prompts, specs, alone, mode: str, side: Side, width: int, repeats: int, params) -> dict:
+def calibrated(drafter: Stage, target: Stage, specs: Sequence[RequestSpec], features: bool) -> float:
+    """The drafter's value temperature, fitted on its logits at the target's greedy answers to `specs` (a DREAM
+    drafter with the target's features of everything before, as experiments.draft_ranks feeds it)."""
+    reader = FeaturedVerifier(drafter, target) if features else drafter
+    logits, tokens = [], []
+    for spec in specs:
+        answer = generate_sync(target, spec).token_ids
+        session = reader.open(spec)
+        try:
+            fed, previous = session.prompt_len - 1, [session.last_prompt_token, *answer]
+            logits += [session.forward(fed + i, [previous[i]])[-1] for i in range(len(answer))]
+        finally:
+            session.close()
+        tokens += answer
+    return fit_temperature(torch.stack(logits), tokens)
+
+
+def _row(drafter: str, mode: str, side: Side, width: int, runs: list[list[SyncResult]], kinds: list[str], alone, params) -> dict:
+    """One side's figures: tokens a verification from its first round (every round drafts the same), the throughput
+    of each round."""
+    results = runs[0]
     per_kind: dict[str, list[int]] = defaultdict(list)
-    lengths: list[int] = []
-    drafted = 0
-    rates = []
-    exact = 0
-    for _ in range(repeats):
-        tokens = seconds = 0.0
-        lengths.clear()
-        per_kind.clear()
-        drafted = 0
-        exact = 0
-        for prompt, spec, want in zip(prompts, specs, alone):
-            result = generate_sync(target, spec, drafter, side.gamma, side.shape, side.method)
-            lengths += result.accept_lengths
-            per_kind[prompt.category or "all"] += result.accept_lengths
-            drafted += result.pair.num_draft_tokens if result.pair else 0
-            tokens += len(result.token_ids) - 1
-            seconds += result.decode_s
-            exact += result.token_ids == want
-        rates.append(tokens / seconds)
+    for kind, result in zip(kinds, results):
+        per_kind[kind] += result.accept_lengths
+    lengths = [n for result in results for n in result.accept_lengths]
+    rates = [sum(len(r.token_ids) - 1 for r in run) / sum(r.decode_s for r in run) for run in runs]
+    exact = sum(r.token_ids == want for r, want in zip(results, alone))
     return {
         "mode": mode,
-        "drafter": drafter.name,
+        "drafter": drafter,
         "side": side.name,
         "width": width,
+        "value_temperature": side.shape.temperature if side.shape else None,
         "tokens_per_verification": statistics.fmean(lengths),
         "per_kind": {k: statistics.fmean(v) for k, v in sorted(per_kind.items())},
-        "nodes_per_verification": drafted / len(lengths),
+        "nodes_per_verification": sum(r.pair.num_draft_tokens for r in results) / len(lengths),
         "decode_tok_s": statistics.median(rates),
         "decode_tok_s_runs": rates,
-        "exact": f"{exact}/{len(specs)}" if not params.rejection else "n/a (rejection: same distribution, not tokens)",
+        "exact": "n/a" if params.rejection else f"{exact}/{len(results)}",
     }
 
 
 def markdown(rows: list[dict], header: str) -> str:
-    lines = [header, "", "| drafter | mode | side | tokens / verification | nodes / verification | decode tok/s (median) | exact | per kind |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        header,
+        "",
+        "| drafter | mode | side | tokens / verification | nodes / verification | decode tok/s (median) | exact | per kind |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         kinds = ", ".join(f"{k} {v:.2f}" for k, v in r["per_kind"].items())
         lines.append(
@@ -142,12 +173,13 @@ def markdown(rows: list[dict], header: str) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="pipeline config (its drafters and target)")
-    parser.add_argument("--drafters", nargs="+", default=["tiny"], help="the drafters to pair with the target, each alone")
+    parser.add_argument("--drafters", nargs="+", default=["tiny", "dream"], help="the drafters to pair with the target, each alone")
     parser.add_argument("--prompts", default=DEFAULT_PROMPTS, help="prompt file (jsonl, experiments.prompt_sets)")
-    parser.add_argument("--limit", type=int, default=16, help="how many prompts")
+    parser.add_argument("--limit", type=int, default=24, help="how many prompts (the first --calibrate of them fit the trees' values)")
+    parser.add_argument("--calibrate", type=int, default=8, help="questions that fit the value temperature, left out of the measurement")
     parser.add_argument("--tokens", type=int, default=96, help="most new tokens per answer")
-    parser.add_argument("--widths", type=int, nargs="+", default=[8], help="target forward widths (rows: drafts + 1)")
-    parser.add_argument("--branching", type=int, default=2, help="the trees' branching (EAGLE-2's top-k)")
+    parser.add_argument("--widths", type=int, nargs="+", default=[4, 8, 16], help="target forward widths (rows: drafts + 1)")
+    parser.add_argument("--branching", type=int, default=4, help="the trees' branching (EAGLE-2's top-k)")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--repeats", type=int, default=3, help="rounds over the prompts (throughput: their median)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (both sides the same)")
@@ -155,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     add_log_level(parser)
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
+    if not 0 <= args.calibrate < args.limit:
+        parser.error(f"--calibrate must be in 0..{args.limit - 1} (--limit), got {args.calibrate}")
     torch.set_num_threads(args.threads)
     prompts = load_prompts(args.prompts, limit=args.limit)
     began = time.time()
@@ -162,8 +196,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "tree_acceptance.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
     header = (
-        f"# Trees against chains ({args.config}, {len(prompts)} held-out questions, {args.tokens} tokens, "
-        f"{args.threads} threads, {args.repeats} rounds; {time.time() - began:.0f} s)"
+        f"# Trees against chains ({args.config}, {len(prompts) - args.calibrate} held-out questions measured, "
+        f"{args.tokens} tokens, {args.threads} threads, {args.repeats} rounds; {time.time() - began:.0f} s)"
     )
     (args.out / "tree_acceptance.md").write_text(markdown(rows, header))
     print(markdown(rows, header))

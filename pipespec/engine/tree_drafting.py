@@ -15,8 +15,9 @@ What a node's children and values are, per sampling mode:
   log-softmax of those scores, how sure the drafter is of its choice once the noise is known.
 - rejection: a Gumbel-top-k of q' (a sample without replacement, its noise keyed by the node), value log q'.
   Taking children by their own value would take a child for being likely, and the verifier would no longer
-  see a sample of q (pipespec.engine.tree_verification): under rejection a child is taken by its parent's value
-  and its draw order, which cuts no child for its own value.
+  see a sample of q (pipespec.engine.tree_verification). So every child is taken by what its rank is worth,
+  the value of its parent's r-th likeliest token, known before it is drawn: the same as its own in greedy and
+  coupled drafting (children in order of value), none of its own under rejection.
 
 `temperature` calibrates the values (the drafter's log-probabilities divided by it first): a drafter sure of
 itself too seldom (the demo's tiny drafter: its likeliest token is the target's more often than it says)
@@ -86,10 +87,9 @@ def grow(root: torch.Tensor, expand: Expand, shape: TreeShape, params: SamplingP
 
     def expanded(node: int, logits: torch.Tensor) -> None:
         kids, logv, q = _children(logits, node, shape, params, start + level[node], depth)
-        for rank, x in enumerate(kids):
-            v = value[node] + float(logv[x])
-            key = (-value[node], rank) if params.rejection else (-v, 0)  # rejection: no child taken for its own value
-            heapq.heappush(heap, (key, next(order), node, x, v, q))
+        ranked = torch.topk(logv, len(kids)).values  # what its r-th likeliest token is worth
+        for rank, x in enumerate(kids):  # taken by what its rank is worth (its own worth, but under rejection)
+            heapq.heappush(heap, ((-(value[node] + float(ranked[rank])), 0), next(order), node, x, value[node] + float(logv[x]), q))
 
     expanded(ROOT, root)
     while heap and len(tokens) < shape.budget:
@@ -150,7 +150,7 @@ def _children(
     logq = log_processed(row, params)[0]  # [V] float64
     g = noise.gumbel(params.seed, at, logq.shape[-1], node_stream(depth, node), logq.device)
     kids = [x for x in torch.topk(logq + g, k).indices.tolist() if logq[x] > float("-inf")]
-    return kids, logq, torch.exp(logq)
+    return kids, torch.log_softmax(logq / shape.temperature, dim=-1), torch.exp(logq)
 
 
 def node_stream(depth: int, node: int) -> int:

@@ -83,9 +83,15 @@ class Shapes:
     widths: tuple[int, ...]  # ascending powers of two; a piece of n tokens runs at the least width >= n
 
     @property
+    def room(self) -> int:
+        """The cache slots a request needs past its context: a forward's padding, or a draft tree's nodes and the
+        path it attends over (pipespec.stages.packing.TreeRows)."""
+        return 3 * self.widths[-1]
+
+    @property
     def capacity(self) -> int:
-        """Each request's cache length: its context and room for the widest piece's padding."""
-        return self.context + self.widths[-1]
+        """Each request's cache length: its context and `room`."""
+        return self.context + self.room
 
     @classmethod
     def of(cls, options: ModelOptions, model_limit: int | None, device: torch.device, target: bool) -> Shapes:

@@ -60,22 +60,21 @@ class CacheFeed:
     shift: int = 0
     nodes: TreeNodes | None = None  # draft-tree nodes fed after `tokens`, in the same piece (pipespec.engine.stage)
 
-    @property
-    def end(self) -> int:
-        """The cache slots it writes before: its tokens' and, past them, its tree nodes'."""
-        return self.keep + len(self.tokens) + (max(self.nodes.fed, default=-1) + 1 if self.nodes else 0)
+    def end(self, gap: int) -> int:
+        """The cache slots it writes before: its tokens' and, `gap` past them, its tree nodes' (`rows`)."""
+        return self.keep + len(self.tokens) + (gap + max(self.nodes.fed) + 1 if self.nodes else 0)
 
-    def rows(self, start: int, length: int) -> tuple[list[int], list[int], list[int]]:
+    def rows(self, start: int, length: int, gap: int) -> tuple[list[int], list[int], list[int]]:
         """The ids, cache slots and rotary positions of its piece of `length` tokens from `start` (a tree feed: its
-        one piece, the line's tokens then its nodes', node i at slot keep + len(tokens) + i, its position the one
-        after its parent's)."""
+        one piece, the line's tokens then its nodes', node i's keys at slot keep + len(tokens) + gap + i, its
+        position the one after its parent's: pipespec.stages.packing.TreeRows)."""
         at = self.keep + start
         ids, slots = list(self.tokens[start : start + length]), list(range(at, at + length))
         rotary = [slot + self.shift for slot in slots]
         if self.nodes is not None:
             base, tree = self.keep + len(self.tokens), self.nodes.tree
             ids += [tree.tokens[n] for n in self.nodes.fed]
-            slots += [base + n for n in self.nodes.fed]
+            slots += [base + gap + n for n in self.nodes.fed]
             rotary += [base + tree.depths[n] - 1 + self.shift for n in self.nodes.fed]
         return ids, slots, rotary
 
@@ -124,7 +123,7 @@ class PackedForwards:
             if f.sides:
                 raise ValueError(f"stage {self.stage!r}: a model stage grows no side lines (not a TreeSession)")
         shifts = shifts or [0] * len(feeds)
-        outs = self([CacheFeed(f.session.cache, f.keep, f.tokens, shift, f.nodes) for f, shift in zip(feeds, shifts)])
+        outs = self([CacheFeed(f.session.cache, f.keep, f.tokens, shift, f.nodes if f.nodes and f.nodes.fed else None) for f, shift in zip(feeds, shifts)])
         for f in feeds:
             check_length(self.stage, f.session.cache.length, f.keep + len(f.tokens))
         return outs
@@ -133,7 +132,7 @@ class PackedForwards:
     def __call__(self, feeds: Sequence[CacheFeed]) -> list[tuple[torch.Tensor, ...]]:
         """Run every feed; -> per feed, each output of `step` for its real rows [n, ...]."""
         for feed in feeds:
-            self._check_room(feed.cache, feed.keep + len(feed.tokens), feed.end)
+            self._check_room(feed.cache, feed.keep + len(feed.tokens), feed.end(self.tree_gap))
         cuts = [self._cut(feed) for feed in feeds]
         parts: list[list[list[torch.Tensor]]] = [[] for _ in feeds]
         for round_ in range(max(map(len, cuts))):
@@ -170,6 +169,11 @@ class PackedForwards:
             cache.rewind(end)
         return [hidden[0, piece.rows] for piece in pieces]
 
+    @property
+    def tree_gap(self) -> int:
+        """Room after a tree's root for one path, where its groups attend; the tree's nodes are kept past it."""
+        return self.shapes.widths[-1]
+
     def _cut(self, feed: CacheFeed) -> list[tuple[int, int, int]]:
         """-> (start, length, width) of each piece of `feed`'s tokens; a tree feed is one piece, its line and nodes."""
         if feed.nodes is None:
@@ -199,8 +203,10 @@ class PackedForwards:
         pieces, spans = [], []
         device = work[0][0].cache.device
         for feed, (start, length, _) in work:
-            fed, slots, rotary = feed.rows(start, length)
-            tree = None if feed.nodes is None else TreeRows.of(len(ids), length, feed.keep + length, feed.nodes, device)
+            fed, slots, rotary = feed.rows(start, length, self.tree_gap)
+            tree = None
+            if feed.nodes is not None:
+                tree = TreeRows.of(len(ids), length, feed.keep + length, self.tree_gap, feed.nodes, device)
             pieces.append(Piece(feed.cache, len(ids), len(fed), tree))
             spans.append((len(ids), len(fed)))
             ids += fed
@@ -256,7 +262,7 @@ class TreeFeeding:
     """A model stage's session as a `DraftTreeSession` (pipespec.engine.stage): its tree forwards are its stage's
     packed forwards (`forward_batch`), a path kept is moved within its `StaticKV`."""
 
-    stage: Any  # a model stage: `name` and `forward_batch`
+    stage: Any  # a model stage: `name`, `forward_batch` and its `forwards`
     cache: StaticKV
 
     def forward_tree(self, keep: int, line: Sequence[int], nodes: TreeNodes) -> torch.Tensor:
@@ -265,7 +271,8 @@ class TreeFeeding:
 
     def keep_path(self, at: int, path: Sequence[int]) -> None:
         check_length(self.stage.name, self.cache.length, at)
-        self.cache.keep_path(at, path)
+        gap = self.stage.forwards.tree_gap
+        self.cache.keep_path(at, [at + gap + node for node in path])
 
 
 def _own_code(step: PackedStep, stage: str) -> PackedStep:

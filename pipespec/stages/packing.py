@@ -46,25 +46,28 @@ PREFILL = "pipespec_prefill"  # the same attention, given the mask transformers 
 
 @dataclass(frozen=True)
 class NodeGroup:
-    """Rows of a draft tree's nodes that lie on one path from its root: attended as that path's one-token decodes
-    attend, over a copy of the cache whose entries after the root are the path's own, in order."""
+    """The rows of a piece's draft-tree nodes that lie on one path from the tree's root (its own rows: those no
+    earlier group answers), with the cache slots of the path's nodes."""
 
     rows: torch.Tensor  # [m] long: the forward's rows it answers, by depth
+    positions: torch.Tensor  # [m] long: their positions on the path
     path: torch.Tensor  # [d] long: the cache slots of the path's nodes, the root's child first
-    positions: torch.Tensor  # [m] long: those rows' positions on the path
 
 
 @dataclass(frozen=True)
 class TreeRows:
-    """A piece that feeds a line, then draft-tree nodes (pipespec.engine.stage.TreeNodes): node i's keys at cache slot
-    `base + i`, its position the one after its parent's."""
+    """A piece that feeds a line, then draft-tree nodes (pipespec.engine.stage.TreeNodes) after `base` cache entries:
+    node i's keys kept at slot `base + gap + i` (`gap`: room for a path, its forward's widest), its position the
+    one after its parent's. Its nodes' rows attend by groups, one per path from the tree's root to a leaf of the
+    nodes fed: the path's entries copied to the slots after the root, the group attends over the cache as the
+    path's one-token decodes do (bitwise: the same keys at the same slots, those past a row's position masked)."""
 
     line: int  # the piece's first rows: its line, attended as any piece's rows
-    base: int  # the cache slot after the tree's root
+    base: int
     groups: tuple[NodeGroup, ...]
 
     @classmethod
-    def of(cls, offset: int, line: int, base: int, nodes: TreeNodes, device: torch.device) -> TreeRows:
+    def of(cls, offset: int, line: int, base: int, gap: int, nodes: TreeNodes, device: torch.device) -> TreeRows:
         """The rows of a piece at row `offset` of its forward that feeds `line` tokens, then `nodes.fed`."""
         tree, fed = nodes.tree, set(nodes.fed)
         row = {node: offset + line + k for k, node in enumerate(nodes.fed)}
@@ -76,8 +79,8 @@ class TreeRows:
             groups.append(
                 NodeGroup(
                     torch.tensor([row[n] for n in mine], device=device),
-                    torch.tensor([base + n for n in path], device=device),
                     torch.tensor([base + tree.depths[n] - 1 for n in mine], device=device),
+                    torch.tensor([base + gap + n for n in path], device=device),
                 )
             )
         return cls(line, base, tuple(groups))
@@ -196,24 +199,25 @@ def _tree_attention(
     query: torch.Tensor, held: Any, groups: int, piece: Piece, packing: Packing, scaling: float, window: int, out: torch.Tensor
 ) -> None:
     """A tree piece's attention into `out` [1, T, heads, d]: its line's rows as any piece's, then each group of its
-    nodes' rows over the cache with its path's entries put after the root, as a one-token decode of the path has them
-    (the keys past a row's position masked): bitwise that decode's attention."""
+    nodes' rows with its path's entries put after the root (`TreeRows`), in place: past the request's length, where
+    only rows past it see them."""
     tree, capacity = piece.tree, held.keys.shape[2]
 
-    def attend(rows: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        queries = _at_least(query[:, :, rows], packing.query_rows(len(rows)), 2)
+    def attend(rows: torch.Tensor | slice, positions: torch.Tensor, n: int) -> None:
+        queries = _at_least(query[:, :, rows], packing.query_rows(n), 2)
         mask = causal(positions, capacity, window, queries.shape[2])
+        keys, values = repeat_kv(held.keys, groups), repeat_kv(held.values, groups)  # [1, heads, C, d]
         attended = torch.nn.functional.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scaling)
-        out[:, rows] = attended[:, :, : len(rows)].transpose(1, 2)
+        out[:, rows] = attended[:, :, :n].transpose(1, 2)
 
     if tree.line:
-        rows = torch.arange(piece.offset, piece.offset + tree.line, device=query.device)
-        attend(rows, packing.positions[0, rows], repeat_kv(held.keys, groups), repeat_kv(held.values, groups))
+        rows = slice(piece.offset, piece.offset + tree.line)
+        attend(rows, packing.positions[0, rows], tree.line)
     for group in tree.groups:
         chain = torch.arange(tree.base, tree.base + len(group.path), device=query.device)
-        keys = held.keys.index_copy(2, chain, held.keys.index_select(2, group.path))
-        values = held.values.index_copy(2, chain, held.values.index_select(2, group.path))
-        attend(group.rows, group.positions, repeat_kv(keys, groups), repeat_kv(values, groups))
+        held.keys.index_copy_(2, chain, held.keys.index_select(2, group.path))
+        held.values.index_copy_(2, chain, held.values.index_select(2, group.path))
+        attend(group.rows, group.positions, len(group.rows))
 
 
 def _at_least(t: torch.Tensor, rows: int, dim: int) -> torch.Tensor:

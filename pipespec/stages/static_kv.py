@@ -66,16 +66,16 @@ class StaticKV(Cache):
         for layer in self.layers:
             layer.cumulative_length.fill_(length)
 
-    def keep_path(self, at: int, path: Sequence[int]) -> None:
-        """After a tree forward that left `at` entries, its nodes' at at + node (pipespec.engine.stage.TreeNodes):
-        the entries of the nodes `path` moved to at, at + 1, ..; then hold at + len(path)."""
-        if path:
-            chain = torch.arange(at, at + len(path), device=self.device)
-            slots = torch.tensor([at + node for node in path], device=self.device)
+    def keep_path(self, at: int, slots: Sequence[int]) -> None:
+        """After a tree forward that left `at` entries: the entries at `slots` (a path's nodes, past the length:
+        pipespec.stages.packing.TreeRows) moved to at, at + 1, ..; then hold at + len(slots)."""
+        if slots:
+            chain = torch.arange(at, at + len(slots), device=self.device)
+            sources = torch.tensor(slots, device=self.device)
             for layer in self.layers:
-                layer.keys.index_copy_(2, chain, layer.keys.index_select(2, slots))
-                layer.values.index_copy_(2, chain, layer.values.index_select(2, slots))
-        self.rewind(at + len(path))
+                layer.keys.index_copy_(2, chain, layer.keys.index_select(2, sources))
+                layer.values.index_copy_(2, chain, layer.values.index_select(2, sources))
+        self.rewind(at + len(slots))
 
 
 def _dims(config: PretrainedConfig) -> tuple[int, int, int]:

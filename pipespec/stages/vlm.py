@@ -127,7 +127,7 @@ class VLMStage:
 
     def cache_size(self, request: RequestSpec) -> int:
         """The positions of `request`'s cache here: its prompt, its new tokens, a forward's padding."""
-        return self.caches.size_for(len(request.prompt_token_ids) + request.max_new_tokens + self.shapes.widths[-1])
+        return self.caches.size_for(len(request.prompt_token_ids) + request.max_new_tokens + self.shapes.room)
 
     def admits(self, request: RequestSpec) -> bool:
         """Whether `request`'s cache fits the stage's KV budget now (pipespec.engine.stage.AdmittingStage)."""
