@@ -38,10 +38,11 @@ from pipespec.config import sub_pipeline
 from pipespec.engine.handoff import FeaturedVerifier
 from pipespec.engine.stage import Stage
 from pipespec.engine.synchronous import SyncResult, generate_sync
-from pipespec.engine.tree_drafting import TreeShape, fit_temperature
+from pipespec.engine.tree_drafting import fit_temperature
 from pipespec.engine.tree_verification import TreeVerify
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams, VerifyMode
+from pipespec.protocol.tree_shape import TreeShape
 from pipespec.stages.build import load_stages
 from pipespec.stages.kinds import ModelOptions
 

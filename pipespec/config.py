@@ -28,6 +28,7 @@ import yaml
 
 from pipespec.errors import ConfigError
 from pipespec.protocol.params import SamplingParams, VerifyMode
+from pipespec.protocol.tree_shape import TreeShape
 from pipespec.stages.kinds import KINDS, MockOptions, ModelOptions, NgramOptions, kind_of
 from pipespec.stages.model_source import model_dir
 
@@ -60,6 +61,10 @@ class StageSpec:
     # this many requests go on there: under load the chain sheds this stage's steps (online drafter selection;
     # its prefills still run, the target still checks every token). None: it always checks them
     relay_above: int | None = None
+    # the stage right before the target offers draft trees: its drafts come with their likeliest siblings, and the
+    # target checks the line and the best of them in one tree forward (greedy and coupled sampling; pipespec.engine.
+    # tree_drafting). None: chains
+    tree: TreeShape | None = None
 
     @property
     def group(self) -> str:
@@ -270,6 +275,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
         "max_batch",
         "adaptive_window",
         "relay_above",
+        "tree",
     ]
     _reject_unknown(raw, common + option_keys, f"{where} ({kind})")
 
@@ -309,6 +315,9 @@ def _stage(raw: Any, i: int) -> StageSpec:
         raise ConfigError(f"{where}.relay_above: must be >= 0 requests open, got {relay_above}")
     if relay_above is not None and predraft:
         raise ConfigError(f"{where}.relay_above: a stage that pre-drafts (predraft {predraft}) does not relay, got {relay_above}")
+    tree = _tree(raw.get("tree"), f"{where}.tree")
+    if tree is not None and predraft:
+        raise ConfigError(f"{where}.tree: a stage that pre-drafts (predraft {predraft}) offers no trees")
     dtype = raw.get("dtype", "bfloat16")
     if dtype not in DTYPES:
         raise ConfigError(f"{where}.dtype: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
@@ -348,8 +357,39 @@ def _stage(raw: Any, i: int) -> StageSpec:
         options.check(where)
     return StageSpec(
         name, kind, model, lookahead, window, dtype, device, dict(resources), group, options, predraft, max_batch, adaptive,
-        relay_above,
+        relay_above, tree,
     )
+
+
+def _tree(raw: Any, where: str) -> TreeShape | None:
+    """A stage's `tree` section (None: none), its keys and values checked."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: must be a mapping of {', '.join(f.name for f in fields(TreeShape))}, got {raw!r}")
+    _reject_unknown(raw, [f.name for f in fields(TreeShape)], where)
+    for key in ("budget", "depth", "branching"):
+        if key in raw and _typed(raw[key], int, f"{where}.{key}") < 1:
+            raise ConfigError(f"{where}.{key}: must be >= 1, got {raw[key]}")
+    if "temperature" in raw and not _typed(raw["temperature"], (int, float), f"{where}.temperature") > 0:
+        raise ConfigError(f"{where}.temperature: must be > 0, got {raw['temperature']}")
+    return TreeShape(**raw)
+
+
+def _check_tree(stages: tuple[StageSpec, ...], i: int) -> None:
+    """A ConfigError unless stage i may offer trees: right before a target that checks them, within its widest forward."""
+    target, tree = stages[-1], stages[i].tree
+    if i != len(stages) - 2:
+        where = "the target" if i == len(stages) - 1 else f"followed by {stages[i + 1].name!r}, not the target"
+        raise ConfigError(f"stages[{i}].tree: only the stage right before the target offers trees; {stages[i].name!r} is {where}")
+    if not kind_of(target).verifies_trees:
+        checking = ", ".join(name for name, k in KINDS.items() if k.verifies_trees)
+        raise ConfigError(f"stages[{i}].tree: target {target.name!r} (kind {target.kind}) checks no trees (only {checking} do)")
+    widest = (target.options or ModelOptions()).max_width
+    if tree.budget + 1 > widest:
+        raise ConfigError(
+            f"stages[{i}].tree.budget: {tree.budget} nodes and the root exceed the target's max_width of {widest} rows a forward"
+        )
 
 
 def _check_chain(stages: tuple[StageSpec, ...]) -> None:
@@ -359,6 +399,8 @@ def _check_chain(stages: tuple[StageSpec, ...]) -> None:
             raise ConfigError(f"stages: duplicate stage name {n!r}")
     for i, s in enumerate(stages):
         kind_of(s).place(stages, i)
+        if s.tree is not None:
+            _check_tree(stages, i)
         if s.relay_above is not None and not 0 < i < len(stages) - 1:
             raise ConfigError(
                 f"stages[{i}].relay_above: only a middle stage (a drafter before it, a verifier after it) relays drafts; "

@@ -23,8 +23,14 @@ MAX_BATCH = 8
 NEW_TOKENS = 16
 
 
-def _config(paths: dict[str, str], names: Sequence[str], kinds: dict[str, str] | None = None, relay_above: int | None = None):
-    """`relay_above`: the middle stage's, where the chain has one."""
+def _config(
+    paths: dict[str, str],
+    names: Sequence[str],
+    kinds: dict[str, str] | None = None,
+    relay_above: int | None = None,
+    tree: dict | None = None,
+):
+    """`relay_above`: the middle stage's, where the chain has one; `tree`: the stage's right before the target."""
     stages = [
         {
             "name": n, "kind": (kinds or {}).get(n, "causal_lm"), "model": paths[n], "max_lookahead": 4,
@@ -34,20 +40,24 @@ def _config(paths: dict[str, str], names: Sequence[str], kinds: dict[str, str] |
     ]  # fmt: skip
     if relay_above is not None:
         stages[1]["relay_above"] = relay_above
+    if tree is not None:
+        stages[-2]["tree"] = tree
     return load_config({"stages": stages})
 
 
 class Widths:
-    """Spies on stages' `forward_batch`: the most requests one forward carried."""
+    """Spies on stages' `forward_batch`: the most requests one forward carried, and the tree nodes past a line fed."""
 
     def __init__(self, stages):
         self.most = 0
+        self.siblings = 0
         for stage in stages:
             run = stage.forward_batch
-            stage.forward_batch = lambda feeds, run=run: self._note(len(feeds)) or run(feeds)
+            stage.forward_batch = lambda feeds, run=run: self._note(feeds) or run(feeds)
 
-    def _note(self, n: int) -> None:
-        self.most = max(self.most, n)
+    def _note(self, feeds) -> None:
+        self.most = max(self.most, len(feeds))
+        self.siblings += sum(len(f.nodes.tree) - len(set(f.nodes.tree.parents)) for f in feeds if f.nodes)  # nodes off the line
 
 
 @pytest.fixture(scope="module")
@@ -76,18 +86,30 @@ def one_at_a_time(family, batching, prompts):
         return [[p.generate(prompt_token_ids=q, **_kwargs(params)).token_ids for q in prompts] for params in sampling_cases()]
 
 
+TREE = {"budget": 6, "branching": 3}
+
+
 @pytest.mark.parametrize(
-    "names, relay_above",
-    [(["target"], None), (["tiny", "target"], None), (["tiny", "mid", "target"], None), (["tiny", "mid", "target"], 4)],
-    ids=["alone", "k2", "k3", "k3-relay"],  # relay: mid passes tiny's drafts on unchecked while over 4 are open
+    "names, relay_above, tree",
+    [
+        (["target"], None, None),
+        (["tiny", "target"], None, None),
+        (["tiny", "mid", "target"], None, None),
+        (["tiny", "mid", "target"], 4, None),
+        (["tiny", "target"], None, TREE),
+        (["tiny", "mid", "target"], None, TREE),
+    ],
+    # relay: mid passes tiny's drafts on unchecked while over 4 are open; tree: the stage before the target offers
+    # siblings, the target checks the best of them beside the drafts in one tree forward
+    ids=["alone", "k2", "k3", "k3-relay", "k2-tree", "k3-tree"],
 )
 def test_sixteen_in_flight_answer_as_the_target_alone_one_at_a_time(
-    names, relay_above, family, batching, prompts, one_at_a_time
+    names, relay_above, tree, family, batching, prompts, one_at_a_time
 ):
     stages = [batching[n] for n in names]
     widths = Widths(stages)
     try:
-        with LocalPipeline(_config(family, names, relay_above=relay_above), stages=stages) as p:
+        with LocalPipeline(_config(family, names, relay_above=relay_above, tree=tree), stages=stages) as p:
             relayed = 0
             for params, want in zip(sampling_cases(), one_at_a_time):
                 futures = [p.submit(prompt_token_ids=q, **_kwargs(params)) for q in prompts]
@@ -98,23 +120,25 @@ def test_sixteen_in_flight_answer_as_the_target_alone_one_at_a_time(
             del stage.forward_batch
     assert widths.most > 1  # forwards did carry several requests
     assert (relayed > 0) is (relay_above is not None)
+    assert (widths.siblings > 0) is (tree is not None)
 
 
-@pytest.mark.parametrize("relay_above", [None, 2], ids=["checked", "relay"])
-def test_a_dream_chain_with_images_in_flight_answers_as_the_target_alone(relay_above, world):  # noqa: F811
+@pytest.mark.parametrize("relay_above, tree", [(None, None), (2, None), (None, TREE)], ids=["checked", "relay", "tree"])
+def test_a_dream_chain_with_images_in_flight_answers_as_the_target_alone(relay_above, tree, world):  # noqa: F811
     """With `relay_above`, DREAM passes drafts on while more than 2 are open, then steps again for the last two,
-    on the target's features of the positions it relayed."""
+    on the target's features of the positions it relayed. With `tree`, DREAM offers siblings and the target checks
+    trees, DREAM reading the target's features of each accepted path."""
     kinds = {"tiny": "causal_lm", "dream": "dream", "target": "vlm"}
     requests = image_requests()
     with LocalPipeline(_config(world, ["target"], kinds)) as p:
         want = [p.generate(**dict(r, max_new_tokens=NEW_TOKENS)).token_ids for r in requests]
-    with LocalPipeline(_config(world, ["tiny", "dream", "target"], kinds, relay_above)) as p:
+    with LocalPipeline(_config(world, ["tiny", "dream", "target"], kinds, relay_above, tree)) as p:
         widths = Widths(p.stages)
         generations = run_all(p, requests, NEW_TOKENS)
     assert [g.token_ids for g in generations] == want
     assert widths.most > 1
     relayed = sum(s.relayed_drafts for g in generations for s in g.stats.stages)
-    assert (relayed > 0) is (relay_above is not None)
+    assert (relayed > 0) is (relay_above is not None)  # (DREAM's trees checked: tests/test_dream.py)
 
 
 def test_requests_past_the_kv_budget_wait_for_memory_and_answer_the_same(family, prompts, one_at_a_time):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipespec import LocalPipeline
+from pipespec import LocalPipeline, load_config
 from pipespec.config import ConfigError
 from pipespec.stages.dream.compression import kept_positions
 from pipespec.stages.dream.model import DreamConfig, DreamDrafter
@@ -235,6 +235,25 @@ def test_dream_pipeline_equals_the_target_alone(world, reference, names):
     assert sum(p.num_draft_tokens for p in pairs) > 0  # the target verified the dream stage's drafts
 
 
+def test_a_dream_drafter_offers_trees_the_target_checks(world, reference):
+    """DREAM right before the target offers its drafts' siblings (its `tree` section), over real gRPC streams; the
+    target checks trees of them, and DREAM reads the target's features of each path it took."""
+    stages = [
+        {"name": "dream", "kind": "dream", "model": world["dream"], "max_lookahead": 4, "dtype": "float32", "tree": {"budget": 6, "branching": 3}},
+        {"name": "target", "kind": "vlm", "model": world["target"], "dtype": "float32"},
+    ]
+    with LocalPipeline(load_config({"stages": stages}), over_grpc=True) as p:
+        target = p.stages[-1]
+        run, trees = target.forward_batch, []
+        target.forward_batch = lambda feeds: trees.extend(f.nodes.tree for f in feeds if f.nodes) or run(feeds)
+        try:
+            generations = run_all(p, image_requests())
+        finally:
+            del target.forward_batch
+    assert [g.token_ids for g in generations] == reference
+    assert any(len(set(tree.parents)) < len(tree) for tree in trees)  # some had siblings beside the line
+
+
 def test_dream_pipeline_over_grpc(world, reference):
     """Features travel as bf16-exact tensors over real gRPC streams."""
     with LocalPipeline(vlm_chain(world, ["tiny", "dream", "target"]), over_grpc=True) as p:
@@ -421,7 +440,7 @@ def test_synchronous_trees_with_a_dream_drafter_equal_the_target_alone(world, re
     """A DREAM drafter grows trees by its own forwards (its line, pipespec.engine.tree_drafting.LineExpander) and
     gets the target's features of each accepted path; the target verifies each tree in one forward."""
     from pipespec.engine.synchronous import generate_sync
-    from pipespec.engine.tree_drafting import TreeShape
+    from pipespec.protocol.tree_shape import TreeShape
 
     pipe = LocalPipeline(vlm_chain(world, ["dream", "target"]))  # never started: its stages and front door
     dream, target = pipe.stages

@@ -48,7 +48,7 @@ def _llama_stage(path: str, name: str, dtype: str):
 def test_sync_trees_equal_target_alone(llama, shape, temperature):
     """A drafter (the target's model in bf16: it agrees often, not always) grows trees; the target verifies each in
     one tree forward and keeps its accepted path's cache: its answer is its own, token for token."""
-    from pipespec.engine.tree_drafting import TreeShape
+    from pipespec.protocol.tree_shape import TreeShape
 
     target, drafter = _llama_stage(llama, "t", "float32"), _llama_stage(llama, "d", "bfloat16")
     accepted = 0
@@ -62,7 +62,7 @@ def test_sync_trees_equal_target_alone(llama, shape, temperature):
 
 
 def test_sync_trees_under_rejection_sampling_run_to_the_end(llama):
-    from pipespec.engine.tree_drafting import TreeShape
+    from pipespec.protocol.tree_shape import TreeShape
     from pipespec.engine.tree_verification import TreeVerify
     from pipespec.protocol.params import VerifyMode
 
@@ -74,7 +74,7 @@ def test_sync_trees_under_rejection_sampling_run_to_the_end(llama):
 
 
 def test_a_tree_needs_a_target_with_tree_forwards():
-    from pipespec.engine.tree_drafting import TreeShape
+    from pipespec.protocol.tree_shape import TreeShape
 
     drafter, target = load_stages(load_config({"stages": [{"name": "d", "kind": "mock", "vocab_size": 50}, TARGET]}))
     with pytest.raises(ValueError, match="draft trees need a target with tree forwards, which MockSession lacks"):

@@ -14,9 +14,10 @@ import torch
 from pipespec.engine import noise, tree_verification
 from pipespec.engine.choice import decide
 from pipespec.engine.draft_tree import ROOT, DraftTree
-from pipespec.engine.tree_drafting import TreeShape, grow
+from pipespec.engine.tree_drafting import grow
 from pipespec.engine.tree_verification import TreeVerify, verify_tree
 from pipespec.protocol.params import SamplingParams, VerifyMode
+from pipespec.protocol.tree_shape import TreeShape
 
 V = 5
 TRIALS = 6000

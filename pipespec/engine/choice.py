@@ -28,6 +28,7 @@ from pipespec.engine import noise
 from pipespec.engine.outcome_cache import Doubt
 from pipespec.engine.sampling import log_processed
 from pipespec.protocol.logprobs import TokenLogprobs
+from pipespec.protocol.messages import Siblings
 from pipespec.protocol.params import SamplingParams
 
 
@@ -38,6 +39,13 @@ class Decision:
     probs: torch.Tensor | None  # [accepted + 1, V] float64: this stage's p' at those positions (rejection only)
     logprobs: tuple[TokenLogprobs, ...] | None = None  # one per token: the target's, when the request asks (pipespec.engine.step)
     doubts: tuple[Doubt, ...] | None = None  # per token: what we thought there, to pre-draft (pipespec.engine.outcome_cache)
+    agreed: int | None = None  # a tree's: how many drafts of the drafter's line it took (None: `accepted`)
+    siblings: tuple[Siblings, ...] | None = None  # per token: its siblings, offered with it (a drafter's `tree`)
+
+    @property
+    def line(self) -> int:
+        """How many of the drafter's line of drafts it took: all it accepted, but where a tree's path left the line."""
+        return self.accepted if self.agreed is None else self.agreed
 
 
 def rejection_streams(depth: int) -> tuple[int, int, int]:

@@ -64,8 +64,9 @@ from pipespec.engine.request_state import NOTHING_TOUCHED, FeatureInbox, Request
 from pipespec.engine.stage import Session, TreeSession, unfed_tail
 from pipespec.engine.step import Outcome, StepPlan
 from pipespec.errors import ProtocolError
-from pipespec.protocol.messages import Commit, Draft, Message, RequestSpec, TargetFeatures, Verdict
+from pipespec.protocol.messages import Commit, Draft, Message, RequestSpec, Siblings, TargetFeatures, Verdict
 from pipespec.protocol.stats import PairStats, StageStats
+from pipespec.protocol.tree_shape import TreeShape
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,8 @@ class Role:
     sends_features: bool = False  # our drafter reads our features (a DREAM stage): send them (pipespec.engine.handoff)
     reads_features: bool = False  # we read our verifier's features (a DREAM stage): step only once the prefill's came
     predraft: int = 0  # branches pre-drafted per request while we wait (pipespec.engine.outcome_cache); 0: none
+    offers: TreeShape | None = None  # we offer our verifier trees: our tokens' siblings go with our drafts
+    tree: TreeShape | None = None  # our drafter offers trees: we check its line and the best siblings in one forward
 
 
 @dataclass
@@ -173,7 +176,8 @@ class RequestProtocol:
         if start >= limit:  # at our bound: nothing to draft but what we expect the verdict to need
             return predrafting.branch_plan(req) if req.outcomes is not None and self.around.verifier else None
         feed = unfed_tail(req.session.last_prompt_token, req.prompt_len, req.fed, req.tokens)
-        up, drafts, probs = req.up, (), None
+        up, drafts, probs, siblings, tree_room = req.up, (), None, (), 0
+        exact = not req.spec.params.rejection  # trees: greedy and coupled sampling
         if up is not None:  # a verifier: the drafts it checks in this step (the first stage generates one token)
             room = min(role.verify_window, role.drafter_lookahead, limit - start - 1)
             n = min(len(up.pending), room)
@@ -181,11 +185,13 @@ class RequestProtocol:
                 return None
             drafts = tuple(up.pending[:n])
             probs = torch.stack(up.pending_probs[:n]) if n and req.spec.params.rejection else None
+            if role.tree is not None and exact:  # the best of their siblings too, within the tree's budget and our bound
+                siblings, tree_room = tuple(up.pending_siblings[:n]), min(role.tree.budget - n, limit - start - 1)
         epoch = up.epoch if up is not None else 0
         riders = predrafting.riders(req, req.fed, None, verifier=self.around.verifier)
         return StepPlan(
             req.spec.request_id, req.rev, epoch, req.fed, feed, start, drafts, probs, doubts=req.outcomes is not None,
-            riders=riders,
+            riders=riders, offers=role.offers if exact else None, siblings=siblings, room=max(0, tree_room),
         )  # fmt: skip
 
     def _wait(self, now: float, pending: int, room: int) -> bool:
@@ -283,6 +289,8 @@ class RequestProtocol:
         req.fed = req.prompt_len + min(plan.start + decision.accepted, len(req.tokens) - 1)
         if req.outcomes is not None:
             req.outcomes.decided(plan.start, (decision.doubts or ())[: len(tokens)])
+        for i, sib in enumerate((decision.siblings or ())[: len(tokens)]):
+            req.siblings[plan.start + i] = sib
         if req.up is not None:
             req.up.pair.record(len(plan.drafts), decision.accepted)
             self.around.patience.observe_verification(len(plan.drafts), decision.accepted)
@@ -294,8 +302,8 @@ class RequestProtocol:
         if not self.around.drafter and req.up is not None:  # our drafter is lost: nothing pending, none expected
             req.up.clear_from(len(req.tokens))
         elif self.around.drafter:
-            if decision.accepted < len(plan.drafts) and len(tokens) == len(decision.tokens):
-                self._conflict(len(req.tokens) - 1)  # rejection: our token at plan.start + accepted, our last
+            if decision.line < min(len(plan.drafts), len(tokens)):  # a draft rejected, and no stop token before it
+                self._conflict(plan.start + decision.line)  # a chain's: our last token; a tree's: where its path left the line
             elif (unheard := self._absorb()) is not None:
                 self._verdict(unheard)
         self._publish()
@@ -328,6 +336,8 @@ class RequestProtocol:
         rows = None if draft.probs is None else len(draft.probs)
         if req.spec.params.rejection and rows != len(draft.tokens):
             raise self._violation(draft, f"probs has {rows} rows for {len(draft.tokens)} tokens (rejection sampling)")
+        if draft.siblings and len(draft.siblings) != len(draft.tokens):
+            raise self._violation(draft, f"it offers siblings at {len(draft.siblings)} positions for {len(draft.tokens)} tokens")
         known = len(req.tokens)
         for i, token in enumerate(draft.tokens):
             position = draft.start + i
@@ -338,6 +348,7 @@ class RequestProtocol:
             elif position >= end:
                 up.pending.append(token)
                 up.pending_probs.append(draft.probs[i] if draft.probs is not None else None)
+                up.pending_siblings.append(draft.siblings[i] if draft.siblings else None)
             elif position >= up.start and up.pending[position - up.start] != token:  # a re-send never differs within an epoch
                 held = up.pending[position - up.start]
                 raise self._violation(draft, f"tokens[{i}] = {token} at position {position}, where it sent {held} in this epoch")
@@ -368,6 +379,8 @@ class RequestProtocol:
         changed, rollback = q is not None, q is not None and q < length
         if changed:
             del req.tokens[q:], req.probs[q:]
+            for position in [k for k in req.siblings if k >= q]:
+                del req.siblings[position]
             req.tokens.extend(told[q - p :])
             req.probs.extend([None] * (end - q))
             req.rev += 1
@@ -446,13 +459,28 @@ class RequestProtocol:
         if self.role.depth > 0:
             probs = torch.stack(req.probs[down.sent :]) if req.spec.params.rejection else None
             pace = self.around.drafter_token_s if self._relays() else self.around.token_s  # whose tokens come next
-            self._send(Peer.VERIFIER, Draft(rid, down.epoch, down.sent, tuple(tokens[down.sent :]), probs, pace))
+            siblings = self._siblings(down.sent, len(tokens))
+            self._send(Peer.VERIFIER, Draft(rid, down.epoch, down.sent, tuple(tokens[down.sent :]), probs, pace, siblings))
         else:
             logprobs = None
             if req.spec.logprobs is not None:  # those of tokens[down.sent:], computed with them (pipespec.engine.step)
                 logprobs, req.logprobs = tuple(req.logprobs), []
             self._send(Peer.COORDINATOR, Commit(rid, down.sent, tuple(tokens[down.sent :]), logprobs))
         down.sent = len(tokens)
+
+
+    def _siblings(self, start: int, end: int) -> tuple[Siblings, ...]:
+        """The siblings we offer beside our tokens at start..end (none where we know of none: a relayed draft's),
+        those the verifier has confirmed dropped; none at all if we offer no trees or know of none there."""
+        req = self.req
+        for position in [k for k in req.siblings if k < req.down.verified]:
+            del req.siblings[position]
+        if self.role.offers is None or not any(k in req.siblings for k in range(start, end)):
+            return ()
+        return tuple(req.siblings.get(k, UNKNOWN) for k in range(start, end))
+
+
+UNKNOWN = Siblings(0.0)  # beside a token we offer no siblings for: none, the token's value unknown (sure, as far as we say)
 
 
 def _through_stop(tokens: Sequence[int], stops: Container[int]) -> Sequence[int]:

@@ -26,7 +26,7 @@ import torch
 from pipespec.engine.outcome_cache import OutcomeCache
 from pipespec.engine.stage import Session
 from pipespec.protocol.logprobs import TokenLogprobs
-from pipespec.protocol.messages import RequestSpec, TargetFeatures
+from pipespec.protocol.messages import RequestSpec, Siblings, TargetFeatures
 from pipespec.protocol.stats import PairStats, StageStats
 
 NOTHING_TOUCHED = 1 << 60
@@ -40,19 +40,21 @@ class VerifierSide:
     epoch: int = 0
     pending: list[int] = field(default_factory=list)  # drafts at start..
     pending_probs: list[torch.Tensor | None] = field(default_factory=list)  # the drafter's q per draft (rejection)
+    pending_siblings: list[Siblings | None] = field(default_factory=list)  # what it offered beside each (its `tree`)
     start: int = 0
     wait_until: float | None = None  # waiting for drafts (see pipespec.engine.patience) until then
     wait_for: int = 0  # ... or until this many are pending
 
     def drop_pending(self, n: int) -> None:
         """The first `n` pending drafts were dealt with."""
-        del self.pending[:n], self.pending_probs[:n]
+        del self.pending[:n], self.pending_probs[:n], self.pending_siblings[:n]
         self.start += n
 
     def clear_from(self, position: int) -> None:
         """No pending drafts; the next expected one is at `position`."""
         self.pending.clear()
         self.pending_probs.clear()
+        self.pending_siblings.clear()
         self.start = position
 
 
@@ -95,6 +97,7 @@ class RequestState:
     probs: list[torch.Tensor | None] = field(default_factory=list)  # our p' per token (rejection), None once verified
     probs_kept_from: int = 0  # probs before this position were freed (the verifier has them)
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # the target's, of tokens[down.sent:] (if asked for)
+    siblings: dict[int, Siblings] = field(default_factory=dict)  # by position, beside our tokens not yet verified (`tree`)
     fed: int = 0  # context tokens (prompt + generated) in the cache still valid for `tokens`
     rev: int = 0  # bumped whenever a verdict changes `tokens`
     touched: int = NOTHING_TOUCHED  # smallest position a verdict changed since the step in flight began

@@ -46,6 +46,7 @@ from pipespec.engine.verify_budget import EXPLORE_EVERY, Candidate, ForwardCosts
 from pipespec.protocol.links import InProcessLink, Link
 from pipespec.protocol.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
 from pipespec.protocol.stats import StageStats
+from pipespec.protocol.tree_shape import TreeShape
 from pipespec.stages.kinds import kind_of
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ class StageRunner:
         max_batch: int = 1,  # most requests one forward carries, where the stage batches (BatchingStage)
         adaptive_window: bool = True,  # verify only the drafts that pay for their rows (pipespec.engine.verify_budget)
         relay_above: int | None = None,  # a middle stage relays its drafter's drafts unchecked while more requests go on
+        offers: TreeShape | None = None,  # we offer our verifier draft trees (our `tree` section)
+        drafter_tree: TreeShape | None = None,  # our drafter offers us draft trees (its `tree` section)
     ):
         self.stage = stage
         # what the stage can do, found once (a runtime Protocol's isinstance is dear on the event loop's hot path)
@@ -99,8 +102,9 @@ class StageRunner:
         # every drafter may pre-draft (a middle stage tells its own drafter a branch it took in its verdict)
         predraft = predraft if depth > 0 and not sends_features else 0
         self.role = Role(
-            name, depth, max_lookahead, drafter_name, drafter_lookahead, verify_window, sends_features, reads_features, predraft
-        )
+            name, depth, max_lookahead, drafter_name, drafter_lookahead, verify_window, sends_features, reads_features, predraft,
+            offers if depth > 0 else None, drafter_tree if drafter_name is not None else None,
+        )  # fmt: skip
         self.around = Surroundings(patience or Patience())  # what our requests share: our pace, our links
         self.relay_above = relay_above if drafter_name is not None and depth > 0 else None
         self._upstream: Link | None = None  # to our drafter
@@ -170,6 +174,8 @@ class StageRunner:
             max_batch=specs[i].max_batch,
             adaptive_window=specs[i].adaptive_window,
             relay_above=specs[i].relay_above,
+            offers=specs[i].tree,
+            drafter_tree=specs[i - 1].tree if i else None,
             scheduler=scheduler,
         )
 

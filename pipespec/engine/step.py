@@ -21,11 +21,15 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from pipespec.engine.choice import Decision, decide, generate_each
+from pipespec.engine.draft_tree import DraftTree
+from pipespec.engine.tree_drafting import line_tree, siblings
+from pipespec.engine.tree_verification import verify_tree
 from pipespec.engine.outcome_cache import ALTERNATIVES, Branch, Doubt
 from pipespec.engine.sampling import token_logprobs
-from pipespec.engine.stage import BatchingStage, ChunkedPrefillStage, Feed, PrefillingSession, Session, Stage
+from pipespec.engine.stage import BatchingStage, ChunkedPrefillStage, Feed, PrefillingSession, Session, Stage, TreeNodes
 from pipespec.engine.trace import Timing
-from pipespec.protocol.messages import RequestSpec, TargetFeatures
+from pipespec.protocol.messages import RequestSpec, Siblings, TargetFeatures
+from pipespec.protocol.tree_shape import TreeShape
 
 
 @dataclass(frozen=True)
@@ -42,16 +46,28 @@ class StepPlan:
     doubts: bool = False  # also rank each decided position: our likeliest other tokens there (pipespec.engine.outcome_cache)
     branch: Branch | None = None  # a forward of this pre-drafted branch, not of the main line
     riders: tuple[Rider, ...] = ()  # branches grown one token each in the same (tree) forward
+    offers: TreeShape | None = None  # we offer trees: find our decided tokens' siblings (pipespec.engine.tree_drafting)
+    siblings: tuple[Siblings | None, ...] = ()  # per draft, what our drafter offered beside it (a tree to check)
+    room: int = 0  # most of those siblings the tree takes
+
+    @property
+    def tree(self) -> DraftTree | None:
+        """The drafts and the best of their siblings as one tree, when our drafter offered any."""
+        if not self.room or not any(self.siblings):
+            return None
+        return line_tree(self.drafts, self.siblings, self.room)
 
     @property
     def rows(self) -> int:
-        """The rows its forward computes: its own tokens, its drafts, its riders' lines."""
-        return len(self.feed) + len(self.drafts) + sum(len(rider.feed) for rider in self.riders)
+        """The rows its forward computes: its own tokens, its drafts (and their siblings), its riders' lines."""
+        tree = self.tree
+        drafted = len(self.drafts) if tree is None else len(tree)
+        return len(self.feed) + drafted + sum(len(rider.feed) for rider in self.riders)
 
     def verifying(self, n: int) -> StepPlan:
         """This step checking only its first `n` drafts (the rest stay pending: pipespec.engine.verify_budget)."""
         probs = self.draft_probs[:n] if self.draft_probs is not None and n else None
-        return replace(self, drafts=self.drafts[:n], draft_probs=probs)
+        return replace(self, drafts=self.drafts[:n], draft_probs=probs, siblings=self.siblings[:n])
 
 
 @dataclass(frozen=True)
@@ -204,17 +220,24 @@ def _step(
 ) -> tuple[Decision, torch.Tensor | None, tuple[Decision, ...]]:
     """One forward over our unfed tokens and the drafts (and the riders' lines), then decide."""
     feed = _feed(plan, session)
-    if feed.sides:
+    side_rows = None
+    if feed.nodes is not None:
+        logits = session.forward_tree(feed.keep, feed.tokens, feed.nodes)  # [F + nodes, V]
+    elif feed.sides:
         logits, side_rows = session.forward_tree(feed.keep, feed.tokens, feed.sides)  # [F + n, V], [R, V]
     else:
-        logits, side_rows = session.forward(feed.keep, feed.tokens), None  # [F + n, V]
+        logits = session.forward(feed.keep, feed.tokens)  # [F + n, V]
     return _conclude(plan, session, spec, depth, sends_features, logits, side_rows)
 
 
 def _feed(plan: StepPlan, session: Session) -> Feed:
-    """The target features applied to the session first; -> what its forward feeds: our unfed tokens and the drafts."""
+    """The target features applied to the session first; -> what its forward feeds: our unfed tokens and the drafts
+    (as a tree's nodes, with their siblings, when our drafter offered them)."""
     for features in plan.features:
         session.add_features(features)
+    tree = plan.tree
+    if tree is not None:
+        return Feed(session, plan.keep, plan.feed, nodes=TreeNodes(tree, tuple(range(len(tree)))))
     return Feed(session, plan.keep, plan.feed + plan.drafts, tuple((r.base, r.feed) for r in plan.riders))
 
 
@@ -231,15 +254,42 @@ def _conclude(
     grown = ()
     if plan.riders:
         grown = tuple(map(_cpu, generate_each(side_rows, [r.start for r in plan.riders], spec.params, depth)))
-    rows = logits[len(plan.feed) - 1 :]  # [n + 1, V]: positions start .. start + n
-    decision = _cpu(decide(rows, plan.drafts, plan.draft_probs, spec.params, plan.start, depth))
+    rows = logits[len(plan.feed) - 1 :]  # [n + 1, V]: positions start .. start + n (a tree: the root's, then each node's)
+    hidden = session.hidden.cpu() if sends_features else None  # [F + n, H]
+    tree = plan.tree
+    if tree is None:
+        decision = _cpu(decide(rows, plan.drafts, plan.draft_probs, spec.params, plan.start, depth))
+        decided = rows[: len(decision.tokens)]  # the rows of the tokens decided
+    else:
+        decision, decided, hidden = _take_path(plan, session, spec, depth, tree, rows, hidden)
     if plan.doubts:
-        decision = replace(decision, doubts=_doubts(rows[: len(decision.tokens)], decision.tokens))
+        decision = replace(decision, doubts=_doubts(decided, decision.tokens))
+    if plan.offers is not None:
+        decision = replace(decision, siblings=siblings(decided, decision.tokens, spec.params, plan.start, plan.offers))
     if depth == 0 and spec.logprobs is not None:  # rows of the tokens decided: positions start .. start + accepted
-        lp = token_logprobs(rows[: len(decision.tokens)], decision.tokens, spec.params, spec.logprobs)
-        decision = replace(decision, logprobs=lp)
-    hidden = session.hidden.cpu() if sends_features else None
+        decision = replace(decision, logprobs=token_logprobs(decided, decision.tokens, spec.params, spec.logprobs))
     return decision, hidden, grown
+
+
+def _take_path(
+    plan: StepPlan,
+    session: Session,
+    spec: RequestSpec,
+    depth: int,
+    tree: DraftTree,
+    rows: torch.Tensor,  # [1 + nodes, V]: the root's, then each node's
+    hidden: torch.Tensor | None,  # [F + nodes, H]
+) -> tuple[Decision, torch.Tensor, torch.Tensor | None]:
+    """A tree's decision (its path, kept in the session's cache) -> (the decision, the rows of the tokens decided,
+    the hidden states of the fed tokens and the path)."""
+    taken = verify_tree(rows, tree, spec.params, plan.start, depth)
+    session.keep_path(plan.keep + len(plan.feed), taken.path)
+    line = next((i for i, node in enumerate(taken.path) if node >= len(plan.drafts)), taken.accepted)
+    path = torch.tensor(taken.path, dtype=torch.long)
+    decided = rows[torch.cat([torch.zeros(1, dtype=torch.long), path + 1]).to(rows.device)]  # [accepted + 1, V]
+    if hidden is not None:
+        hidden = torch.cat([hidden[: len(plan.feed)], hidden[len(plan.feed) + path]])
+    return Decision(taken.accepted, taken.tokens, None, agreed=line), decided, hidden
 
 
 def _cpu(decision: Decision) -> Decision:

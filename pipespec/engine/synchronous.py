@@ -18,10 +18,11 @@ from pipespec.engine.choice import decide
 from pipespec.engine.draft_tree import DraftTree
 from pipespec.engine.handoff import hand_prefill, step_message
 from pipespec.engine.stage import DraftTreeSession, FeatureReader, Session, Stage, TreeNodes, unfed_tail
-from pipespec.engine.tree_drafting import LineExpander, TreeShape, grow
+from pipespec.engine.tree_drafting import LineExpander, grow
 from pipespec.engine.tree_verification import TreeVerify, verify_tree
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.stats import PairStats
+from pipespec.protocol.tree_shape import TreeShape
 
 
 class _Cursor:

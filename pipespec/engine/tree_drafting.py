@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from itertools import count
 
 import torch
@@ -38,29 +37,12 @@ from pipespec.engine.choice import scores
 from pipespec.engine.draft_tree import ROOT, DraftTree
 from pipespec.engine.sampling import log_processed
 from pipespec.engine.stage import Session
+from pipespec.protocol.messages import Siblings
 from pipespec.protocol.params import SamplingParams
+from pipespec.protocol.tree_shape import TreeShape
 
 # (the tree so far, the nodes to feed: their ancestors fed before or with them) -> their logits [m, V]
 Expand = Callable[[DraftTree, Sequence[int]], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    """A drafter's `tree` section: how big a tree it grows for its verifier."""
-
-    budget: int = 7  # most nodes: with the root, the rows of the verifier's tree forward
-    depth: int = 7  # most levels
-    branching: int = 4  # most children of a node
-    temperature: float = 1.0  # of the drafter's log-probabilities in a node's value: its calibration (`fit_temperature`)
-
-    def __post_init__(self) -> None:
-        for name in ("budget", "depth", "branching"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"tree.{name} must be an integer >= 1, got {value!r}")
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
-            raise ValueError(f"tree.temperature must be a number > 0, got {t!r}")
 
 
 def fit_temperature(logits: torch.Tensor, tokens: Sequence[int]) -> float:
@@ -141,16 +123,47 @@ def _children(
     """logits [V] of `node`, whose children sit at position `at` -> (its `branching` children, the log-probabilities
     of their values [V], the q' they were drawn from [V] float64 under rejection, else None)."""
     row, k = logits[None], shape.branching  # [1, V]
-    if params.greedy:
-        logv = torch.log_softmax(row.float() / shape.temperature, dim=-1)[0]
-        return torch.topk(logv, k).indices.tolist(), logv, None
     if not params.rejection:
-        chosen = scores(row, params, at)[0]  # log q' + the position's shared noise
-        return torch.topk(chosen, k).indices.tolist(), torch.log_softmax(chosen / shape.temperature, dim=-1), None
+        logv = values(row, params, at, shape.temperature)[0]
+        return torch.topk(logv, k).indices.tolist(), logv, None
     logq = log_processed(row, params)[0]  # [V] float64
     g = noise.gumbel(params.seed, at, logq.shape[-1], node_stream(depth, node), logq.device)
     kids = [x for x in torch.topk(logq + g, k).indices.tolist() if logq[x] > float("-inf")]
     return kids, torch.log_softmax(logq / shape.temperature, dim=-1), torch.exp(logq)
+
+
+def values(rows: torch.Tensor, params: SamplingParams, start: int, temperature: float) -> torch.Tensor:
+    """rows [n, V] of logits at positions start.. -> [n, V]: what each token there is worth as a node, greedy or
+    coupled: the log-softmax of the choice scores (pipespec.engine.choice), calibrated by `temperature`."""
+    return torch.log_softmax(scores(rows, params, start).float() / temperature, dim=-1)
+
+
+def siblings(rows: torch.Tensor, tokens: Sequence[int], params: SamplingParams, start: int, shape: TreeShape) -> tuple[Siblings, ...]:
+    """rows [n, V] of a drafter's logits at positions start.., where it chose `tokens` (n of them) -> per token, its
+    value and its `branching - 1` likeliest others with theirs: a line of drafts with siblings, a tree a verifier
+    can check (greedy and coupled)."""
+    logv = values(rows, params, start, shape.temperature)  # [n, V]
+    top = torch.topk(logv, min(shape.branching, logv.shape[-1]), dim=-1)
+    out = []
+    for i, token in enumerate(tokens):
+        others = [(t, v) for t, v in zip(top.indices[i].tolist(), top.values[i].tolist()) if t != token][: shape.branching - 1]
+        out.append(Siblings(float(logv[i, token]), tuple(t for t, _ in others), tuple(v for _, v in others)))
+    return tuple(out)
+
+
+def line_tree(drafts: Sequence[int], offered: Sequence[Siblings | None], room: int) -> DraftTree:
+    """A verifier's tree of its drafter's line of `drafts` and the siblings offered beside them: the line (nodes
+    0 .. n - 1), then the `room` siblings of best value (a sibling's: the line's before it, then its own), each a
+    leaf under the draft before its own."""
+    before, candidates = 0.0, []
+    for i, sib in enumerate(offered):
+        if sib is not None:
+            candidates += [(before + v, i, t) for t, v in zip(sib.tokens, sib.values)]
+            before += sib.value
+    best = sorted(candidates, key=lambda c: -c[0])[:room]
+    tokens = tuple(drafts) + tuple(t for _, _, t in best)
+    parents = tuple(range(-1, len(drafts) - 1)) + tuple(i - 1 for _, i, _ in best)
+    return DraftTree(tokens, parents)
 
 
 def node_stream(depth: int, node: int) -> int:

@@ -78,6 +78,17 @@ class Close:
 
 
 @dataclass(frozen=True)
+class Siblings:
+    """What a drafter that offers draft trees (its `tree` section) knew at one of its tokens' positions: its
+    token's value there (its calibrated log-probability, pipespec.engine.tree_drafting) and its likeliest other
+    tokens with theirs, best first. Its verifier may check them beside the token, in one tree forward."""
+
+    value: float
+    tokens: tuple[int, ...] = ()
+    values: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
 class Draft:
     request_id: str
     epoch: int
@@ -85,6 +96,7 @@ class Draft:
     tokens: tuple[int, ...]
     probs: Tensor | None = None  # [len(tokens), V] the drafter's p', rejection mode only
     token_s: float | None = None  # the drafter's recent compute seconds per token (a scheduling hint)
+    siblings: tuple[Siblings, ...] = ()  # one per token, from a drafter that offers trees; else none
 
 
 @dataclass(frozen=True)
