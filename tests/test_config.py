@@ -21,6 +21,7 @@ from pipespec.config import (
     sub_pipeline,
 )
 from pipespec.protocol.params import VerifyMode
+from pipespec.protocol.tree_shape import TreeShape
 from pipespec.stages.kinds import DreamOptions
 
 
@@ -301,6 +302,42 @@ def test_only_a_middle_stage_relays_and_its_threshold_is_a_count(index, changes,
     raw = chain(relay_above=4)["stages"]
     assert [s.get("relay_above") for s in cut_chain(raw)] == [None, 4, None]
     assert [s.get("relay_above") for s in cut_chain(raw[1:])] == [None, None]  # as the planner cuts raw configs
+
+
+@pytest.mark.parametrize(
+    "index, changes, message",
+    [
+        (0, {"tree": {}}, r"stages\[0\]\.tree: only the stage right before the target offers trees; 'tiny' is followed by 'mid'"),
+        (2, {"tree": {}}, r"stages\[2\]\.tree: only the stage right before the target .* 'target' is the target"),
+        (1, {"tree": {"budget": 0}}, r"stages\[1\]\.tree\.budget: must be >= 1, got 0"),
+        (1, {"tree": {"branching": "two"}}, r"stages\[1\]\.tree\.branching: expected int, got 'two'"),
+        (1, {"tree": {"temperature": 0}}, r"stages\[1\]\.tree\.temperature: must be > 0, got 0"),
+        (1, {"tree": {"width": 8}}, r"stages\[1\]\.tree: unknown key 'width' \(did you mean 'depth'\?\)"),
+        (1, {"tree": 7}, r"stages\[1\]\.tree: must be a mapping of budget, depth, branching, temperature, got 7"),
+        (1, {"tree": {}, "predraft": 2}, r"stages\[1\]\.tree: a stage that pre-drafts \(predraft 2\) offers no trees"),
+    ],
+)
+def test_only_the_stage_right_before_the_target_offers_trees(index, changes, message):
+    def chain(index=1, **changes):
+        stages = [{"name": name, "kind": "mock", "vocab_size": 64} for name in ("tiny", "mid", "target")]
+        stages[index].update(changes)
+        return {"stages": stages}
+
+    assert load_config(chain(tree={"budget": 6, "branching": 3})).stages[1].tree == TreeShape(budget=6, branching=3)
+    assert load_config(chain()).stages[1].tree is None
+    with pytest.raises(ConfigError, match=message):
+        load_config(chain(index, **changes))
+
+
+def test_a_tree_fits_the_targets_widest_forward(family):
+    def pair(target: dict, budget: int) -> dict:
+        return {"stages": [{"name": "tiny", "kind": "causal_lm", "model": family["tiny"], "tree": {"budget": budget}}, target]}
+
+    model = {"name": "target", "kind": "causal_lm", "model": family["target"]}
+    assert load_config(pair(model, 7)).stages[0].tree.budget == 7
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.tree\.budget: 8 nodes and the root exceed the target's max_width of 8"):
+        load_config(pair(model, 8))
+    assert load_config(pair(dict(model, max_width=16), 15)).stages[0].tree.budget == 15
 
 
 def test_ngram_options_out_of_order():

@@ -48,7 +48,7 @@ def test_a_request_is_recorded_as_it_streams():
     assert samples(metrics)[("pipespec:num_requests_running", ())] == 1
     record.observe(Delta("b", (3,)))
     pair = PairStats("a", "b")
-    pair.record(drafted=3, accepted=2)
+    pair.record(drafted=3, accepted=2, nodes=5)  # a tree: 3 drafts and 2 siblings
     pair.record(drafted=2, accepted=0)
     record.observe(finished("stop", [pair]))
     record.close()
@@ -56,6 +56,7 @@ def test_a_request_is_recorded_as_it_streams():
     assert got[("pipespec:spec_decode_num_drafts_total", PAIR)] == 2
     assert got[("pipespec:spec_decode_num_draft_tokens_total", PAIR)] == 5
     assert got[("pipespec:spec_decode_num_accepted_tokens_total", PAIR)] == 2
+    assert got[("pipespec:spec_decode_num_nodes_total", PAIR)] == 7
     assert got[("pipespec:spec_decode_num_accepted_tokens_per_pos_total", at(0))] == 1
     assert got[("pipespec:spec_decode_num_accepted_tokens_per_pos_total", at(1))] == 1
     assert got[("pipespec:request_success_total", (("finished_reason", "stop"),))] == 1

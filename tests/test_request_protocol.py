@@ -11,13 +11,15 @@ from dataclasses import dataclass
 import pytest
 
 from pipespec.engine.choice import Decision
+from pipespec.engine.draft_tree import DraftTree
 from pipespec.engine.patience import Patience
 from pipespec.engine.request_protocol import Peer, RequestProtocol, Role, Surroundings
 from pipespec.engine.step import Outcome, StepPlan
 from pipespec.engine.trace import Timing
 from pipespec.errors import ProtocolError
-from pipespec.protocol.messages import Commit, Draft, RequestSpec, Verdict
+from pipespec.protocol.messages import Commit, Draft, RequestSpec, Siblings, Verdict
 from pipespec.protocol.params import SamplingParams
+from pipespec.protocol.tree_shape import TreeShape
 
 PROMPT = (5, 6, 7)
 
@@ -31,8 +33,13 @@ class Session:
     prefill_features: object = None
 
 
-def protocol(depth: int, drafter: bool, *, lookahead: int = 4, window: int = 2, max_new: int = 12, **around) -> RequestProtocol:
-    role = Role("me", depth, lookahead, "up" if drafter else None, drafter_lookahead=4 if drafter else 0, verify_window=window)
+def protocol(
+    depth: int, drafter: bool, *, lookahead: int = 4, window: int = 2, max_new: int = 12, offers=None, tree=None, **around
+) -> RequestProtocol:
+    role = Role(
+        "me", depth, lookahead, "up" if drafter else None, drafter_lookahead=4 if drafter else 0, verify_window=window,
+        offers=offers, tree=tree,
+    )  # fmt: skip
     shared = Surroundings(drafter=drafter, verifier=depth > 0, **around)
     p = RequestProtocol(role, shared, RequestSpec("r", PROMPT, SamplingParams(), max_new, frozenset({99})))
     p.prefilled(Session(), 0.001)
@@ -181,6 +188,39 @@ def test_a_stop_token_ends_the_request_and_a_rejoin_holds_its_committed_tokens()
     rejoin.prefilled(Session(), 0.001)
     plan = rejoin.plan(lambda: 0.0)
     assert (plan.start, plan.feed) == (2, (7, 1, 2))  # it feeds the committed tokens in its first step
+
+
+def test_a_target_checks_its_drafters_siblings_in_a_tree_and_a_path_off_the_line_rolls_the_drafter_back_there():
+    tree = TreeShape(budget=5, branching=2)
+    p = protocol(depth=0, drafter=True, window=3, tree=tree)
+    offered = (Siblings(-0.1, (11,), (-2.0,)), Siblings(-0.2, (12,), (-1.0,)), Siblings(-0.3, (13,), (-3.0,)))
+    p.on_draft(Draft("r", 0, 0, (1, 2, 3), siblings=offered))
+    plan = p.plan(lambda: 0.0)
+    # the line 1 2 3, then the best 2 siblings by value: 12 (under 1: -0.1 - 1.0) and 11 (under the root: -2.0)
+    assert plan.tree == DraftTree((1, 2, 3, 12, 11), (-1, 0, 1, 0, -1)) and plan.rows == 1 + 5
+    taken = Decision(2, (1, 12, 4), None, agreed=1)  # the target took 1, then the sibling 12, then its own 4
+    p.finished(plan, Outcome((taken, None, ()), None, 0.0, Timing(0.0, 0.002, 0.002)))
+    assert sent(p) == [(Peer.DRAFTER, Verdict("r", 1, 1, 12, (4,))), (Peer.COORDINATOR, Commit("r", 0, (1, 12, 4)))]
+    assert p.req.fed == len(PROMPT) + 2  # the path's entries (1, 12) were kept in the cache; 4 is not fed yet
+    assert p.req.up.pending == [] and p.req.up.pending_siblings == []
+
+
+def test_a_drafter_that_offers_trees_sends_its_tokens_siblings_and_forgets_those_a_verdict_replaced():
+    tree = TreeShape(budget=5, branching=2)
+    p = protocol(depth=1, drafter=False, lookahead=3, offers=tree)
+    assert p.plan(lambda: 0.0).offers == tree
+    for token, sib in ((1, Siblings(-0.1, (11,), (-2.0,))), (2, Siblings(-0.2, (12,), (-1.0,)))):
+        plan = p.plan(lambda: 0.0)
+        p.finished(plan, Outcome((Decision(0, (token,), None, siblings=(sib,)), None, ()), None, 0.0, Timing(0.0, 0.002, 0.002)))
+    drafts = [m for _, m in sent(p)]
+    assert [d.siblings for d in drafts] == [(Siblings(-0.1, (11,), (-2.0,)),), (Siblings(-0.2, (12,), (-1.0,)),)]
+    p.on_verdict(Verdict("r", 1, 1, 12, (4,)))  # the verifier took 12 where we had 2, then its 4
+    assert p.req.tokens == [1, 12, 4] and set(p.req.siblings) == {0}  # 2's siblings went with it
+    p.sends.clear()
+    p.finished(p.plan(lambda: 0.0), Outcome((Decision(0, (5,), None), None, ()), None, 0.0, Timing(0.0, 0.002, 0.002)))
+    (draft,) = [m for _, m in sent(p)]
+    assert draft.tokens == (5,) and draft.siblings == ()  # none known beside 5: none offered
+    assert p.req.siblings == {}  # those the verifier confirmed, dropped
 
 
 @pytest.mark.parametrize(

@@ -73,9 +73,33 @@ def test_sync_trees_under_rejection_sampling_run_to_the_end(llama):
         assert len(got.token_ids) == 24 and got.pair.num_draft_tokens > 0
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_sync_trees_of_mocks_equal_target_alone(temperature):
+    """The mocks' world (a drafter that agrees 70% of the time, the target's token its runner-up half of the rest):
+    trees over their tree forwards, the target's answer."""
+    from pipespec.protocol.tree_shape import TreeShape
+
+    drafter, target = load_stages(
+        load_config({"stages": [{"name": "d", "kind": "mock", "agreement": 0.7, "runner_up": 0.5, "vocab_size": 50}, TARGET]})
+    )
+    for seed in range(4):
+        spec = RequestSpec(f"r{seed}", (seed + 1, 2, 3), SamplingParams(temperature=temperature, seed=seed), 40)
+        got = generate_sync(target, spec, drafter, tree=TreeShape(budget=7, depth=5, branching=2))
+        assert got.token_ids == generate_sync(target, spec).token_ids
+        assert got.pair.num_accepted_tokens > 0
+
+
 def test_a_tree_needs_a_target_with_tree_forwards():
     from pipespec.protocol.tree_shape import TreeShape
 
+    class Chains:  # a stage whose sessions feed lines only
+        name, vocab_size = "chains", 50
+
+        def open(self, request):
+            session = target.open(request)
+            return type("Lines", (), {"prompt_len": session.prompt_len, "last_prompt_token": session.last_prompt_token,
+                                      "forward": session.forward, "close": session.close})()  # fmt: skip
+
     drafter, target = load_stages(load_config({"stages": [{"name": "d", "kind": "mock", "vocab_size": 50}, TARGET]}))
-    with pytest.raises(ValueError, match="draft trees need a target with tree forwards, which MockSession lacks"):
-        generate_sync(target, RequestSpec("r", (1, 2, 3), SamplingParams(), 8), drafter, tree=TreeShape())
+    with pytest.raises(ValueError, match="draft trees need a target with tree forwards, which Lines lacks"):
+        generate_sync(Chains(), RequestSpec("r", (1, 2, 3), SamplingParams(), 8), drafter, tree=TreeShape())

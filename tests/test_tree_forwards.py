@@ -63,7 +63,7 @@ def test_a_whole_trees_rows_are_its_paths_decodes(model, dtype, compiled):
     want = _path_rows(stage)
     session = _open(stage)
     try:
-        rows = session.forward_tree(len(PROMPT) - 1, [PROMPT[-1]], TreeNodes(TREE, tuple(range(len(TREE)))))
+        rows = session.forward_nodes(len(PROMPT) - 1, [PROMPT[-1]], TreeNodes(TREE, tuple(range(len(TREE)))))
         assert session.cache.length == len(PROMPT)
     finally:
         session.close()
@@ -81,7 +81,7 @@ def test_a_tree_fed_a_level_a_forward_gives_the_same_rows(model):
         session.forward(keep, [PROMPT[-1]])
         got = {}
         for level in ((0, 1), (2, 3, 5), (4,), (6,)):
-            got.update(zip(level, session.forward_tree(keep + 1, [], TreeNodes(TREE, level))))
+            got.update(zip(level, session.forward_nodes(keep + 1, [], TreeNodes(TREE, level))))
     finally:
         session.close()
     assert [n for n in range(len(TREE)) if not torch.equal(got[n], want[n])] == []
@@ -112,7 +112,7 @@ def test_a_kept_path_decodes_on_as_the_line_would(model):
     session = _open(stage)
     try:
         keep = len(PROMPT) - 1
-        session.forward_tree(keep, [PROMPT[-1]], TreeNodes(TREE, tuple(range(len(TREE)))))
+        session.forward_nodes(keep, [PROMPT[-1]], TreeNodes(TREE, tuple(range(len(TREE)))))
         session.keep_path(keep + 1, path)
         assert session.cache.length == keep + 1 + len(path)
         rows = session.forward(keep + 1 + len(path), [70, 71])
@@ -127,6 +127,6 @@ def test_a_tree_wider_than_the_widest_forward_is_refused(model):
     session = _open(stage)
     try:
         with pytest.raises(ValueError, match="tree forward of .* rows exceeds its max_width"):
-            session.forward_tree(len(PROMPT) - 1, [PROMPT[-1]], TreeNodes(wide, tuple(range(len(wide)))))
+            session.forward_nodes(len(PROMPT) - 1, [PROMPT[-1]], TreeNodes(wide, tuple(range(len(wide)))))
     finally:
         session.close()

@@ -292,7 +292,8 @@ class RequestProtocol:
         for i, sib in enumerate((decision.siblings or ())[: len(tokens)]):
             req.siblings[plan.start + i] = sib
         if req.up is not None:
-            req.up.pair.record(len(plan.drafts), decision.accepted)
+            tree = plan.tree
+            req.up.pair.record(len(plan.drafts), decision.accepted, None if tree is None else len(tree))
             self.around.patience.observe_verification(len(plan.drafts), decision.accepted)
             if plan.up_epoch == req.up.epoch:
                 req.up.drop_pending(len(plan.drafts))

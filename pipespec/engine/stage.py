@@ -91,7 +91,7 @@ class DraftTreeSession(Session, Protocol):
     """A session that feeds draft trees (the model stages'): a verifier checks a whole tree in one forward, a
     drafter grows one a level a forward; each node's logits are bitwise those of a one-token decode of its path."""
 
-    def forward_tree(self, keep: int, line: Sequence[int], nodes: TreeNodes) -> torch.Tensor:
+    def forward_nodes(self, keep: int, line: Sequence[int], nodes: TreeNodes) -> torch.Tensor:
         """`forward(keep, line)` and the tree's nodes `nodes.fed` after it, in one forward; the cache then holds
         keep + len(line) entries (the nodes' past them). -> [len(line) + len(nodes.fed), V] float32 logits."""
         ...

@@ -222,7 +222,7 @@ def _step(
     feed = _feed(plan, session)
     side_rows = None
     if feed.nodes is not None:
-        logits = session.forward_tree(feed.keep, feed.tokens, feed.nodes)  # [F + nodes, V]
+        logits = session.forward_nodes(feed.keep, feed.tokens, feed.nodes)  # [F + nodes, V]
     elif feed.sides:
         logits, side_rows = session.forward_tree(feed.keep, feed.tokens, feed.sides)  # [F + n, V], [R, V]
     else:

@@ -50,7 +50,7 @@ class _Cursor:
         p = self.session.prompt_len
         feed = unfed_tail(self.last, p, self.fed, tokens)
         self.fed_from, self.fed_own = self.fed, len(feed)
-        logits = self.session.forward_tree(self.fed, feed, TreeNodes(tree, tuple(range(len(tree)))))
+        logits = self.session.forward_nodes(self.fed, feed, TreeNodes(tree, tuple(range(len(tree)))))
         self.fed = p + len(tokens)
         return logits[len(feed) - 1 :]
 

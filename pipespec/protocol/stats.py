@@ -2,7 +2,9 @@
 
 `PairStats` is kept by a verifier about its drafter: how many verification steps saw drafts
 (`num_drafts`), how many draft tokens it checked and accepted, and how often each draft index was
-accepted. Mean acceptance length = 1 + accepted / drafts (the bonus or correction token counts 1).
+accepted. Mean acceptance length = 1 + accepted / drafts (the bonus or correction token counts 1): the tokens a
+verification commits. With draft trees it also checks siblings beside the drafts: `num_nodes` counts every node
+a verification checked (the drafts, and the siblings its tree took).
 `merged_pairs` sums each pair's over several requests.
 """
 
@@ -21,12 +23,15 @@ class PairStats:
     num_accepted_tokens: int = 0
     num_rejections: int = 0  # verification steps that rejected a draft (the rest accepted all)
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps accepting draft index i
+    num_nodes: int = 0  # draft-tree nodes checked: the drafts and their siblings (a chain: its drafts)
 
-    def record(self, drafted: int, accepted: int) -> None:
+    def record(self, drafted: int, accepted: int, nodes: int | None = None) -> None:
+        """A verification of `drafted` drafts (in a tree of `nodes`, siblings included) that accepted `accepted` tokens."""
         if drafted == 0:
             return
         self.num_drafts += 1
         self.num_draft_tokens += drafted
+        self.num_nodes += drafted if nodes is None else nodes
         self.num_accepted_tokens += accepted
         self.num_rejections += accepted < drafted
         if len(self.accepted_per_position) < accepted:
@@ -37,6 +42,7 @@ class PairStats:
     def merge(self, other: PairStats) -> None:
         self.num_drafts += other.num_drafts
         self.num_draft_tokens += other.num_draft_tokens
+        self.num_nodes += other.num_nodes
         self.num_accepted_tokens += other.num_accepted_tokens
         self.num_rejections += other.num_rejections
         for i, c in enumerate(other.accepted_per_position):
@@ -70,6 +76,7 @@ class PairStats:
             "verifier": self.verifier,
             "num_drafts": self.num_drafts,
             "num_draft_tokens": self.num_draft_tokens,
+            "num_nodes": self.num_nodes,
             "num_accepted_tokens": self.num_accepted_tokens,
             "num_rejections": self.num_rejections,
             "mean_acceptance_length": self.mean_acceptance_length,

@@ -11,7 +11,8 @@ Speculative decoding, per drafter -> verifier pair, from each finished request's
 (pipespec.protocol.stats.PairStats): `pipespec:spec_decode_num_drafts_total` (verification steps that saw
 drafts), `..._num_draft_tokens_total`, `..._num_accepted_tokens_total` and
 `..._num_accepted_tokens_per_pos_total{position}` (steps that accepted draft index `position`, from 0;
-they sum to the accepted tokens). Pre-drafting, per stage (pipespec.engine.outcome_cache, StageStats):
+they sum to the accepted tokens), and `..._num_nodes_total` (the draft-tree nodes checked: the drafts and the
+siblings beside them; a chain's, its drafts). Pre-drafting, per stage (pipespec.engine.outcome_cache, StageStats):
 `pipespec:predraft_hits_total`, `..._misses_total`, `..._tokens_total` and `..._forwards_total`; a middle stage's
 drafts passed on unchecked under load (`relay_above`): `pipespec:relayed_drafts_total`. KV memory, per
 stage: `pipespec:kv_cache_usage_perc{stage}` (the share of its budget its requests held when it last finished
@@ -56,6 +57,12 @@ class Metrics:
         )
         self.accepted_tokens = Counter(
             "pipespec:spec_decode_num_accepted_tokens", "Draft tokens accepted by the verifier.", PAIR, registry=registry
+        )
+        self.nodes = Counter(
+            "pipespec:spec_decode_num_nodes",
+            "Draft-tree nodes checked by the verifier: the drafts and the siblings beside them.",
+            PAIR,
+            registry=registry,
         )
         self.accepted_per_position = Counter(
             "pipespec:spec_decode_num_accepted_tokens_per_pos",
@@ -119,7 +126,7 @@ class Metrics:
             registry=registry,
         )
         for pair in pairs:
-            for counter in (self.drafts, self.draft_tokens, self.accepted_tokens):
+            for counter in (self.drafts, self.draft_tokens, self.accepted_tokens, self.nodes):
                 counter.labels(*pair)
 
     def request(self, prompt_tokens: int, arrived: float) -> RequestMetrics:
@@ -134,6 +141,7 @@ class Metrics:
             self.drafts.labels(*labels).inc(pair.num_drafts)
             self.draft_tokens.labels(*labels).inc(pair.num_draft_tokens)
             self.accepted_tokens.labels(*labels).inc(pair.num_accepted_tokens)
+            self.nodes.labels(*labels).inc(pair.num_nodes)
             for position, count in enumerate(pair.accepted_per_position):
                 self.accepted_per_position.labels(*labels, str(position)).inc(count)
 

@@ -166,7 +166,6 @@ class StageKind:
     gives_target_features: bool = False  # its sessions give the features a DREAM drafter right before it reads
     depends_on_chain: bool = False  # built from the options of every stage after it: one stage per chain
     batches: bool = False  # one forward carries several requests (pipespec.engine.stage.BatchingStage): `max_batch` > 1
-    verifies_trees: bool = False  # as the target, it checks a draft tree in one forward (pipespec.engine.stage.DraftTreeSession)
 
 
 # ---- places in a chain ------------------------------------------------------------------------------
@@ -205,7 +204,7 @@ def _before_mocks_only(chain: Sequence[SpecLike], i: int) -> None:
 KINDS: Mapping[str, StageKind] = {
     kind.name: kind
     for kind in (  # in the order error messages list them
-        StageKind("causal_lm", loads_model=True, options=ModelOptions, batches=True, verifies_trees=True),
+        StageKind("causal_lm", loads_model=True, options=ModelOptions, batches=True),
         StageKind("ngram", options=NgramOptions, place=_first_only),
         StageKind(
             "dream",
@@ -215,9 +214,7 @@ KINDS: Mapping[str, StageKind] = {
             reads_target_features=True,
             batches=True,
         ),
-        StageKind(
-            "vlm", loads_model=True, options=ModelOptions, takes_images=True, gives_target_features=True, batches=True, verifies_trees=True
-        ),
+        StageKind("vlm", loads_model=True, options=ModelOptions, takes_images=True, gives_target_features=True, batches=True),
         StageKind("mock", options=MockOptions, place=_before_mocks_only, depends_on_chain=True, batches=True),
     )
 }

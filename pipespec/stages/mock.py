@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from pipespec.engine import noise
-from pipespec.engine.stage import Feed, check_keep, check_length
+from pipespec.engine.draft_tree import DraftTree
+from pipespec.engine.stage import NO_SIDES, Feed, TreeNodes, check_keep, check_length
 from pipespec.protocol.messages import RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.kinds import MockOptions
@@ -53,9 +54,13 @@ class MockStage:
         self._batch: list[int] | None = None  # inside `one_forward`: the tokens its forwards fed so far
 
     def forward_batch(self, feeds: Sequence[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each feed's `forward_tree`, all of them one emulated forward (pipespec.engine.stage.BatchingStage)."""
+        """Each feed's `forward_tree` (or `forward_nodes`), all of them one emulated forward
+        (pipespec.engine.stage.BatchingStage)."""
         with self.one_forward():
-            return [f.session.forward_tree(f.keep, f.tokens, f.sides) for f in feeds]
+            return [
+                (f.session.forward_nodes(f.keep, f.tokens, f.nodes), NO_SIDES) if f.nodes else f.session.forward_tree(f.keep, f.tokens, f.sides)
+                for f in feeds
+            ]
 
     def forward_rows(self, rows: int) -> int:
         return rows  # no padding: every row costs `per_token_ms`
@@ -158,6 +163,7 @@ class MockSession:
         self.context = list(prompt[:-1])  # the emulated KV cache: context tokens fed so far
         self.prompt_len = len(prompt)
         self.last_prompt_token = prompt[-1]
+        self._tree: DraftTree | None = None  # the last tree fed (`forward_nodes`), whose path `keep_path` keeps
 
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
         return self.forward_tree(keep, tokens, ())[0]
@@ -181,6 +187,26 @@ class MockSession:
         rows = self.stage.rows(keys)  # [S + n, V]
         self.stage.sleep(len(tokens) + sum(len(side) for _, side in sides), began)
         return rows[len(sides) :], rows[: len(sides)]
+
+    def forward_nodes(self, keep: int, line: Sequence[int], nodes: TreeNodes) -> torch.Tensor:
+        """`forward(keep, line)` and a draft tree's nodes after it, one emulated forward paying `per_token_ms` for
+        every row (pipespec.engine.stage.DraftTreeSession): a node's row is the one after its path."""
+        began = time.perf_counter()
+        check_keep(self.stage.name, keep, len(self.context))
+        del self.context[keep:]
+        self.context.extend(line)
+        keys = [_key(self.context, i, i) for i in range(keep, keep + len(line))]
+        tree = self._tree = nodes.tree
+        for node in nodes.fed:
+            path = self.context[-1:] + [tree.tokens[n] for n in tree.path(node)]  # the root, then the path
+            keys.append(_key(path, len(path) - 1, len(self.context) + tree.depths[node] - 1))
+        rows = self.stage.rows(keys)  # [len(line) + fed, V]
+        self.stage.sleep(len(keys), began)
+        return rows
+
+    def keep_path(self, at: int, path: Sequence[int]) -> None:
+        check_length(self.stage.name, len(self.context), at)
+        self.context.extend(self._tree.tokens[n] for n in path)
 
     def close(self) -> None:
         self.context = []

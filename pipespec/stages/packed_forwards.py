@@ -265,7 +265,7 @@ class TreeFeeding:
     stage: Any  # a model stage: `name`, `forward_batch` and its `forwards`
     cache: StaticKV
 
-    def forward_tree(self, keep: int, line: Sequence[int], nodes: TreeNodes) -> torch.Tensor:
+    def forward_nodes(self, keep: int, line: Sequence[int], nodes: TreeNodes) -> torch.Tensor:
         ((logits, _),) = self.stage.forward_batch([Feed(self, keep, line, nodes=nodes)])  # type: ignore[arg-type]
         return logits  # [len(line) + len(nodes.fed), V]
 

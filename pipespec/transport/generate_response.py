@@ -14,7 +14,7 @@ from pipespec.protocol.stats import PairStats, RequestStats, StageStats
 from pipespec.protos import pipespec_pb2 as pb
 from pipespec.requests.outputs import Delta
 
-_PAIR = ("drafter", "verifier", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_rejections")
+_PAIR = ("drafter", "verifier", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_rejections", "num_nodes")
 _STAGE = (
     "stage",
     "forwards",
