@@ -38,8 +38,8 @@ from pipespec.config import sub_pipeline
 from pipespec.engine.handoff import FeaturedVerifier
 from pipespec.engine.stage import Stage
 from pipespec.engine.synchronous import SyncResult, generate_sync
-from pipespec.engine.tree_drafting import fit_temperature
 from pipespec.engine.tree_verification import TreeVerify
+from pipespec.planning.profiling import value_temperature
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams, VerifyMode
 from pipespec.protocol.tree_shape import TreeShape
@@ -92,7 +92,10 @@ def run(config_path: str, drafter_name: str, prompts: Sequence[Prompt], args: ar
     drafter, target = load_stages(config)
     rows = []
     with LocalPipeline(config, stages=[drafter, target]) as pipe:
-        specs = [pipe.request(prompt=p.text, max_new_tokens=args.tokens, **({"image": str(p.image)} if p.image else {}))[0] for p in prompts]
+        specs = [
+            pipe.request(prompt=p.text, max_new_tokens=args.tokens, **({"image": str(p.image)} if p.image else {}))[0]
+            for p in prompts
+        ]
         temperature = calibrated(drafter, target, specs[: args.calibrate], config.sends_features(1)) if args.calibrate else 1.0
         log.info("%s: value temperature %.2f (fitted on %d questions)", drafter_name, temperature, args.calibrate)
         measured, kinds = specs[args.calibrate :], [p.category for p in prompts[args.calibrate :]]
@@ -114,20 +117,8 @@ def run(config_path: str, drafter_name: str, prompts: Sequence[Prompt], args: ar
 
 
 def calibrated(drafter: Stage, target: Stage, specs: Sequence[RequestSpec], features: bool) -> float:
-    """The drafter's value temperature, fitted on its logits at the target's greedy answers to `specs` (a DREAM
-    drafter with the target's features of everything before, as experiments.draft_ranks feeds it)."""
-    reader = FeaturedVerifier(drafter, target) if features else drafter
-    logits, tokens = [], []
-    for spec in specs:
-        answer = generate_sync(target, spec).token_ids
-        session = reader.open(spec)
-        try:
-            fed, previous = session.prompt_len - 1, [session.last_prompt_token, *answer]
-            logits += [session.forward(fed + i, [previous[i]])[-1] for i in range(len(answer))]
-        finally:
-            session.close()
-        tokens += answer
-    return fit_temperature(torch.stack(logits), tokens)
+    """The drafter's value temperature, fitted on the target's greedy answers to `specs` as `pipespec plan` fits it."""
+    return value_temperature(FeaturedVerifier(drafter, target) if features else drafter, target, specs)
 
 
 def _row(drafter: str, mode: str, side: Side, width: int, runs: list[list[SyncResult]], kinds: list[str], alone, params) -> dict:
@@ -174,10 +165,16 @@ def markdown(rows: list[dict], header: str) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="pipeline config (its drafters and target)")
-    parser.add_argument("--drafters", nargs="+", default=["tiny", "dream"], help="the drafters to pair with the target, each alone")
+    parser.add_argument(
+        "--drafters", nargs="+", default=["tiny", "dream"], help="the drafters to pair with the target, each alone"
+    )
     parser.add_argument("--prompts", default=DEFAULT_PROMPTS, help="prompt file (jsonl, experiments.prompt_sets)")
-    parser.add_argument("--limit", type=int, default=24, help="how many prompts (the first --calibrate of them fit the trees' values)")
-    parser.add_argument("--calibrate", type=int, default=8, help="questions that fit the value temperature, left out of the measurement")
+    parser.add_argument(
+        "--limit", type=int, default=24, help="how many prompts (the first --calibrate of them fit the trees' values)"
+    )
+    parser.add_argument(
+        "--calibrate", type=int, default=8, help="questions that fit the value temperature, left out of the measurement"
+    )
     parser.add_argument("--tokens", type=int, default=96, help="most new tokens per answer")
     parser.add_argument("--widths", type=int, nargs="+", default=[4, 8, 16], help="target forward widths (rows: drafts + 1)")
     parser.add_argument("--branching", type=int, default=4, help="the trees' branching (EAGLE-2's top-k)")
@@ -195,7 +192,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     began = time.time()
     rows = [row for name in args.drafters for row in run(args.config, name, prompts, args)]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tree_acceptance.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
+    (args.out / "tree_acceptance.json").write_text(
+        json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1)
+    )
     header = (
         f"# Trees against chains ({args.config}, {len(prompts) - args.calibrate} held-out questions measured, "
         f"{args.tokens} tokens, {args.threads} threads, {args.repeats} rounds; {time.time() - began:.0f} s)"

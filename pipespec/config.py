@@ -206,17 +206,22 @@ def config_dict(config: PipelineConfig) -> dict[str, Any]:
     }
 
 
+def _out_of_place(i: int, count: int) -> tuple[str, ...]:
+    """The keys stage i of a chain of `count` stages cannot keep (taken from a longer chain): `relay_above` unless
+    it is in the middle, `tree` unless it is right before the target."""
+    return (("relay_above",) if not 0 < i < count - 1 else ()) + (("tree",) if i != count - 2 else ())
+
+
 def cut_chain(stages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Raw stages taken from a longer chain, as a chain of their own: one no longer in the middle relays nothing
-    (its `relay_above` goes; `sub_pipeline` does the same to loaded stages)."""
-    last = len(stages) - 1
-    return [dict(s) if 0 < i < last else {k: v for k, v in s.items() if k != "relay_above"} for i, s in enumerate(stages)]
+    """Raw stages taken from a longer chain, as a chain of their own: one no longer in the middle relays nothing,
+    one no longer right before the target offers no trees (`sub_pipeline` does the same to loaded stages)."""
+    return [{k: v for k, v in s.items() if k not in _out_of_place(i, len(stages))} for i, s in enumerate(stages)]
 
 
 def sub_pipeline(config: PipelineConfig, names: Sequence[str]) -> PipelineConfig:
     """The pipeline of `config`'s stages named in `names` (kept in the config's order, the target
     included), checked like a loaded config; a name the config lacks is a ConfigError naming it. A stage
-    no longer in the middle relays nothing (its `relay_above` goes, as in `cut_chain`)."""
+    no longer in the middle relays nothing, one no longer right before the target offers no trees (as in `cut_chain`)."""
     known = [s.name for s in config.stages]
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -224,7 +229,7 @@ def sub_pipeline(config: PipelineConfig, names: Sequence[str]) -> PipelineConfig
     if config.target.name not in names:
         raise ConfigError(f"a sub-pipeline of {config.name!r} must keep its target {config.target.name!r}")
     kept = [s for s in config.stages if s.name in names]
-    stages = tuple(s if 0 < i < len(kept) - 1 else replace(s, relay_above=None) for i, s in enumerate(kept))
+    stages = tuple(replace(s, **dict.fromkeys(_out_of_place(i, len(kept)))) for i, s in enumerate(kept))
     _check_chain(stages)
     return replace(config, name=f"{config.name}[{'->'.join(s.name for s in stages)}]", stages=stages)
 
@@ -356,8 +361,21 @@ def _stage(raw: Any, i: int) -> StageSpec:
         options = option_cls(**values)
         options.check(where)
     return StageSpec(
-        name, kind, model, lookahead, window, dtype, device, dict(resources), group, options, predraft, max_batch, adaptive,
-        relay_above, tree,
+        name,
+        kind,
+        model,
+        lookahead,
+        window,
+        dtype,
+        device,
+        dict(resources),
+        group,
+        options,
+        predraft,
+        max_batch,
+        adaptive,
+        relay_above,
+        tree,
     )
 
 

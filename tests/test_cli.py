@@ -11,8 +11,8 @@ cannot be reached.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import asyncio
+import dataclasses
 import json
 import os
 import re

@@ -38,7 +38,9 @@ def test_plan_tries_its_contenders_in_place_and_recommends_the_greatest_speedup_
     assert f"tried in place (a local Ray, {ROUNDS} rounds" in out and "measured in place" in out
     figures = json.loads(out_json.read_text())
     trials = figures["trials"]
-    assert len(trials) == 3 and sum(t["candidate"]["stages"] == ["target"] for t in trials) == 1
+    assert len(trials) == 4 and sum(t["candidate"]["stages"] == ["target"] for t in trials) == 1
+    trees = [t["candidate"] for t in trials if t["candidate"]["tree"] is not None]  # the first chain again, with trees
+    assert len(trees) == 1 and trees[0]["tree"]["budget"] == 7 and trees[0]["tree"]["temperature"] > 0
     assert all(len(t["rounds"]) == len(t["alone"]) == ROUNDS and all(r > 0 for r in t["rounds"] + t["alone"]) for t in trials)
     in_ray = next(t for t in trials if t["candidate"]["stages"] == ["target"])
     assert max(in_ray["rounds"] + in_ray["alone"]) < 1000 / 20  # a token per 20 ms forward at best: measured, not predicted

@@ -239,7 +239,14 @@ def test_a_dream_drafter_offers_trees_the_target_checks(world, reference):
     """DREAM right before the target offers its drafts' siblings (its `tree` section), over real gRPC streams; the
     target checks trees of them, and DREAM reads the target's features of each path it took."""
     stages = [
-        {"name": "dream", "kind": "dream", "model": world["dream"], "max_lookahead": 4, "dtype": "float32", "tree": {"budget": 6, "branching": 3}},
+        {
+            "name": "dream",
+            "kind": "dream",
+            "model": world["dream"],
+            "max_lookahead": 4,
+            "dtype": "float32",
+            "tree": {"budget": 6, "branching": 3},
+        },
         {"name": "target", "kind": "vlm", "model": world["target"], "dtype": "float32"},
     ]
     with LocalPipeline(load_config({"stages": stages}), over_grpc=True) as p:

@@ -92,7 +92,7 @@ def test_shapes():
     assert Shapes.of(ModelOptions(), 512, cpu, target=True) == Shapes(512, (4, 8))
     assert Shapes.of(ModelOptions(min_width=1), 512, cpu, target=True).widths == (1, 2, 4, 8)
     assert Shapes.of(ModelOptions(), 512, cpu, target=False).widths == (1, 2, 4, 8)  # a drafter
-    assert Shapes.of(ModelOptions(max_context=64), None, cpu, target=True).capacity == 64 + 8
+    assert Shapes.of(ModelOptions(max_context=64), None, cpu, target=True).capacity == 64 + 3 * 8  # and a tree's room
     assert Shapes.of(ModelOptions(), 512, torch.device("cuda"), target=True).widths == (8,)
     shapes = Shapes(100, (4, 8))
     assert shapes.pieces(3) == [(0, 3, 4)]

@@ -31,16 +31,19 @@ from pipespec.planning.plan import (
     TRIAL_TIE,
     Trial,
     auto,
+    candidate_config,
     contenders,
     explain,
     format_plan,
     recommend,
     recommended_config,
     tried,
+    with_trees,
 )
 from pipespec.planning.profiling import PairProfile, Profile, Requests, StageProfile, profile
 from pipespec.protocol.messages import PrefillFeatures, RequestSpec
 from pipespec.protocol.params import SamplingParams
+from pipespec.protocol.tree_shape import TreeShape
 
 VOCAB = 64
 
@@ -456,6 +459,33 @@ def test_the_recommended_candidate_the_best_on_each_number_of_devices_the_next_c
     assert all(len(c.stages) > 1 for c in contenders(unplaced, 3))
     with pytest.raises(ValueError, match="no trials"):
         tried(plan, ())
+
+
+def test_the_first_chain_tried_is_tried_again_with_draft_trees_of_the_targets_width_and_the_pairs_calibration():
+    plan = trial_plan()
+    plan = replace(
+        plan, profile=replace(plan.profile, pairs=(*plan.profile.pairs[:2], replace(plan.profile.pairs[2], temperature=0.7)))
+    )
+    raw = {"name": "trial-test", "stages": [{"name": n, "kind": "mock", "vocab_size": 64} for n in ("tiny", "d", "target")]}
+    tried_ones = contenders(plan, 3)
+    every = with_trees(tried_ones, plan, raw)
+    chained = tried_ones[0]  # the recommended, here d -> target
+    assert every[:-1] == tried_ones and every[-1] == replace(chained, tree=TreeShape(budget=7, temperature=0.7))
+    assert every[-1].chain == " -> ".join(chained.stages) + " (trees)"
+    config = load_config(candidate_config(raw, every[-1], plan.devices))
+    assert config.stages[-2].tree == TreeShape(budget=7, temperature=0.7) and config.stages[0].tree is None
+    assert (
+        load_config(
+            candidate_config(
+                {**raw, "stages": [*raw["stages"][:1], {**raw["stages"][1], "tree": {}}, raw["stages"][2]]}, chained, plan.devices
+            )
+        )
+        .stages[-2]
+        .tree
+        is None
+    )  # a chain candidate: the config's tree goes
+    alone = [c for c in tried_ones if len(c.stages) == 1]
+    assert with_trees(alone, plan, raw) == alone  # no drafter: no trees
 
 
 def test_every_drafter_s_pair_with_the_target_is_tried_though_ranked_low():

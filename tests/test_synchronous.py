@@ -62,9 +62,9 @@ def test_sync_trees_equal_target_alone(llama, shape, temperature):
 
 
 def test_sync_trees_under_rejection_sampling_run_to_the_end(llama):
-    from pipespec.protocol.tree_shape import TreeShape
     from pipespec.engine.tree_verification import TreeVerify
     from pipespec.protocol.params import VerifyMode
+    from pipespec.protocol.tree_shape import TreeShape
 
     target, drafter = _llama_stage(llama, "t", "float32"), _llama_stage(llama, "d", "bfloat16")
     params = SamplingParams(temperature=0.9, seed=1, verify=VerifyMode.REJECTION)

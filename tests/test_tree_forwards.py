@@ -95,7 +95,10 @@ def test_a_tree_beside_another_request_in_a_batch_keeps_its_rows(model):
     session, other = _open(stage), _open(stage, other_prompt)
     try:
         other.forward(len(other_prompt) - 1, [other_prompt[-1], 60])
-        feeds = [Feed(session, len(PROMPT) - 1, [PROMPT[-1]], nodes=TreeNodes(TREE, tuple(range(len(TREE))))), Feed(other, len(other_prompt) + 1, [61])]
+        feeds = [
+            Feed(session, len(PROMPT) - 1, [PROMPT[-1]], nodes=TreeNodes(TREE, tuple(range(len(TREE))))),
+            Feed(other, len(other_prompt) + 1, [61]),
+        ]
         (rows, _), (other_rows, _) = stage.forward_batch(feeds)
     finally:
         session.close()

@@ -124,7 +124,12 @@ def test_token_level_on_a_chain_is_decide():
 
 
 @pytest.mark.parametrize(
-    "params", [SamplingParams(), SamplingParams(temperature=0.8, verify=VerifyMode.COUPLED), SamplingParams(temperature=0.8, verify=VerifyMode.REJECTION)]
+    "params",
+    [
+        SamplingParams(),
+        SamplingParams(temperature=0.8, verify=VerifyMode.COUPLED),
+        SamplingParams(temperature=0.8, verify=VerifyMode.REJECTION),
+    ],
 )
 def test_a_grown_tree_keeps_its_budget_and_depth_and_its_parents(params):
     shape = TreeShape(budget=7, depth=4, branching=3)

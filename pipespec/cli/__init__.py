@@ -362,8 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--trials",
         type=int,
         default=TRIALS,
-        help=f"run N chains (the best-ranked on each number of devices, each drafter's pair), and the target alone, "
-        f"in place on a local Ray and recommend the greatest speedup measured (0: the model's pick, nothing "
+        help=f"run N chains (the best-ranked on each number of devices, each drafter's pair), the target alone and the "
+        f"first chain again with draft trees, in place on a local Ray and recommend the greatest speedup measured "
+        f"(0: the model's pick, nothing "
         f"started; default {TRIALS})",
     )
     p.add_argument("--json", help="also write the profile and the plan as JSON to this file")

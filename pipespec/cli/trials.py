@@ -12,7 +12,8 @@ process. What the runtime delivers differs, and not by one factor that could be 
 So `pipespec plan` and `pipespec demo` try the plan's contenders (pipespec.planning.plan.contenders:
 the fastest predicted on each number of devices, each drafter's pair with the target while there is room,
 the next best-ranked chains, each at its best placement and lookaheads there, and the target alone in the
-runtime). Each starts on a local Ray as the config the plan would write (`candidate_config`, its
+runtime), then the first of those chains again with draft trees (pipespec.planning.plan.with_trees: whether the
+drafter right before the target offering siblings pays is measured, not predicted). Each starts on a local Ray as the config the plan would write (`candidate_config`, its
 coordinator on a free loopback port), is warmed up, then runs `rounds` rounds of the profile's prompts,
 greedy, each round followed by the same prompts to the target alone in this process, warm, at one
 device's threads and pinned to as many cores, as the actors are (pipespec.engine.affinity.pinned; the
@@ -61,7 +62,7 @@ def run_trials(
     from pipespec.config import load_config
     from pipespec.engine.affinity import pinned
     from pipespec.local import LocalPipeline
-    from pipespec.planning.plan import Trial, candidate_config, contenders
+    from pipespec.planning.plan import Trial, candidate_config, contenders, with_trees
     from pipespec.planning.profiling import request_keywords, sub_config
 
     prof = plan.profile
@@ -73,7 +74,7 @@ def run_trials(
     trials = []
     with local_ray(), LocalPipeline(target, torch_threads=threads) as alone:
         alone.generate(**{**requests[0], "max_new_tokens": 4})
-        for candidate in contenders(plan, count):
+        for candidate in with_trees(contenders(plan, count), plan, raw):
             measured: list[tuple[float, float]] = []
             with serving(load_config(candidate_config(raw, candidate, plan.devices)), requests[0]) as client:
                 for _ in range(rounds):

@@ -469,7 +469,6 @@ class RequestProtocol:
             self._send(Peer.COORDINATOR, Commit(rid, down.sent, tuple(tokens[down.sent :]), logprobs))
         down.sent = len(tokens)
 
-
     def _siblings(self, start: int, end: int) -> tuple[Siblings, ...]:
         """The siblings we offer beside our tokens at start..end (none where we know of none: a relayed draft's),
         those the verifier has confirmed dropped; none at all if we offer no trees or know of none there."""

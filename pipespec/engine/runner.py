@@ -348,7 +348,9 @@ class StageRunner:
             return plans  # every draft rides now and then: the cost fit keeps seeing wide forwards
         prior = self.around.patience.acceptance
         candidates = [
-            Candidate(plan.rows - len(plan.drafts), len(plan.drafts), acceptance(self.requests[plan.request_id].req.up.pair, prior))
+            Candidate(
+                plan.rows - len(plan.drafts), len(plan.drafts), acceptance(self.requests[plan.request_id].req.up.pair, prior)
+            )
             for plan in plans
         ]
         counts = verify_counts(candidates, lambda rows: self.costs.estimate(len(plans), self.stage.forward_rows(rows)))

@@ -22,12 +22,12 @@ import torch
 
 from pipespec.engine.choice import Decision, decide, generate_each
 from pipespec.engine.draft_tree import DraftTree
-from pipespec.engine.tree_drafting import line_tree, siblings
-from pipespec.engine.tree_verification import verify_tree
 from pipespec.engine.outcome_cache import ALTERNATIVES, Branch, Doubt
 from pipespec.engine.sampling import token_logprobs
 from pipespec.engine.stage import BatchingStage, ChunkedPrefillStage, Feed, PrefillingSession, Session, Stage, TreeNodes
 from pipespec.engine.trace import Timing
+from pipespec.engine.tree_drafting import line_tree, siblings
+from pipespec.engine.tree_verification import verify_tree
 from pipespec.protocol.messages import RequestSpec, Siblings, TargetFeatures
 from pipespec.protocol.tree_shape import TreeShape
 

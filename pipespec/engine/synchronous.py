@@ -71,6 +71,7 @@ class SyncResult:
     prefill_s: float = 0.0  # start -> first committed token (the prompt's prefill and the first step)
     decode_s: float = 0.0  # first committed token -> finish
     accept_lengths: list[int] = field(default_factory=list)  # tokens committed by each target forward
+    trees: list[DraftTree] = field(default_factory=list)  # with draft trees: each one the target verified
 
 
 def generate_sync(
@@ -144,6 +145,7 @@ def _generate_tree(
     first_s = None
     tokens: list[int] = []
     accept_lengths: list[int] = []
+    trees: list[DraftTree] = []
     params = spec.params
     features = isinstance(d.session, FeatureReader)
     try:
@@ -159,6 +161,7 @@ def _generate_tree(
                 line = LineExpander(d.session, d.fed)
                 tree = grow(root, line, shape, params, start, 1, most)
             decision = verify_tree(t.tree_rows(tokens, tree), tree, params, start, 0, method)
+            trees.append(tree)
             if features:  # the target's hidden states of its own tokens and the accepted path
                 hidden = t.session.hidden
                 rows = torch.cat([hidden[: t.fed_own], hidden[t.fed_own + torch.tensor(decision.path, dtype=torch.long)]])
@@ -177,4 +180,6 @@ def _generate_tree(
         d.session.close()
     end_s = time.perf_counter()
     first_s = first_s or end_s
-    return SyncResult(tokens[: spec.max_new_tokens], pair, len(accept_lengths), first_s - start_s, end_s - first_s, accept_lengths)
+    return SyncResult(
+        tokens[: spec.max_new_tokens], pair, len(accept_lengths), first_s - start_s, end_s - first_s, accept_lengths, trees
+    )

@@ -56,7 +56,9 @@ def fit_temperature(logits: torch.Tensor, tokens: Sequence[int]) -> float:
     return grid[loss.index(min(loss))]
 
 
-def grow(root: torch.Tensor, expand: Expand, shape: TreeShape, params: SamplingParams, start: int, depth: int, most: int) -> DraftTree:
+def grow(
+    root: torch.Tensor, expand: Expand, shape: TreeShape, params: SamplingParams, start: int, depth: int, most: int
+) -> DraftTree:
     """root [V]: the drafter's logits at position `start` (after the root token); `depth`: the drafter's hops
     above the target; `most`: the deepest a node may go (the tokens the request has left). -> the tree."""
     levels = min(shape.depth, most)
@@ -71,7 +73,9 @@ def grow(root: torch.Tensor, expand: Expand, shape: TreeShape, params: SamplingP
         kids, logv, q = _children(logits, node, shape, params, start + level[node], depth)
         ranked = torch.topk(logv, len(kids)).values  # what its r-th likeliest token is worth
         for rank, x in enumerate(kids):  # taken by what its rank is worth (its own worth, but under rejection)
-            heapq.heappush(heap, ((-(value[node] + float(ranked[rank])), 0), next(order), node, x, value[node] + float(logv[x]), q))
+            heapq.heappush(
+                heap, ((-(value[node] + float(ranked[rank])), 0), next(order), node, x, value[node] + float(logv[x]), q)
+            )
 
     expanded(ROOT, root)
     while heap and len(tokens) < shape.budget:
@@ -138,7 +142,9 @@ def values(rows: torch.Tensor, params: SamplingParams, start: int, temperature: 
     return torch.log_softmax(scores(rows, params, start).float() / temperature, dim=-1)
 
 
-def siblings(rows: torch.Tensor, tokens: Sequence[int], params: SamplingParams, start: int, shape: TreeShape) -> tuple[Siblings, ...]:
+def siblings(
+    rows: torch.Tensor, tokens: Sequence[int], params: SamplingParams, start: int, shape: TreeShape
+) -> tuple[Siblings, ...]:
     """rows [n, V] of a drafter's logits at positions start.., where it chose `tokens` (n of them) -> per token, its
     value and its `branching - 1` likeliest others with theirs: a line of drafts with siblings, a tree a verifier
     can check (greedy and coupled)."""

@@ -52,6 +52,7 @@ from pipespec.errors import ConfigError
 from pipespec.planning.analytical import client_rate, forward_latency, placed_rate, sync_rate
 from pipespec.planning.placement import Devices, label, on_devices, placements
 from pipespec.planning.profiling import IMAGE_PROMPTS, TEXT_PROMPTS, Profile, profile, read_config
+from pipespec.protocol.tree_shape import TreeShape
 
 LOOKAHEADS = (2, 4, 6, 8, 12, 16, 24, 32)  # 1 is left out: a window of 1 leaves the drafter nothing to run ahead with
 # lookaheads whose predicted rate is within 3% of a candidate's best count as tied: the smallest wins. Near its top
@@ -75,10 +76,15 @@ class Candidate:
     tokens_per_s: float  # predicted
     speedup: float  # over the target alone, predicted
     synchronous: bool = False
+    tree: TreeShape | None = None  # the stage right before the target offers it draft trees of this shape; None: chains
 
     @property
     def devices(self) -> int:
         return len(self.placement)
+
+    @property
+    def chain(self) -> str:
+        return " -> ".join(self.stages) + (" (trees)" if self.tree else "")
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,7 @@ class Trial:
 
     def __str__(self) -> str:
         c = self.candidate
-        return f"{' -> '.join(c.stages)} on {label(c.placement)}, {self.tokens_per_s:.1f} tok/s ({self.speedup:.2f}x)"
+        return f"{c.chain} on {label(c.placement)}, {self.tokens_per_s:.1f} tok/s ({self.speedup:.2f}x)"
 
 
 @dataclass(frozen=True)
@@ -194,6 +200,27 @@ def contenders(plan: Plan, count: int) -> list[Candidate]:
     offer(plan.chains, key)
     alone = next((c for c in plan.chains if len(c.stages) == 1), None)
     return chosen if alone is None or alone in chosen else [*chosen, alone]
+
+
+def with_trees(candidates: Sequence[Candidate], plan: Plan, raw: Mapping[str, Any]) -> list[Candidate]:
+    """`candidates`, then the first of them with a drafter again with draft trees (`tree_shape`): whether the drafter
+    right before the target offering its siblings pays depends on the device and the pair (a wider forward costs
+    little on a GPU and more on this CPU; a tree of the demo's tiny drafter takes more tokens a verification than
+    its chain, one of its DREAM drafter fewer: experiments/results/trees), so it is measured, not predicted."""
+    chained = next((c for c in candidates if len(c.stages) > 1 and c.tree is None and not c.synchronous), None)
+    if chained is None:
+        return list(candidates)
+    return [*candidates, replace(chained, tree=tree_shape(plan.profile, raw, chained.stages[-2]))]
+
+
+def tree_shape(prof: Profile, raw: Mapping[str, Any], drafter: str) -> TreeShape:
+    """The trees `drafter` offers the target in a candidate: as many nodes as the target's widest forward holds beside
+    its root, the drafter's values calibrated as profiled (its pair's `temperature`)."""
+    target = load_config(raw).target
+    widest = getattr(target.options, "max_width", None) or 8  # a mock's forwards have no widest: a model's default
+    pair = next((p for p in prof.pairs if (p.drafter, p.verifier) == (drafter, target.name)), None)
+    temperature = pair.temperature if pair is not None and pair.temperature else 1.0
+    return TreeShape(budget=widest - 1, temperature=temperature)
 
 
 def tried(plan: Plan, trials: Sequence[Trial]) -> Plan:
@@ -317,6 +344,10 @@ def candidate_config(raw: Mapping[str, Any], candidate: Candidate, devices: Devi
     stages = placed_stages(raw, candidate.stages, candidate.placement, devices)
     for stage, lookahead in zip(stages, candidate.lookaheads):
         stage["max_lookahead"] = lookahead
+    for stage in stages:
+        stage.pop("tree", None)  # chains, but where the candidate offers trees
+    if candidate.tree is not None:
+        stages[-2]["tree"] = asdict(candidate.tree)
     out = {**raw, "stages": stages}
     load_config(out)
     return out
@@ -331,7 +362,7 @@ def write_config(raw: Mapping[str, Any], plan: Plan, path: str | os.PathLike) ->
     chosen = plan.recommended
     how = "measured in place" if plan.trials else "predicted"
     header = (
-        f"# recommended by `pipespec plan`: {' -> '.join(chosen.stages)} on {label(chosen.placement)}, "
+        f"# recommended by `pipespec plan`: {chosen.chain} on {label(chosen.placement)}, "
         f"{plan.predicted:.1f} tok/s, {plan.predicted_speedup:.2f}x the target alone, {how}\n"
     )
     Path(path).write_text(header + yaml.safe_dump(recommended_config(raw, plan), sort_keys=False))
@@ -398,7 +429,7 @@ def _fewer(chosen: Candidate, other: Candidate) -> str:
 
 
 def _row(c: Candidate) -> str:
-    return f"{' -> '.join(c.stages)} on {label(c.placement)}, {c.tokens_per_s:.1f} tok/s"
+    return f"{c.chain} on {label(c.placement)}, {c.tokens_per_s:.1f} tok/s"
 
 
 def _devices(count: int) -> str:
@@ -444,7 +475,7 @@ def format_plan(plan: Plan, top: int = 12) -> str:
                 f"{pair:<28}{p.alpha:>7.3f}{p.num_draft_tokens:>9}{p.num_accepted_tokens:>10}{p.mean_acceptance_length:>15.2f}"
             )
     rows = list(plan.chains[:top]) + list(plan.synchronous)
-    chain_w = max(len("chain (predicted)"), *(len(" -> ".join(c.stages)) for c in rows)) + 2
+    chain_w = max(len("chain (predicted)"), *(len(c.chain) for c in [*rows, *(t.candidate for t in plan.trials)])) + 2
     place_w = max(len("placement"), *(len(label(c.placement)) for c in rows)) + 2
     lines += [
         "",
@@ -453,7 +484,7 @@ def format_plan(plan: Plan, top: int = 12) -> str:
     for c in rows:
         mark = "*" if c == plan.recommended else " "
         lines.append(
-            f"{mark}{' -> '.join(c.stages):<{chain_w}}{label(c.placement):<{place_w}}{'sync' if c.synchronous else 'async':<7}"
+            f"{mark}{c.chain:<{chain_w}}{label(c.placement):<{place_w}}{'sync' if c.synchronous else 'async':<7}"
             f"{_ints(c.lookaheads):>12}{_ints(c.windows):>10}{c.tokens_per_s:>10.1f}{c.speedup:>8.2f}x"
         )
     if len(plan.chains) > top:
@@ -477,7 +508,7 @@ def _trial_lines(plan: Plan, chain_w: int, place_w: int) -> list[str]:
         mark = "*" if c == plan.recommended else " "
         each = " / ".join(f"{p:.1f} ({a:.1f})" for p, a in zip(t.rounds, t.alone))
         lines.append(
-            f"{mark}{' -> '.join(c.stages):<{chain_w}}{label(c.placement):<{place_w}}{_ints(c.lookaheads):>12}"
+            f"{mark}{c.chain:<{chain_w}}{label(c.placement):<{place_w}}{_ints(c.lookaheads):>12}"
             f"{c.tokens_per_s:>10.1f}{t.tokens_per_s:>10.1f}{t.speedup:>8.2f}x  {each}"
         )
     return lines

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from pipespec.config import PipelineConfig, cut_chain, load_config
@@ -39,6 +40,7 @@ from pipespec.engine.affinity import pinned
 from pipespec.engine.handoff import FeaturedVerifier, hand_prefill
 from pipespec.engine.stage import Session, Stage
 from pipespec.engine.synchronous import generate_sync
+from pipespec.engine.tree_drafting import fit_temperature
 from pipespec.errors import ConfigError
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.stats import PairStats
@@ -84,6 +86,9 @@ class PairProfile:
     num_accepted_tokens: int = 0
     mean_acceptance_length: float = 1.0
     skipped: str | None = None  # why the pair was not measured
+    # the drafter's value temperature for draft trees (pipespec.engine.tree_drafting.fit_temperature), fitted on the
+    # target's answers: a pair with the target only (trees are offered to the target); None: not fitted
+    temperature: float | None = None
 
 
 @dataclass(frozen=True)
@@ -353,6 +358,11 @@ def _profile_pair(
     for spec in requests:
         total.merge(generate_sync(verifier, spec, drafter, gamma).pair)
     log.info("pair %s -> %s: alpha %.3f over %d drafts", names[i], names[j], total.token_acceptance, total.num_draft_tokens)
+    temperature = None
+    if j == len(names) - 1:  # the target: what the drafter's trees would be worth to it
+        reader = FeaturedVerifier(drafter, stages[j]) if kind_of(chain.stages[0]).reads_target_features else drafter
+        temperature = value_temperature(reader, stages[j], requests)
+        log.info("pair %s -> %s: value temperature %.2f", names[i], names[j], temperature)
     return PairProfile(
         names[i],
         names[j],
@@ -360,7 +370,25 @@ def _profile_pair(
         total.num_draft_tokens,
         total.num_accepted_tokens,
         total.mean_acceptance_length,
+        temperature=temperature,
     )
+
+
+def value_temperature(drafter: Stage, target: Stage, requests: Sequence[RequestSpec]) -> float:
+    """The drafter's logits at each token of the target's greedy answers to `requests`, one token a forward as it
+    drafts them (a DREAM drafter: a FeaturedVerifier, fed the target's features of everything before) -> their
+    calibration for draft trees (pipespec.engine.tree_drafting.fit_temperature)."""
+    logits, tokens = [], []
+    for spec in requests:
+        answer = generate_sync(target, spec).token_ids
+        session = drafter.open(spec)
+        try:
+            fed, previous = session.prompt_len - 1, [session.last_prompt_token, *answer]
+            logits += [session.forward(fed + k, [previous[k]])[-1] for k in range(len(answer))]
+        finally:
+            session.close()
+        tokens += answer
+    return fit_temperature(torch.stack(logits), tokens)
 
 
 def _drafter(loaded: Stage, chain: PipelineConfig, width: int, valid: int | None) -> Stage:

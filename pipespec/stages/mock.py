@@ -58,7 +58,9 @@ class MockStage:
         (pipespec.engine.stage.BatchingStage)."""
         with self.one_forward():
             return [
-                (f.session.forward_nodes(f.keep, f.tokens, f.nodes), NO_SIDES) if f.nodes else f.session.forward_tree(f.keep, f.tokens, f.sides)
+                (f.session.forward_nodes(f.keep, f.tokens, f.nodes), NO_SIDES)
+                if f.nodes
+                else f.session.forward_tree(f.keep, f.tokens, f.sides)
                 for f in feeds
             ]
 

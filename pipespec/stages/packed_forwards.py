@@ -123,7 +123,12 @@ class PackedForwards:
             if f.sides:
                 raise ValueError(f"stage {self.stage!r}: a model stage grows no side lines (not a TreeSession)")
         shifts = shifts or [0] * len(feeds)
-        outs = self([CacheFeed(f.session.cache, f.keep, f.tokens, shift, f.nodes if f.nodes and f.nodes.fed else None) for f, shift in zip(feeds, shifts)])
+        outs = self(
+            [
+                CacheFeed(f.session.cache, f.keep, f.tokens, shift, f.nodes if f.nodes and f.nodes.fed else None)
+                for f, shift in zip(feeds, shifts)
+            ]
+        )
         for f in feeds:
             check_length(self.stage, f.session.cache.length, f.keep + len(f.tokens))
         return outs

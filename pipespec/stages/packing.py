@@ -172,7 +172,9 @@ def packed_attention(
     prefill's own mask, transformers' (see `prefill`), in place of the causal one built from positions."""
     packing = _packing()
     groups = query.shape[1] // key.shape[1]
-    alone = len(packing.pieces) == 1 and packing.pieces[0].offset == 0 and packing.pieces[0].tree is None  # its attention is the output
+    alone = (
+        len(packing.pieces) == 1 and packing.pieces[0].offset == 0 and packing.pieces[0].tree is None
+    )  # its attention is the output
     out = None if alone else query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3])  # [1, T, heads, d]
     for i, piece in enumerate(packing.pieces):
         rows, at = piece.rows, packing.positions[0, piece.rows]  # [w]
