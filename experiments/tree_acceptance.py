@@ -1,7 +1,8 @@
 """Draft trees against chains at the same forward width: tokens a verification, speed, exactness.
 
     python -m experiments.tree_acceptance [CONFIG] [--drafters tiny dream] [--widths 4 8 16] [--calibrate 8]
-        [--limit 24] [--tokens 96] [--temperature 0.7] [--repeats 3] [--out DIR]
+        [--limit 24] [--tokens 96] [--temperature 0.7] [--modes greedy coupled rejection] [--seeds 1] [--repeats 3]
+        [--out DIR]
 
 For each drafter of CONFIG (default: the demo's) straight before its target, synchronous speculation
 (pipespec.engine.synchronous) answers held-out questions with a chain of w - 1 drafts and with a tree of
@@ -12,7 +13,8 @@ out. Per mode (greedy; coupled sampling; rejection sampling with token-level and
 it reports the tokens committed per target forward, mean and per question kind, the nodes a verification
 checks, and the decode throughput: each side once unmeasured (its first forwards), then `--repeats` rounds over
 the questions, the sides taking turns within a round (throughput: the median of the rounds). Every greedy and
-coupled answer is checked token for token against the target alone.
+coupled answer is checked token for token against the target alone. Under sampling each question runs with
+`--seeds` seeds (a sampled answer's acceptance varies with its seed: more seeds, a steadier mean).
 
 Writes tree_acceptance.json and tree_acceptance.md under --out (default experiments/results/trees).
 """
@@ -98,9 +100,14 @@ def run(config_path: str, drafter_name: str, prompts: Sequence[Prompt], args: ar
         ]
         temperature = calibrated(drafter, target, specs[: args.calibrate], config.sends_features(1)) if args.calibrate else 1.0
         log.info("%s: value temperature %.2f (fitted on %d questions)", drafter_name, temperature, args.calibrate)
-        measured, kinds = specs[args.calibrate :], [p.category for p in prompts[args.calibrate :]]
+        measured = specs[args.calibrate :]
         for mode, params in modes(args.temperature).items():
-            mode_specs = [replace(s, params=replace(params, seed=i)) for i, s in enumerate(measured)]
+            if mode.split()[0] not in args.modes:
+                continue
+            seeds = 1 if params.greedy else args.seeds
+            mode_specs = [
+                replace(s, params=replace(params, seed=i * seeds + k)) for i, s in enumerate(measured) for k in range(seeds)
+            ]
             alone = [generate_sync(target, s).token_ids for s in mode_specs]
             for width in args.widths:
                 compared = sides(width, args.branching, temperature, params.rejection)
@@ -110,6 +117,7 @@ def run(config_path: str, drafter_name: str, prompts: Sequence[Prompt], args: ar
                 for _ in range(args.repeats):
                     for side in compared:
                         runs[side.name].append([side.run(target, drafter, s) for s in mode_specs])
+                kinds = [p.category for p in prompts[args.calibrate :] for _ in range(len(mode_specs) // len(measured))]
                 for side in compared:
                     rows.append(_row(drafter.name, mode, side, width, runs[side.name], kinds, alone, params))
                     log.info("%s", rows[-1])
@@ -179,6 +187,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=[4, 8, 16], help="target forward widths (rows: drafts + 1)")
     parser.add_argument("--branching", type=int, default=4, help="the trees' branching (EAGLE-2's top-k)")
     parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument(
+        "--modes", nargs="+", default=["greedy", "coupled", "rejection"], choices=["greedy", "coupled", "rejection"]
+    )
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per question under sampling")
     parser.add_argument("--repeats", type=int, default=3, help="rounds over the prompts (throughput: their median)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (both sides the same)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where tree_acceptance.json and .md go")
@@ -197,7 +209,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     header = (
         f"# Trees against chains ({args.config}, {len(prompts) - args.calibrate} held-out questions measured, "
-        f"{args.tokens} tokens, {args.threads} threads, {args.repeats} rounds; {time.time() - began:.0f} s)"
+        f"{args.seeds} seed(s) each under sampling, {args.tokens} tokens, {args.threads} threads, {args.repeats} rounds; "
+        f"{time.time() - began:.0f} s)"
     )
     (args.out / "tree_acceptance.md").write_text(markdown(rows, header))
     print(markdown(rows, header))

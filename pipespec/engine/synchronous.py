@@ -71,7 +71,7 @@ class SyncResult:
     prefill_s: float = 0.0  # start -> first committed token (the prompt's prefill and the first step)
     decode_s: float = 0.0  # first committed token -> finish
     accept_lengths: list[int] = field(default_factory=list)  # tokens committed by each target forward
-    trees: list[DraftTree] = field(default_factory=list)  # with draft trees: each one the target verified
+    trees: list[DraftTree] = field(default_factory=list)  # the drafts each target forward checked (a chain's: a line)
 
 
 def generate_sync(
@@ -96,6 +96,7 @@ def generate_sync(
     tokens: list[int] = []
     forwards = 0
     accept_lengths: list[int] = []
+    trees: list[DraftTree] = []
     try:
         while len(tokens) < spec.max_new_tokens and not (tokens and tokens[-1] in spec.stop_token_ids):
             n = min(gamma, spec.max_new_tokens - len(tokens) - 1) if d else 0
@@ -108,6 +109,7 @@ def generate_sync(
             q = torch.stack(probs) if n and spec.params.rejection else None
             start = len(tokens)
             decision = decide(t.rows(tokens, tuple(drafts)), tuple(drafts), q, spec.params, start, 0)
+            trees.append(DraftTree.chain(drafts))
             forwards += 1
             t.keep(start + decision.accepted)
             if features:  # the target's hidden states of its own tokens and the accepted drafts
@@ -128,7 +130,7 @@ def generate_sync(
             d.session.close()
     end_s = time.perf_counter()
     first_s = first_s or end_s
-    return SyncResult(tokens[: spec.max_new_tokens], pair, forwards, first_s - start_s, end_s - first_s, accept_lengths)
+    return SyncResult(tokens[: spec.max_new_tokens], pair, forwards, first_s - start_s, end_s - first_s, accept_lengths, trees)
 
 
 def _check_target(target: Session) -> None:

@@ -1,0 +1,151 @@
+"""Draft trees in the asynchronous pipeline: the stage right before the target offering siblings, against its chain.
+
+    python -m experiments.tree_pipeline [CONFIG] [--chains tiny,target dream,target] [--limit 24] [--calibrate 8]
+        [--tokens 96] [--rounds 3] [--out DIR]
+
+For each chain of CONFIG's stages (default: the demo's), the pipeline runs in this process (LocalPipeline:
+in-process links, its stages sharing this machine's cores) as a chain and with a `tree` section on the stage
+right before the target (budget: the target's widest forward less its root; the drafter's value temperature
+fitted on the target's greedy answers to the first `--calibrate` questions, as `pipespec plan` fits it, which the
+measurement leaves out), the held-out questions one at a time, greedy, the two sides taking turns each round.
+Reported per side: the target's pair's tokens a verification (its mean acceptance length), the nodes a
+verification checked, the whole set's tokens per second (the median of the rounds) and whether every answer is
+the target alone's.
+
+Writes tree_pipeline.json and tree_pipeline.md under --out (default experiments/results/trees).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from experiments.prompt_sets import Prompt, load_prompts
+from pipespec import LocalPipeline, load_config
+from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.config import PipelineConfig, config_dict, sub_pipeline
+from pipespec.engine.handoff import FeaturedVerifier
+from pipespec.engine.synchronous import generate_sync
+from pipespec.planning.profiling import value_temperature
+from pipespec.protocol.stats import merged_pairs
+from pipespec.stages.kinds import ModelOptions
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = "pipespec/configs/demo.yaml"
+DEFAULT_PROMPTS = "experiments/prompts/world_held_out.jsonl"
+DEFAULT_OUT = Path("experiments/results/trees")
+
+
+def with_tree(config: PipelineConfig, temperature: float) -> PipelineConfig:
+    """`config` with a `tree` section on the stage right before its target, as wide as the target's forwards allow."""
+    raw = config_dict(config)
+    widest = (config.target.options or ModelOptions()).max_width
+    raw["stages"][-2]["tree"] = {"budget": widest - 1, "temperature": temperature}
+    return load_config(raw)
+
+
+def run(full: PipelineConfig, names: Sequence[str], prompts: Sequence[Prompt], args: argparse.Namespace) -> list[dict]:
+    chain = sub_pipeline(full, names)
+    with LocalPipeline(chain) as pipe:
+        stages = pipe.stages
+        requests = [
+            dict(prompt=p.text, max_new_tokens=args.tokens, **({"image": str(p.image)} if p.image else {})) for p in prompts
+        ]
+        drafter, target = stages[-2], stages[-1]
+        specs = [pipe.request(**r)[0] for r in requests[: args.calibrate]]
+        reader = FeaturedVerifier(drafter, target) if chain.sends_features(len(stages) - 1) else drafter
+        temperature = value_temperature(reader, target, specs) if specs else 1.0
+        measured = requests[args.calibrate :]
+        alone = [generate_sync(target, pipe.request(**r)[0]).token_ids for r in measured]
+    sides = {"chain": chain, "tree": with_tree(chain, temperature)}
+    runs: dict[str, list[tuple[float, list]]] = {name: [] for name in sides}
+    with LocalPipeline(sides["chain"], stages=stages) as chained, LocalPipeline(sides["tree"], stages=stages) as treed:
+        pipes = {"chain": chained, "tree": treed}
+        for pipe in pipes.values():
+            pipe.generate(**{**measured[0], "max_new_tokens": 8})  # warm: its first forwards
+        for _ in range(args.rounds):
+            for name, pipe in pipes.items():
+                began = time.perf_counter()
+                generations = [pipe.generate(**r) for r in measured]
+                runs[name].append((time.perf_counter() - began, generations))
+    rows = []
+    for name, side in runs.items():
+        seconds, generations = side[0]
+        pair = next(p for p in merged_pairs(g.stats.pairs for g in generations) if p.verifier == target.name)
+        rates = [sum(len(g.token_ids) for g in gens) / s for s, gens in side]
+        rows.append(
+            {
+                "chain": " -> ".join(names),
+                "side": name,
+                "value_temperature": temperature if name == "tree" else None,
+                "tokens_per_verification": pair.mean_acceptance_length,
+                "drafts_per_verification": pair.num_draft_tokens / pair.num_drafts if pair.num_drafts else 0.0,
+                "nodes_per_verification": pair.num_nodes / pair.num_drafts if pair.num_drafts else 0.0,
+                "tokens_per_s": statistics.median(rates),
+                "tokens_per_s_rounds": rates,
+                "exact": f"{sum(g.token_ids == want for g, want in zip(generations, alone))}/{len(alone)}",
+            }
+        )
+        log.info("%s", rows[-1])
+    return rows
+
+
+def markdown(rows: list[dict], header: str) -> str:
+    lines = [
+        header,
+        "",
+        "| chain | side | tokens / verification | drafts / verification | nodes / verification | tok/s (median) | exact |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['chain']} | {r['side']} | {r['tokens_per_verification']:.2f} | {r['drafts_per_verification']:.2f} | "
+            f"{r['nodes_per_verification']:.2f} | {r['tokens_per_s']:.1f} | {r['exact']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="pipeline config (its stages)")
+    parser.add_argument("--chains", nargs="+", default=["tiny,target", "dream,target"], help="chains, stage names by commas")
+    parser.add_argument("--prompts", default=DEFAULT_PROMPTS, help="prompt file (jsonl, experiments.prompt_sets)")
+    parser.add_argument("--limit", type=int, default=24, help="how many prompts (the first --calibrate of them fit the values)")
+    parser.add_argument(
+        "--calibrate", type=int, default=8, help="questions that fit the value temperature, left out of the measurement"
+    )
+    parser.add_argument("--tokens", type=int, default=96, help="most new tokens per answer")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over the questions, the sides taking turns")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where tree_pipeline.json and .md go")
+    add_log_level(parser)
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    if not 0 <= args.calibrate < args.limit:
+        parser.error(f"--calibrate must be in 0..{args.limit - 1} (--limit), got {args.calibrate}")
+    torch.set_num_threads(2)
+    full = load_config(args.config)
+    prompts = load_prompts(args.prompts, limit=args.limit)
+    began = time.time()
+    rows = [row for chain in args.chains for row in run(full, chain.split(","), prompts, args)]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "tree_pipeline.json").write_text(
+        json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1)
+    )
+    header = (
+        f"# Draft trees in the pipeline, in process ({args.config}, {len(prompts) - args.calibrate} held-out questions one at "
+        f"a time, {args.tokens} tokens, greedy, {args.rounds} rounds; {time.time() - began:.0f} s)"
+    )
+    (args.out / "tree_pipeline.md").write_text(markdown(rows, header))
+    print(markdown(rows, header))
+
+
+if __name__ == "__main__":
+    main()
