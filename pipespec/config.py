@@ -192,6 +192,7 @@ def config_dict(config: PipelineConfig) -> dict[str, Any]:
     def stage(spec: StageSpec) -> dict[str, Any]:
         out = {f.name: getattr(spec, f.name) for f in fields(spec) if f.name != "options"}
         out["resources"] = dict(spec.resources)
+        out["tree"] = asdict(spec.tree) if spec.tree is not None else None
         if spec.model is None:
             del out["model"]
         return out | (asdict(spec.options) if spec.options is not None else {})

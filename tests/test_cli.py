@@ -389,6 +389,19 @@ def test_config_prints_a_shipped_example_with_every_default_and_it_loads_back_th
     assert all(keys <= set(stage) for stage in printed["stages"])  # every key, its default written out
 
 
+def test_config_prints_a_tree_section_that_loads_back_the_same(tmp_path, capsys):
+    from pipespec.cli import main
+    from pipespec.config import load_config
+
+    raw = {"stages": [{"name": "d", "kind": "mock", "tree": {"budget": 5, "temperature": 0.7}}, {"name": "t", "kind": "mock"}]}
+    path = tmp_path / "tree.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["config", str(path)]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["stages"][0]["tree"] == {"budget": 5, "depth": 7, "branching": 4, "temperature": 0.7}
+    assert load_config(printed) == load_config(raw)
+
+
 def test_config_names_the_bad_key_on_one_line_and_exits_2(tmp_path, capsys):
     from pipespec.cli import main
 
