@@ -461,31 +461,24 @@ def test_the_recommended_candidate_the_best_on_each_number_of_devices_the_next_c
         tried(plan, ())
 
 
-def test_the_first_chain_tried_is_tried_again_with_draft_trees_of_the_targets_width_and_the_pairs_calibration():
+def test_the_chain_of_greatest_speedup_tried_is_tried_again_with_draft_trees_of_the_targets_width_and_calibration():
     plan = trial_plan()
     plan = replace(
         plan, profile=replace(plan.profile, pairs=(*plan.profile.pairs[:2], replace(plan.profile.pairs[2], temperature=0.7)))
     )
     raw = {"name": "trial-test", "stages": [{"name": n, "kind": "mock", "vocab_size": 64} for n in ("tiny", "d", "target")]}
     tried_ones = contenders(plan, 3)
-    every = with_trees(tried_ones, plan, raw)
-    chained = tried_ones[0]  # the recommended, here d -> target
-    assert every[:-1] == tried_ones and every[-1] == replace(chained, tree=TreeShape(budget=7, temperature=0.7))
-    assert every[-1].chain == " -> ".join(chained.stages) + " (trees)"
-    config = load_config(candidate_config(raw, every[-1], plan.devices))
-    assert config.stages[-2].tree == TreeShape(budget=7, temperature=0.7) and config.stages[0].tree is None
-    assert (
-        load_config(
-            candidate_config(
-                {**raw, "stages": [*raw["stages"][:1], {**raw["stages"][1], "tree": {}}, raw["stages"][2]]}, chained, plan.devices
-            )
-        )
-        .stages[-2]
-        .tree
-        is None
-    )  # a chain candidate: the config's tree goes
-    alone = [c for c in tried_ones if len(c.stages) == 1]
-    assert with_trees(alone, plan, raw) == alone  # no drafter: no trees
+    trials = [Trial(c, (10.0 + k,), (10.0,)) for k, c in enumerate(tried_ones)]  # the target alone last, the fastest
+    (treed,) = with_trees(trials, plan, raw)
+    chained = tried_ones[-2]  # the greatest speedup measured with a drafter
+    calibrated = 0.7 if chained.stages[-2] == "d" else 1.0  # the profile fitted d's; tiny's: none (1.0)
+    assert treed == replace(chained, tree=TreeShape(budget=7, temperature=calibrated))
+    assert treed.chain == " -> ".join(chained.stages) + " (trees)"
+    config = load_config(candidate_config(raw, treed, plan.devices))
+    assert config.stages[-2].tree == treed.tree and all(s.tree is None for s in config.stages if s is not config.stages[-2])
+    with_a_tree = {**raw, "stages": [*raw["stages"][:1], {**raw["stages"][1], "tree": {}}, raw["stages"][2]]}
+    assert load_config(candidate_config(with_a_tree, on(plan, ("d", "target"), 1), plan.devices)).stages[-2].tree is None
+    assert with_trees([t for t in trials if len(t.candidate.stages) == 1], plan, raw) == []  # no drafter: no trees
 
 
 def test_every_drafter_s_pair_with_the_target_is_tried_though_ranked_low():

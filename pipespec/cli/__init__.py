@@ -363,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=TRIALS,
         help=f"run N chains (the best-ranked on each number of devices, each drafter's pair), the target alone and the "
-        f"first chain again with draft trees, in place on a local Ray and recommend the greatest speedup measured "
+        f"fastest chain measured again with draft trees, in place on a local Ray and recommend the greatest speedup measured "
         f"(0: the model's pick, nothing "
         f"started; default {TRIALS})",
     )

@@ -12,8 +12,8 @@ process. What the runtime delivers differs, and not by one factor that could be 
 So `pipespec plan` and `pipespec demo` try the plan's contenders (pipespec.planning.plan.contenders:
 the fastest predicted on each number of devices, each drafter's pair with the target while there is room,
 the next best-ranked chains, each at its best placement and lookaheads there, and the target alone in the
-runtime), then the first of those chains again with draft trees (pipespec.planning.plan.with_trees: whether the
-drafter right before the target offering siblings pays is measured, not predicted). Each starts on a local Ray as the config the plan would write (`candidate_config`, its
+runtime), then the chain of greatest speedup among them again with draft trees (pipespec.planning.plan.with_trees:
+whether the drafter right before the target offering siblings pays is measured, not predicted). Each starts on a local Ray as the config the plan would write (`candidate_config`, its
 coordinator on a free loopback port), is warmed up, then runs `rounds` rounds of the profile's prompts,
 greedy, each round followed by the same prompts to the target alone in this process, warm, at one
 device's threads and pinned to as many cores, as the actors are (pipespec.engine.affinity.pinned; the
@@ -53,16 +53,17 @@ def run_trials(
     threads: int | None = None,
     on_trial: Callable[[Trial], None] | None = None,
 ) -> tuple[Trial, ...]:
-    """Start a local Ray (stopped on return) and try each of `plan`'s contenders in turn: `raw` the config
-    it planned, `picture` what its prompts ask about (a VLM target), `max_new_tokens` each request's
-    (default: the profile's), `threads` the target alone's torch threads (default: one device's, else
-    1); `on_trial` is given each trial as it ends -> the trials. A candidate that fails to start raises."""
+    """Start a local Ray (stopped on return) and try each of `plan`'s contenders in turn, then the chain of greatest
+    speedup measured again with draft trees (`with_trees`): `raw` the config it planned, `picture` what its prompts
+    ask about (a VLM target), `max_new_tokens` each request's (default: the profile's), `threads` the target alone's
+    torch threads (default: one device's, else 1); `on_trial` is given each trial as it ends -> the trials. A
+    candidate that fails to start raises."""
     from pipespec.cli.timed_requests import serving, timed, tokens_per_s
     from pipespec.cluster.pipeline import local_ray
     from pipespec.config import load_config
     from pipespec.engine.affinity import pinned
     from pipespec.local import LocalPipeline
-    from pipespec.planning.plan import Trial, candidate_config, contenders, with_trees
+    from pipespec.planning.plan import Candidate, Trial, candidate_config, contenders, with_trees
     from pipespec.planning.profiling import request_keywords, sub_config
 
     prof = plan.profile
@@ -71,10 +72,11 @@ def run_trials(
     tokens = max_new_tokens or prof.max_new_tokens
     requests = [request_keywords(target, p, picture, tokens) for p in prof.prompts]
     threads = threads or (plan.devices.threads if plan.devices else 1)
-    trials = []
+    trials: list[Trial] = []
     with local_ray(), LocalPipeline(target, torch_threads=threads) as alone:
         alone.generate(**{**requests[0], "max_new_tokens": 4})
-        for candidate in with_trees(contenders(plan, count), plan, raw):
+
+        def attempt(candidate: Candidate) -> None:
             measured: list[tuple[float, float]] = []
             with serving(load_config(candidate_config(raw, candidate, plan.devices)), requests[0]) as client:
                 for _ in range(rounds):
@@ -86,4 +88,9 @@ def run_trials(
             trials.append(trial)
             if on_trial is not None:
                 on_trial(trial)
+
+        for candidate in contenders(plan, count):
+            attempt(candidate)
+        for candidate in with_trees(trials, plan, raw):
+            attempt(candidate)
     return tuple(trials)

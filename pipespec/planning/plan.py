@@ -202,15 +202,17 @@ def contenders(plan: Plan, count: int) -> list[Candidate]:
     return chosen if alone is None or alone in chosen else [*chosen, alone]
 
 
-def with_trees(candidates: Sequence[Candidate], plan: Plan, raw: Mapping[str, Any]) -> list[Candidate]:
-    """`candidates`, then the first of them with a drafter again with draft trees (`tree_shape`): whether the drafter
-    right before the target offering its siblings pays depends on the device and the pair (a wider forward costs
-    little on a GPU and more on this CPU; a tree of the demo's tiny drafter takes more tokens a verification than
-    its chain, one of its DREAM drafter fewer: experiments/results/trees), so it is measured, not predicted."""
-    chained = next((c for c in candidates if len(c.stages) > 1 and c.tree is None and not c.synchronous), None)
-    if chained is None:
-        return list(candidates)
-    return [*candidates, replace(chained, tree=tree_shape(plan.profile, raw, chained.stages[-2]))]
+def with_trees(trials: Sequence[Trial], plan: Plan, raw: Mapping[str, Any]) -> list[Candidate]:
+    """What to try after `trials`: the chain of greatest speedup among them that has a drafter, again with draft
+    trees (`tree_shape`; none if no such chain was tried). Whether the drafter right before the target offering its
+    siblings pays depends on the device and the pair (a wider forward costs little on a GPU and more on this CPU;
+    on the demo models a tree took more tokens a verification than the chain from either drafter in the pipeline,
+    and ran slower: experiments/results/trees), so it is measured beside the chain, not predicted."""
+    chained = [t for t in trials if len(t.candidate.stages) > 1 and t.candidate.tree is None and not t.candidate.synchronous]
+    if not chained:
+        return []
+    best = max(chained, key=lambda t: t.speedup).candidate
+    return [replace(best, tree=tree_shape(plan.profile, raw, best.stages[-2]))]
 
 
 def tree_shape(prof: Profile, raw: Mapping[str, Any], drafter: str) -> TreeShape:
