@@ -17,6 +17,7 @@ when the stage is built (pipespec.stages.device).
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -390,8 +391,8 @@ def _tree(raw: Any, where: str) -> TreeShape | None:
     for key in ("budget", "depth", "branching"):
         if key in raw and _typed(raw[key], int, f"{where}.{key}") < 1:
             raise ConfigError(f"{where}.{key}: must be >= 1, got {raw[key]}")
-    if "temperature" in raw and not _typed(raw["temperature"], (int, float), f"{where}.temperature") > 0:
-        raise ConfigError(f"{where}.temperature: must be > 0, got {raw['temperature']}")
+    if "temperature" in raw and not 0 < _typed(raw["temperature"], (int, float), f"{where}.temperature") < math.inf:
+        raise ConfigError(f"{where}.temperature: must be a finite number > 0, got {raw['temperature']}")
     return TreeShape(**raw)
 
 

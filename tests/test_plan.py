@@ -37,6 +37,7 @@ from pipespec.planning.plan import (
     format_plan,
     recommend,
     recommended_config,
+    tree_shape,
     tried,
     with_trees,
 )
@@ -478,7 +479,17 @@ def test_the_chain_of_greatest_speedup_tried_is_tried_again_with_draft_trees_of_
     assert config.stages[-2].tree == treed.tree and all(s.tree is None for s in config.stages if s is not config.stages[-2])
     with_a_tree = {**raw, "stages": [*raw["stages"][:1], {**raw["stages"][1], "tree": {}}, raw["stages"][2]]}
     assert load_config(candidate_config(with_a_tree, on(plan, ("d", "target"), 1), plan.devices)).stages[-2].tree is None
+    predrafting = {**raw, "stages": [*raw["stages"][:1], {**raw["stages"][1], "predraft": 2}, raw["stages"][2]]}
+    trees_of_d = replace(on(plan, ("d", "target"), 1), tree=TreeShape(budget=7))
+    assert load_config(candidate_config(predrafting, trees_of_d, plan.devices)).stages[-2].predraft == 0  # offers trees instead
     assert with_trees([t for t in trials if len(t.candidate.stages) == 1], plan, raw) == []  # no drafter: no trees
+
+
+def test_a_target_one_row_wide_is_offered_no_trees(family):
+    pair = [{"name": n, "kind": "causal_lm", "model": family[n]} for n in ("tiny", "target")]
+    assert tree_shape(trial_plan().profile, {"stages": pair}, "tiny") == TreeShape(budget=7)
+    pair[1]["max_width"] = 1
+    assert tree_shape(trial_plan().profile, {"stages": pair}, "tiny") is None
 
 
 def test_every_drafter_s_pair_with_the_target_is_tried_though_ranked_low():

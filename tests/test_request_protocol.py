@@ -203,6 +203,31 @@ def test_a_target_checks_its_drafters_siblings_in_a_tree_and_a_path_off_the_line
     assert sent(p) == [(Peer.DRAFTER, Verdict("r", 1, 1, 12, (4,))), (Peer.COORDINATOR, Commit("r", 0, (1, 12, 4)))]
     assert p.req.fed == len(PROMPT) + 2  # the path's entries (1, 12) were kept in the cache; 4 is not fed yet
     assert p.req.up.pending == [] and p.req.up.pending_siblings == []
+    pair = p.req.up.pair  # the path left the line: a rejection of the drafter's 2, though 2 tokens were accepted
+    assert (pair.num_drafts, pair.num_draft_tokens, pair.num_nodes, pair.num_accepted_tokens, pair.num_rejections) == (
+        1,
+        3,
+        5,
+        2,
+        1,
+    )
+
+
+def test_a_tree_is_checked_only_where_its_forward_fits_and_siblings_were_offered():
+    tree = TreeShape(budget=5, branching=2)
+    offered = tuple(Siblings(-0.1, (10 + i,), (-1.0,)) for i in range(3))
+    rejoined = RequestProtocol(
+        Role("me", 0, 4, "up", drafter_lookahead=4, verify_window=3, tree=tree),
+        Surroundings(drafter=True),
+        RequestSpec("r", PROMPT, SamplingParams(), 12, frozenset({99}), committed=(1, 2, 3, 4)),
+    )
+    rejoined.prefilled(Session(), 0.001)
+    rejoined.on_draft(Draft("r", 0, 4, (5, 6, 7), siblings=offered))
+    plan = rejoined.plan(lambda: 0.0)  # its first step feeds the prompt's last token and the 4 committed ones
+    assert len(plan.feed) == 5 and plan.drafts == (5, 6, 7) and plan.tree is None  # 5 + 3 drafts fill budget + 1 rows
+    p = protocol(depth=0, drafter=True, window=3, tree=tree)
+    p.on_draft(Draft("r", 0, 0, (1, 2, 3), siblings=(Siblings(0.0),) * 3))  # values, no siblings (a relayed draft's)
+    assert p.plan(lambda: 0.0).tree is None
 
 
 def test_a_drafter_that_offers_trees_sends_its_tokens_siblings_and_forgets_those_a_verdict_replaced():

@@ -186,7 +186,9 @@ class RequestProtocol:
             drafts = tuple(up.pending[:n])
             probs = torch.stack(up.pending_probs[:n]) if n and req.spec.params.rejection else None
             if role.tree is not None and exact:  # the best of their siblings too, within the tree's budget and our bound
-                siblings, tree_room = tuple(up.pending_siblings[:n]), min(role.tree.budget - n, limit - start - 1)
+                # (its forward holds our fed tokens and the nodes: budget + 1 rows, a rejoin's first step feeds more)
+                room = min(role.tree.budget + 1 - len(feed), limit - start - 1) - n
+                siblings, tree_room = tuple(up.pending_siblings[:n]), room
         epoch = up.epoch if up is not None else 0
         riders = predrafting.riders(req, req.fed, None, verifier=self.around.verifier)
         return StepPlan(
@@ -270,7 +272,8 @@ class RequestProtocol:
             per_token = seconds / len(decision.tokens)
             around.token_s = per_token if around.token_s is None else 0.8 * around.token_s + 0.2 * per_token
             around.patience.observe_forward(seconds)
-        req.stats.tokens_fed += len(plan.feed) + len(plan.drafts)
+        tree = plan.tree
+        req.stats.tokens_fed += len(plan.feed) + (len(plan.drafts) if tree is None else len(tree))
         if predrafting.grown(req, plan, decision, grown):
             return  # a forward of a branch: the main line is as it was
         if plan.rev != req.rev:  # a verdict changed our tokens meanwhile: keep only the valid cache
@@ -292,8 +295,9 @@ class RequestProtocol:
         for i, sib in enumerate((decision.siblings or ())[: len(tokens)]):
             req.siblings[plan.start + i] = sib
         if req.up is not None:
-            tree = plan.tree
-            req.up.pair.record(len(plan.drafts), decision.accepted, None if tree is None else len(tree))
+            tree = plan.tree  # a path off the line rejected the draft it left: the drafter's line was not accepted whole
+            rejected = decision.line < len(plan.drafts)
+            req.up.pair.record(len(plan.drafts), decision.accepted, None if tree is None else len(tree), rejected)
             self.around.patience.observe_verification(len(plan.drafts), decision.accepted)
             if plan.up_epoch == req.up.epoch:
                 req.up.drop_pending(len(plan.drafts))

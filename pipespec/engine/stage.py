@@ -80,7 +80,8 @@ class TreeNodes:
     """Nodes of a draft tree (pipespec.engine.draft_tree) that a forward feeds after its line of tokens. Each node's
     row sits at the position after its parent's (the tree's root: the line's last token, or the cache's last if the
     line is empty) and attends to the cache before the tree and to its own ancestors only. Node i's keys go in
-    past the cache's length, at keep + len(line) + i, until `DraftTreeSession.keep_path` moves a path's into place."""
+    past the cache's length (a model stage's: at keep + len(line) + a gap + i, pipespec.stages.packing.TreeRows),
+    until `DraftTreeSession.keep_path` moves a path's into place."""
 
     tree: DraftTree
     fed: tuple[int, ...]  # the nodes fed now, parents first; an ancestor not among them was fed since the same keep
@@ -88,8 +89,9 @@ class TreeNodes:
 
 @runtime_checkable
 class DraftTreeSession(Session, Protocol):
-    """A session that feeds draft trees (the model stages'): a verifier checks a whole tree in one forward, a
-    drafter grows one a level a forward; each node's logits are bitwise those of a one-token decode of its path."""
+    """A session that feeds draft trees (the model and mock stages'): a verifier checks a whole tree in one forward
+    (a drafter could grow one a level a forward; the synchronous engine's grows one a node a forward with `forward`,
+    pipespec.engine.tree_drafting.LineExpander); each node's logits are bitwise those of a one-token decode of its path."""
 
     def forward_nodes(self, keep: int, line: Sequence[int], nodes: TreeNodes) -> torch.Tensor:
         """`forward(keep, line)` and the tree's nodes `nodes.fed` after it, in one forward; the cache then holds

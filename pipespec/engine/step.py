@@ -53,8 +53,8 @@ class StepPlan:
     @property
     def tree(self) -> DraftTree | None:
         """The drafts and the best of their siblings as one tree, when our drafter offered any."""
-        if not self.room or not any(self.siblings):
-            return None
+        if self.room <= 0 or not any(s is not None and s.tokens for s in self.siblings):
+            return None  # none offered beside the drafts (or no room): their line, as a chain
         return line_tree(self.drafts, self.siblings, self.room)
 
     @property

@@ -170,7 +170,7 @@ def _generate_tree(
                 d.session.add_features(step_message(spec.request_id, t.fed_from, rows, t.fed_own, decision.accepted))
             t.keep_path(decision.path)
             d.fed += line.kept(decision.tokens[:-1]) if line else 0  # the accepted path's start that its line holds
-            pair.record(len(tree), decision.accepted)
+            pair.record(len(tree), decision.accepted)  # a tree's nodes are all drafts here (no line of the drafter's)
             for token in decision.tokens:
                 tokens.append(token)
                 if token in spec.stop_token_ids:

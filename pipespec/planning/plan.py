@@ -212,14 +212,17 @@ def with_trees(trials: Sequence[Trial], plan: Plan, raw: Mapping[str, Any]) -> l
     if not chained:
         return []
     best = max(chained, key=lambda t: t.speedup).candidate
-    return [replace(best, tree=tree_shape(plan.profile, raw, best.stages[-2]))]
+    shape = tree_shape(plan.profile, raw, best.stages[-2])
+    return [] if shape is None else [replace(best, tree=shape)]
 
 
-def tree_shape(prof: Profile, raw: Mapping[str, Any], drafter: str) -> TreeShape:
+def tree_shape(prof: Profile, raw: Mapping[str, Any], drafter: str) -> TreeShape | None:
     """The trees `drafter` offers the target in a candidate: as many nodes as the target's widest forward holds beside
-    its root, the drafter's values calibrated as profiled (its pair's `temperature`)."""
+    its root, the drafter's values calibrated as profiled (its pair's `temperature`); None if that is none."""
     target = load_config(raw).target
     widest = getattr(target.options, "max_width", None) or 8  # a mock's forwards have no widest: a model's default
+    if widest < 2:
+        return None
     pair = next((p for p in prof.pairs if (p.drafter, p.verifier) == (drafter, target.name)), None)
     temperature = pair.temperature if pair is not None and pair.temperature else 1.0
     return TreeShape(budget=widest - 1, temperature=temperature)
@@ -348,8 +351,9 @@ def candidate_config(raw: Mapping[str, Any], candidate: Candidate, devices: Devi
         stage["max_lookahead"] = lookahead
     for stage in stages:
         stage.pop("tree", None)  # chains, but where the candidate offers trees
-    if candidate.tree is not None:
+    if candidate.tree is not None:  # (a stage that offers trees pre-drafts nothing)
         stages[-2]["tree"] = asdict(candidate.tree)
+        stages[-2].pop("predraft", None)
     out = {**raw, "stages": stages}
     load_config(out)
     return out

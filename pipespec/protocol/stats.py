@@ -25,15 +25,16 @@ class PairStats:
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps accepting draft index i
     num_nodes: int = 0  # draft-tree nodes checked: the drafts and their siblings (a chain: its drafts)
 
-    def record(self, drafted: int, accepted: int, nodes: int | None = None) -> None:
-        """A verification of `drafted` drafts (in a tree of `nodes`, siblings included) that accepted `accepted` tokens."""
+    def record(self, drafted: int, accepted: int, nodes: int | None = None, rejected: bool | None = None) -> None:
+        """A verification of `drafted` drafts (in a tree of `nodes`, siblings included) that accepted `accepted` tokens
+        and `rejected` a draft (default: it accepted fewer than all; a tree's path may leave the line at a sibling)."""
         if drafted == 0:
             return
         self.num_drafts += 1
         self.num_draft_tokens += drafted
         self.num_nodes += drafted if nodes is None else nodes
         self.num_accepted_tokens += accepted
-        self.num_rejections += accepted < drafted
+        self.num_rejections += accepted < drafted if rejected is None else rejected
         if len(self.accepted_per_position) < accepted:
             self.accepted_per_position.extend([0] * (accepted - len(self.accepted_per_position)))
         for i in range(accepted):

@@ -193,9 +193,14 @@ class PackedForwards:
         write its first `slots`: a tree's nodes past its context)."""
         self.shapes.check_context(self.stage, end)
         if max(end, slots or 0) + self.shapes.widths[-1] > cache.capacity:  # room for a one-request forward's padding
+            what = (
+                f"{end} context tokens"
+                if end >= (slots or 0)
+                else f"{end} context tokens and a draft tree's nodes to slot {slots}"
+            )
             raise ValueError(
-                f"stage {self.stage!r}: {end} context tokens exceed the request's KV cache of {cache.capacity} "
-                f"positions (its prompt and max_new_tokens)"
+                f"stage {self.stage!r}: {what} exceed the request's KV cache of {cache.capacity} positions "
+                f"(its prompt and max_new_tokens)"
             )
 
     def _forward(
