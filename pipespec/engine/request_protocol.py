@@ -185,10 +185,9 @@ class RequestProtocol:
                 return None
             drafts = tuple(up.pending[:n])
             probs = torch.stack(up.pending_probs[:n]) if n and req.spec.params.rejection else None
-            if role.tree is not None and exact:  # the best of their siblings too, within the tree's budget and our bound
-                # (its forward holds our fed tokens and the nodes: budget + 1 rows, a rejoin's first step feeds more)
-                room = min(role.tree.budget + 1 - len(feed), limit - start - 1) - n
-                siblings, tree_room = tuple(up.pending_siblings[:n]), room
+            if role.tree is not None and exact:  # the best of their siblings too, as leaves: within the tree's budget
+                # (its forward holds our fed tokens and the nodes in budget + 1 rows; a rejoin's first step feeds more)
+                siblings, tree_room = tuple(up.pending_siblings[:n]), role.tree.budget + 1 - len(feed) - n
         epoch = up.epoch if up is not None else 0
         riders = predrafting.riders(req, req.fed, None, verifier=self.around.verifier)
         return StepPlan(
