@@ -5,11 +5,14 @@ drafter proposes `gamma` tokens one forward at a time, then the target verifies 
 then the drafter waits for the verdict. With `drafter=None` it is plain decoding with the target
 alone. Like the pipeline, its output equals the target alone token for token (greedy, coupled). A
 DREAM drafter gets the target's features after each verification, as in the pipeline (pipespec.engine.handoff).
+With a `TreeShape` the drafter grows a draft tree instead of `gamma` drafts (pipespec.engine.tree_drafting) and the
+target verifies it in one tree forward (pipespec.engine.tree_verification).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -117,12 +120,7 @@ def generate_sync(
             if d:
                 d.keep(start + decision.accepted)
                 pair.record(n, decision.accepted)
-            committed = len(tokens)
-            for token in decision.tokens:
-                tokens.append(token)
-                if token in spec.stop_token_ids:
-                    break
-            accept_lengths.append(len(tokens) - committed)
+            accept_lengths.append(_commit(tokens, decision.tokens, spec.stop_token_ids))
             first_s = first_s or time.perf_counter()
     finally:
         t.session.close()
@@ -131,6 +129,16 @@ def generate_sync(
     end_s = time.perf_counter()
     first_s = first_s or end_s
     return SyncResult(tokens[: spec.max_new_tokens], pair, forwards, first_s - start_s, end_s - first_s, accept_lengths, trees)
+
+
+def _commit(tokens: list[int], decided: Sequence[int], stops: Container[int]) -> int:
+    """Append a verification's tokens to `tokens`, up to a stop token (that one included) -> how many it committed."""
+    before = len(tokens)
+    for token in decided:
+        tokens.append(token)
+        if token in stops:
+            break
+    return len(tokens) - before
 
 
 def _check_target(target: Session) -> None:
@@ -171,11 +179,7 @@ def _generate_tree(
             t.keep_path(decision.path)
             d.fed += line.kept(decision.tokens[:-1]) if line else 0  # the accepted path's start that its line holds
             pair.record(len(tree), decision.accepted)  # a tree's nodes are all drafts here (no line of the drafter's)
-            for token in decision.tokens:
-                tokens.append(token)
-                if token in spec.stop_token_ids:
-                    break
-            accept_lengths.append(len(tokens) - start)
+            accept_lengths.append(_commit(tokens, decision.tokens, spec.stop_token_ids))
             first_s = first_s or time.perf_counter()
     finally:
         t.session.close()
