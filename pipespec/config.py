@@ -388,9 +388,9 @@ def _tree(raw: Any, where: str) -> TreeShape | None:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: must be a mapping of {', '.join(f.name for f in fields(TreeShape))}, got {raw!r}")
     _reject_unknown(raw, [f.name for f in fields(TreeShape)], where)
-    for key in ("budget", "depth", "branching"):
-        if key in raw and _typed(raw[key], int, f"{where}.{key}") < 1:
-            raise ConfigError(f"{where}.{key}: must be >= 1, got {raw[key]}")
+    for key, least in (("budget", 1), ("depth", 1), ("branching", 2)):  # a branching of 1 offers no siblings: a chain
+        if key in raw and _typed(raw[key], int, f"{where}.{key}") < least:
+            raise ConfigError(f"{where}.{key}: must be >= {least}, got {raw[key]}")
     if "temperature" in raw and not 0 < _typed(raw["temperature"], (int, float), f"{where}.temperature") < math.inf:
         raise ConfigError(f"{where}.temperature: must be a finite number > 0, got {raw['temperature']}")
     return TreeShape(**raw)
