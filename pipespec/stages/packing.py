@@ -18,6 +18,9 @@ per row; and attention is this per-request call, of the same shapes alone or pac
 than `Packing.least` attends with its last query row repeated up to it, as a query row's result depends
 on the query count only below 4 (pipespec.stages.forwards).
 
+A piece may end in a draft tree's nodes (`TreeRows`, pipespec.engine.stage.TreeNodes): each node attends to its own
+path only, as that path's one-token decode would, so a node's logits are bitwise that decode's.
+
 A prompt goes in by chunks, pieces of an eager forward of input embeddings (pipespec.stages.packed_forwards.
 PackedForwards.prefill). A model that makes its own prefill's positions or mask (Qwen2-VL's multimodal rotary
 positions, Gemma 3's image tokens that attend to their whole image) prefills whole instead, one piece at
