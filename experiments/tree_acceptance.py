@@ -22,7 +22,6 @@ Writes tree_acceptance.json and tree_acceptance.md under --out (default experime
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import time
@@ -34,10 +33,10 @@ from pathlib import Path
 import torch
 
 from experiments.prompt_sets import Prompt, load_prompts
+from experiments.results_files import write_results
 from pipespec import LocalPipeline, load_config
 from pipespec.commands.logs import add_log_level, setup_logging
 from pipespec.config import sub_pipeline
-from pipespec.engine.handoff import FeaturedVerifier
 from pipespec.engine.stage import Stage
 from pipespec.engine.synchronous import SyncResult, generate_sync
 from pipespec.engine.tree_verification import TreeVerify
@@ -98,7 +97,8 @@ def run(config_path: str, drafter_name: str, prompts: Sequence[Prompt], args: ar
             pipe.request(prompt=p.text, max_new_tokens=args.tokens, **({"image": str(p.image)} if p.image else {}))[0]
             for p in prompts
         ]
-        temperature = calibrated(drafter, target, specs[: args.calibrate], config.sends_features(1)) if args.calibrate else 1.0
+        calibration = specs[: args.calibrate]  # the drafter's value temperature, fitted as `pipespec plan` fits it
+        temperature = value_temperature(drafter, target, calibration, config.sends_features(1)) if calibration else 1.0
         log.info("%s: value temperature %.2f (fitted on %d questions)", drafter_name, temperature, args.calibrate)
         measured = specs[args.calibrate :]
         for mode, params in modes(args.temperature).items():
@@ -122,11 +122,6 @@ def run(config_path: str, drafter_name: str, prompts: Sequence[Prompt], args: ar
                     rows.append(_row(drafter.name, mode, side, width, runs[side.name], kinds, alone, params))
                     log.info("%s", rows[-1])
     return rows
-
-
-def calibrated(drafter: Stage, target: Stage, specs: Sequence[RequestSpec], features: bool) -> float:
-    """The drafter's value temperature, fitted on the target's greedy answers to `specs` as `pipespec plan` fits it."""
-    return value_temperature(FeaturedVerifier(drafter, target) if features else drafter, target, specs)
 
 
 def _row(drafter: str, mode: str, side: Side, width: int, runs: list[list[SyncResult]], kinds: list[str], alone, params) -> dict:
@@ -203,17 +198,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     prompts = load_prompts(args.prompts, limit=args.limit)
     began = time.time()
     rows = [row for name in args.drafters for row in run(args.config, name, prompts, args)]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tree_acceptance.json").write_text(
-        json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1)
-    )
     header = (
         f"# Trees against chains ({args.config}, {len(prompts) - args.calibrate} held-out questions measured, "
         f"{args.seeds} seed(s) each under sampling, {args.tokens} tokens, {args.threads} threads, {args.repeats} rounds; "
         f"{time.time() - began:.0f} s)"
     )
-    (args.out / "tree_acceptance.md").write_text(markdown(rows, header))
-    print(markdown(rows, header))
+    write_results(args.out, "tree_acceptance", args, rows, markdown(rows, header))
 
 
 if __name__ == "__main__":

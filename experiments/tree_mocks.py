@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import logging
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.results_files import write_results
 from pipespec import load_config
 from pipespec.commands.logs import add_log_level, setup_logging
 from pipespec.engine.draft_tree import ROOT, DraftTree
@@ -139,12 +139,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
     rows = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tree_mocks.json").write_text(
-        json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1)
-    )
-    (args.out / "tree_mocks.md").write_text(markdown(rows, args))
-    print(markdown(rows, args))
+    write_results(args.out, "tree_mocks", args, rows, markdown(rows, args))
 
 
 if __name__ == "__main__":

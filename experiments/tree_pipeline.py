@@ -18,7 +18,6 @@ Writes tree_pipeline.json and tree_pipeline.md under --out (default experiments/
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import time
@@ -28,10 +27,10 @@ from pathlib import Path
 import torch
 
 from experiments.prompt_sets import Prompt, load_prompts
+from experiments.results_files import write_results
 from pipespec import LocalPipeline, load_config
 from pipespec.commands.logs import add_log_level, setup_logging
 from pipespec.config import PipelineConfig, config_dict, sub_pipeline
-from pipespec.engine.handoff import FeaturedVerifier
 from pipespec.engine.synchronous import generate_sync
 from pipespec.planning.profiling import value_temperature
 from pipespec.protocol.stats import merged_pairs
@@ -61,8 +60,7 @@ def run(full: PipelineConfig, names: Sequence[str], prompts: Sequence[Prompt], a
         ]
         drafter, target = stages[-2], stages[-1]
         specs = [pipe.request(**r)[0] for r in requests[: args.calibrate]]
-        reader = FeaturedVerifier(drafter, target) if chain.sends_features(len(stages) - 1) else drafter
-        temperature = value_temperature(reader, target, specs) if specs else 1.0
+        temperature = value_temperature(drafter, target, specs, chain.sends_features(len(stages) - 1)) if specs else 1.0
         measured = requests[args.calibrate :]
         alone = [generate_sync(target, pipe.request(**r)[0]).token_ids for r in measured]
     sides = {"chain": chain, "tree": with_tree(chain, temperature)}
@@ -135,16 +133,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     prompts = load_prompts(args.prompts, limit=args.limit)
     began = time.time()
     rows = [row for chain in args.chains for row in run(full, chain.split(","), prompts, args)]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tree_pipeline.json").write_text(
-        json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1)
-    )
     header = (
         f"# Draft trees in the pipeline, in process ({args.config}, {len(prompts) - args.calibrate} held-out questions one at "
         f"a time, {args.tokens} tokens, greedy, {args.rounds} rounds; {time.time() - began:.0f} s)"
     )
-    (args.out / "tree_pipeline.md").write_text(markdown(rows, header))
-    print(markdown(rows, header))
+    write_results(args.out, "tree_pipeline", args, rows, markdown(rows, header))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 
 import torch
 
@@ -50,9 +51,10 @@ class StepPlan:
     siblings: tuple[Siblings | None, ...] = ()  # per draft, what our drafter offered beside it (a tree to check)
     room: int = 0  # most of those siblings the tree takes
 
-    @property
+    @cached_property
     def tree(self) -> DraftTree | None:
-        """The drafts and the best of their siblings as one tree, when our drafter offered any."""
+        """The drafts and the best of their siblings as one tree, when our drafter offered any (made once a plan:
+        its rows, its forward and its outcome all read it)."""
         if self.room <= 0 or not any(s is not None and s.tokens for s in self.siblings):
             return None  # none offered beside the drafts (or no room): their line, as a chain
         return line_tree(self.drafts, self.siblings, self.room)

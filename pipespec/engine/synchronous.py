@@ -38,23 +38,25 @@ class _Cursor:
         self.fed_from = self.fed  # where the last `rows` call started feeding, and how many of our tokens it fed
         self.fed_own = 0
 
+    def _unfed(self, tokens: list[int]) -> tuple[int, ...]:
+        """The part of `tokens` the cache lacks, noted as what the next forward feeds of ours, and from where."""
+        feed = unfed_tail(self.last, self.session.prompt_len, self.fed, tokens)
+        self.fed_from, self.fed_own = self.fed, len(feed)
+        return feed
+
     def rows(self, tokens: list[int], extra: tuple[int, ...] = ()) -> torch.Tensor:
         """Feed the unfed part of `tokens` plus `extra`; -> [len(extra) + 1, V] logits at len(tokens).."""
-        p = self.session.prompt_len
-        feed = unfed_tail(self.last, p, self.fed, tokens)
-        self.fed_from, self.fed_own = self.fed, len(feed)
+        feed = self._unfed(tokens)
         logits = self.session.forward(self.fed, feed + tuple(extra))
-        self.fed = p + len(tokens) + len(extra)
+        self.fed = self.session.prompt_len + len(tokens) + len(extra)
         return logits[len(feed) - 1 :]
 
     def tree_rows(self, tokens: list[int], tree: DraftTree) -> torch.Tensor:
         """Feed the unfed part of `tokens`, then every node of `tree` in the same forward; -> [len(tree) + 1, V]
         logits: the root's (at len(tokens)), then each node's."""
-        p = self.session.prompt_len
-        feed = unfed_tail(self.last, p, self.fed, tokens)
-        self.fed_from, self.fed_own = self.fed, len(feed)
+        feed = self._unfed(tokens)
         logits = self.session.forward_nodes(self.fed, feed, TreeNodes(tree, tuple(range(len(tree)))))
-        self.fed = p + len(tokens)
+        self.fed = self.session.prompt_len + len(tokens)
         return logits[len(feed) - 1 :]
 
     def keep_path(self, path: tuple[int, ...]) -> None:

@@ -360,8 +360,7 @@ def _profile_pair(
     log.info("pair %s -> %s: alpha %.3f over %d drafts", names[i], names[j], total.token_acceptance, total.num_draft_tokens)
     temperature = None
     if j == len(names) - 1:  # the target: what the drafter's trees would be worth to it
-        reader = FeaturedVerifier(drafter, stages[j]) if kind_of(chain.stages[0]).reads_target_features else drafter
-        temperature = value_temperature(reader, stages[j], requests)
+        temperature = value_temperature(drafter, stages[j], requests, kind_of(chain.stages[0]).reads_target_features)
         log.info("pair %s -> %s: value temperature %.2f", names[i], names[j], temperature)
     return PairProfile(
         names[i],
@@ -374,10 +373,11 @@ def _profile_pair(
     )
 
 
-def value_temperature(drafter: Stage, target: Stage, requests: Sequence[RequestSpec]) -> float:
+def value_temperature(drafter: Stage, target: Stage, requests: Sequence[RequestSpec], reads_features: bool) -> float:
     """The drafter's logits at each token of the target's greedy answers to `requests`, one token a forward as it
-    drafts them (a DREAM drafter: a FeaturedVerifier, fed the target's features of everything before) -> their
-    calibration for draft trees (pipespec.engine.tree_drafting.fit_temperature)."""
+    drafts them (one that `reads_features`, a DREAM drafter: fed the target's features of everything before, as a
+    FeaturedVerifier) -> their calibration for draft trees (pipespec.engine.tree_drafting.fit_temperature)."""
+    drafter = FeaturedVerifier(drafter, target) if reads_features else drafter
     logits, tokens = [], []
     for spec in requests:
         answer = generate_sync(target, spec).token_ids
