@@ -30,7 +30,7 @@ import yaml
 from pipespec.errors import ConfigError
 from pipespec.protocol.params import SamplingParams, VerifyMode
 from pipespec.protocol.tree_shape import TreeShape
-from pipespec.stages.kinds import KINDS, MockOptions, ModelOptions, NgramOptions, kind_of
+from pipespec.stages.kinds import KINDS, MockOptions, ModelOptions, NgramOptions, StandOptions, kind_of
 from pipespec.stages.model_source import model_dir
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -47,7 +47,7 @@ class StageSpec:
     device: str = "cpu"  # cpu, cuda (the GPU Ray assigned to the stage's actor) or cuda:N (pipespec.stages.device)
     resources: Mapping[str, float] = field(default_factory=lambda: {"num_cpus": 1})  # its Ray actor's; on cuda, a GPU too
     device_group: str | None = None  # stages naming the same group share one device: one actor, one compute thread
-    options: MockOptions | NgramOptions | ModelOptions | None = None  # the kind's own keys (KINDS[kind].options)
+    options: MockOptions | NgramOptions | StandOptions | ModelOptions | None = None  # the kind's own keys (KINDS[kind].options)
     # branches a drafter pre-drafts per request for the verdicts it expects (pipespec.engine.outcome_cache);
     # 0: none. A middle stage hands its own drafter a branch it took in its Verdict (`after`)
     predraft: int = 0

@@ -229,7 +229,7 @@ def test_ngram_stage_must_be_first(tmp_path):
             {"name": "target", "kind": "causal_lm", "model": str(tmp_path)},
         ]
     }
-    with pytest.raises(ConfigError, match=r"stages\[1\] \(lookup\): an ngram stage .* can only be first"):
+    with pytest.raises(ConfigError, match=r"stages\[1\] \(lookup\): kind 'ngram' has no model .* can only be first"):
         load_config(config)
 
 
@@ -400,7 +400,7 @@ def test_config_error_is_a_value_error():
 
 
 def test_an_ngram_stage_alone_is_refused_as_a_target():
-    with pytest.raises(ConfigError, match=r"stages\[0\] \(lookup\): an ngram stage only drafts; it cannot be the target"):
+    with pytest.raises(ConfigError, match=r"stages\[0\] \(lookup\): kind 'ngram' only drafts; it cannot be the target"):
         load_config({"stages": [{"name": "lookup", "kind": "ngram"}]})
 
 

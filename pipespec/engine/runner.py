@@ -39,7 +39,7 @@ from pipespec.engine.early_mail import EarlyMail
 from pipespec.engine.patience import Patience
 from pipespec.engine.request_protocol import Peer, RequestProtocol, Role, Surroundings
 from pipespec.engine.scheduler import Batch, DeviceScheduler, Done, Priority
-from pipespec.engine.stage import AdmittingStage, BatchingStage, PrefillingSession, Session, Stage, chunk_of
+from pipespec.engine.stage import AdmittingStage, BatchingStage, CommitLearner, PrefillingSession, Session, Stage, chunk_of
 from pipespec.engine.step import Outcome, Prefill, PromptChunk, StepPlan, compute, compute_batch, compute_chunks
 from pipespec.engine.trace import StageTrace
 from pipespec.engine.verify_budget import EXPLORE_EVERY, Candidate, ForwardCosts, acceptance, verify_counts
@@ -95,6 +95,8 @@ class StageRunner:
         self.stage = stage
         # what the stage can do, found once (a runtime Protocol's isinstance is dear on the event loop's hot path)
         self.admitting = stage if isinstance(stage, AdmittingStage) else None
+        self.learner = stage if isinstance(stage, CommitLearner) else None  # the coordinator relays it commits
+        self.takes = (Open, Close, Draft, Verdict, TargetFeatures) + ((Commit,) if self.learner else ())  # per request
         self.max_batch = max_batch if isinstance(stage, BatchingStage) else 1
         # a batching verifier's seconds per batched forward (by requests and rows), which its drafts' rows are weighed against
         self.costs = ForwardCosts() if adaptive_window and drafter_name is not None and isinstance(stage, BatchingStage) else None
@@ -249,13 +251,16 @@ class StageRunner:
             self._on_lost(message.link)
             return
         rid = _request_id(message)
-        if rid is None or not isinstance(message, (Open, Close, Draft, Verdict, TargetFeatures)):
+        if rid is None or not isinstance(message, self.takes):
             log.error("stage %s: dropped %.200r: not a message a stage takes for a request", self.name, message)
             return
         if isinstance(message, Open):
             self._on_open(message)
         elif isinstance(message, Close):
             self._on_close(rid)
+        elif isinstance(message, Commit):  # the coordinator's, after our Open on the same link
+            if (proto := self.requests.get(rid)) is not None:
+                self.learner.learn(proto.req.spec, message)
         elif (proto := self.requests.get(rid)) is None:
             if rid not in self.closed:  # overtook its Open on another link: replay after the Open
                 self.early.hold(rid, message)
@@ -443,6 +448,8 @@ class StageRunner:
     def _forget(self, rid: str) -> RequestProtocol | None:
         """Drop request `rid` here (a begun one's session closed); -> its protocol, if it was open."""
         self.early.release(rid)
+        if self.learner is not None:
+            self.learner.forget(rid)
         self.closed[rid] = None
         self.unprefilled.pop(rid, None)
         if (begun := self.prefilling.pop(rid, None)) is not None:

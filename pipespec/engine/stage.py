@@ -19,8 +19,8 @@ before it, the target's sessions are `FeatureSource`s and the drafter's `Feature
 (pipespec.engine.handoff); a `BatchingStage` runs the forwards of several requests as one device forward
 (their runner then gathers every ready request's step into one batch, up to its `max_batch`); a
 `ChunkedPrefillStage` feeds prompts in chunks, several requests' in one forward, between the steps; an
-`AdmittingStage` opens a request only once its memory fits. Which kind has which is said by
-the table of stage kinds (pipespec.stages.kinds).
+`AdmittingStage` opens a request only once its memory fits; a `CommitLearner` learns from what the target
+commits. Which kind has which is said by the table of stage kinds (pipespec.stages.kinds).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from pipespec.engine.draft_tree import DraftTree
-from pipespec.protocol.messages import PrefillFeatures, RequestSpec, TargetFeatures
+from pipespec.protocol.messages import Commit, PrefillFeatures, RequestSpec, TargetFeatures
 
 
 class Session(Protocol):
@@ -194,6 +194,23 @@ class AdmittingStage(Stage, Protocol):
     @property
     def kv_use(self) -> float:
         """The share of its budget that its requests hold now."""
+        ...
+
+
+@runtime_checkable
+class CommitLearner(Stage, Protocol):
+    """A stage that learns from what the target commits (a STAND drafter, pipespec.stages.stand): it is given every
+    `Commit` of its requests, each token with the target's `learns_top` likeliest tokens at its position. `learn`
+    and `forget` run on the event loop, beside the compute thread's forwards."""
+
+    learns_top: int
+
+    def learn(self, request: RequestSpec, commit: Commit) -> None:
+        """`commit` continues what `request` committed so far (its `committed` tokens, then the commits learnt)."""
+        ...
+
+    def forget(self, request_id: str) -> None:
+        """The request ended: drop what was kept of it (never what was learnt)."""
         ...
 
 

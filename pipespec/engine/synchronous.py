@@ -4,7 +4,8 @@ The same stages, sessions and choice function as the pipeline, in one thread and
 drafter proposes `gamma` tokens one forward at a time, then the target verifies them in one forward,
 then the drafter waits for the verdict. With `drafter=None` it is plain decoding with the target
 alone. Like the pipeline, its output equals the target alone token for token (greedy, coupled). A
-DREAM drafter gets the target's features after each verification, as in the pipeline (pipespec.engine.handoff).
+DREAM drafter gets the target's features after each verification, as in the pipeline (pipespec.engine.handoff); a
+STAND drafter learns each commit, with the target's top logprobs, as its coordinator relays them in a pipeline.
 With a `TreeShape` the drafter grows a draft tree instead of `gamma` drafts (pipespec.engine.tree_drafting) and the
 target verifies it in one tree forward (pipespec.engine.tree_verification).
 """
@@ -20,10 +21,11 @@ import torch
 from pipespec.engine.choice import decide
 from pipespec.engine.draft_tree import DraftTree
 from pipespec.engine.handoff import hand_prefill, step_message
-from pipespec.engine.stage import DraftTreeSession, FeatureReader, Session, Stage, TreeNodes, unfed_tail
+from pipespec.engine.sampling import token_logprobs
+from pipespec.engine.stage import CommitLearner, DraftTreeSession, FeatureReader, Session, Stage, TreeNodes, unfed_tail
 from pipespec.engine.tree_drafting import LineExpander, grow
 from pipespec.engine.tree_verification import TreeVerify, verify_tree
-from pipespec.protocol.messages import RequestSpec
+from pipespec.protocol.messages import Commit, RequestSpec
 from pipespec.protocol.stats import PairStats
 from pipespec.protocol.tree_shape import TreeShape
 
@@ -93,8 +95,9 @@ def generate_sync(
     t = _Cursor(target.open(spec))
     d = _Cursor(drafter.open(spec)) if drafter is not None else None
     features = d is not None and isinstance(d.session, FeatureReader)  # a DREAM drafter
+    learner = drafter if isinstance(drafter, CommitLearner) else None  # a STAND drafter
     if tree is not None and d is not None:
-        return _generate_tree(t, d, spec, tree, method, PairStats(drafter.name, target.name), start_s)
+        return _generate_tree(t, d, spec, tree, method, PairStats(drafter.name, target.name), start_s, learner)
     if features:
         hand_prefill(d.session, t.session, spec.request_id)
     pair = PairStats(drafter.name, target.name) if d else None
@@ -113,7 +116,8 @@ def generate_sync(
                 probs.append(step.probs[0] if step.probs is not None else None)
             q = torch.stack(probs) if n and spec.params.rejection else None
             start = len(tokens)
-            decision = decide(t.rows(tokens, tuple(drafts)), tuple(drafts), q, spec.params, start, 0)
+            t_rows = t.rows(tokens, tuple(drafts))  # [n + 1, V]
+            decision = decide(t_rows, tuple(drafts), q, spec.params, start, 0)
             trees.append(DraftTree.chain(drafts))
             forwards += 1
             t.keep(start + decision.accepted)
@@ -123,11 +127,15 @@ def generate_sync(
                 d.keep(start + decision.accepted)
                 pair.record(n, decision.accepted)
             accept_lengths.append(_commit(tokens, decision.tokens, spec.stop_token_ids))
+            if learner is not None:
+                _teach(learner, spec, start, tokens[start:], t_rows)
             first_s = first_s or time.perf_counter()
     finally:
         t.session.close()
         if d:
             d.session.close()
+        if learner is not None:
+            learner.forget(spec.request_id)
     end_s = time.perf_counter()
     first_s = first_s or end_s
     return SyncResult(tokens[: spec.max_new_tokens], pair, forwards, first_s - start_s, end_s - first_s, accept_lengths, trees)
@@ -143,13 +151,27 @@ def _commit(tokens: list[int], decided: Sequence[int], stops: Container[int]) ->
     return len(tokens) - before
 
 
+def _teach(learner: CommitLearner, spec: RequestSpec, start: int, committed: Sequence[int], rows: torch.Tensor) -> None:
+    """Give a STAND drafter what a pipeline's coordinator relays it: the tokens committed from `start`, with the
+    target's top logprobs from their rows [>= len(committed), V]."""
+    logprobs = token_logprobs(rows[: len(committed)], committed, spec.params, learner.learns_top)
+    learner.learn(spec, Commit(spec.request_id, start, tuple(committed), logprobs))
+
+
 def _check_target(target: Session) -> None:
     if not isinstance(target, DraftTreeSession):
         raise ValueError(f"draft trees need a target with tree forwards, which {type(target).__name__} lacks")
 
 
 def _generate_tree(
-    t: _Cursor, d: _Cursor, spec: RequestSpec, shape: TreeShape, method: TreeVerify, pair: PairStats, start_s: float
+    t: _Cursor,
+    d: _Cursor,
+    spec: RequestSpec,
+    shape: TreeShape,
+    method: TreeVerify,
+    pair: PairStats,
+    start_s: float,
+    learner: CommitLearner | None,
 ) -> SyncResult:
     """The loop of `generate_sync` with draft trees: the drafter grows a tree a node a forward (pipespec.engine.
     tree_drafting.LineExpander), the target verifies it whole in one forward and keeps its accepted path; the
@@ -172,7 +194,8 @@ def _generate_tree(
                 root = d.rows(tokens)[0]
                 line = LineExpander(d.session, d.fed)
                 tree = grow(root, line, shape, params, start, 1, most)
-            decision = verify_tree(t.tree_rows(tokens, tree), tree, params, start, 0, method)
+            t_rows = t.tree_rows(tokens, tree)  # [1 + nodes, V]
+            decision = verify_tree(t_rows, tree, params, start, 0, method)
             trees.append(tree)
             if features:  # the target's hidden states of its own tokens and the accepted path
                 hidden = t.session.hidden
@@ -182,10 +205,14 @@ def _generate_tree(
             d.fed += line.kept(decision.tokens[:-1]) if line else 0  # the accepted path's start that its line holds
             pair.record(len(tree), decision.accepted)  # a tree's nodes are all drafts here (no line of the drafter's)
             accept_lengths.append(_commit(tokens, decision.tokens, spec.stop_token_ids))
+            if learner is not None:  # the rows of the root and the path
+                _teach(learner, spec, start, tokens[start:], t_rows[[0, *(i + 1 for i in decision.path)]])
             first_s = first_s or time.perf_counter()
     finally:
         t.session.close()
         d.session.close()
+        if learner is not None:
+            learner.forget(spec.request_id)
     end_s = time.perf_counter()
     first_s = first_s or end_s
     return SyncResult(

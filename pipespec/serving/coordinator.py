@@ -3,7 +3,8 @@
 It holds the ledger of committed prefixes, applies the stop rules at commit time, streams deltas
 (with the target's logprobs of their tokens, when the request asks for them), and on finish sends
 Close to every stage; each stage answers Closed with its statistics, and the last delta of a request
-carries them all. A commit that does not continue the ledger exactly (or lacks the logprobs asked
+carries them all. A first stage that learns from commits (a STAND drafter) is sent each one as the client
+gets it, with the target's top logprobs (`learns_top`). A commit that does not continue the ledger exactly (or lacks the logprobs asked
 for), or a stage reporting a failure, ends that request (and only that request) with an error.
 
 Faults (design 5c). When the link to a stage is lost (`lost`), no request waits for that stage's
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 
 from pipespec.config import FaultSpec
 from pipespec.protocol.links import Link
+from pipespec.protocol.logprobs import TokenLogprobs
 from pipespec.protocol.messages import Close, Closed, Commit, Failed, Message, Open, RequestSpec
 from pipespec.protocol.stats import RequestStats
 from pipespec.requests.outputs import Delta
@@ -62,8 +64,12 @@ class Coordinator:
         stage_names: Sequence[str],
         detokenizer_factory: Callable[[], Detokenizer] | None,
         restore_s: float = FaultSpec.restore_s,
+        learns_top: int = 0,
     ):
+        """`learns_top` > 0: the first stage learns from the target's commits (a STAND drafter): each commit is relayed
+        to it, the target's `learns_top` likeliest tokens at each position with it, whatever logprobs the client asked."""
         self.stage_names = list(stage_names)
+        self.learns_top = learns_top
         self.stages: list[Link | None] = []  # upstream to downstream (`connect`); None: lost
         self.detokenizer_factory = detokenizer_factory
         self.restore_s = restore_s  # how long a request waits for a lost target
@@ -112,6 +118,8 @@ class Coordinator:
         self.wires[wire] = live
         live.closed_by.clear()
         spec = dataclasses.replace(live.spec, request_id=wire, committed=tuple(self.ledger.tokens(live.spec.request_id)))
+        if self.learns_top:  # the target sends at least the learner's top logprobs
+            spec = dataclasses.replace(spec, logprobs=max(spec.logprobs or 0, self.learns_top))
         text_spec = dataclasses.replace(spec, image=None)  # pixels go to the target only
         last = len(self.stages) - 1
         live.opened_on = set()
@@ -238,7 +246,7 @@ class Coordinator:
             return  # the target ran past a stop before hearing of it
         rid = live.spec.request_id
         error = None
-        if live.spec.logprobs is not None and len(commit.logprobs or ()) != len(commit.tokens):
+        if (live.spec.logprobs is not None or self.learns_top) and len(commit.logprobs or ()) != len(commit.tokens):
             error = f"request {rid!r}: a commit of {len(commit.tokens)} tokens has {len(commit.logprobs or ())} logprobs"
         else:
             try:
@@ -260,10 +268,19 @@ class Coordinator:
             if outcome.finish_reason is not None:
                 reason = outcome.finish_reason
                 break
-        logprobs = commit.logprobs[: len(ids)] if live.spec.logprobs is not None else ()  # none past a stop
+        if self.learns_top:
+            self._relay(Commit(commit.request_id, commit.start, tuple(ids), commit.logprobs[: len(ids)]))
+        asked = live.spec.logprobs  # none past a stop
+        logprobs = tuple(_trimmed(lp, asked) for lp in commit.logprobs[: len(ids)]) if asked is not None else ()
         live.queue.put_nowait(Delta("".join(text), tuple(ids), logprobs=logprobs))
         if reason is not None:
             self._finish(live, reason)
+
+    def _relay(self, commit: Commit) -> None:
+        """`commit` (what the client gets of it) to the first stage, which learns from it; not if that link is lost."""
+        link = self.stages[0] if self.stages else None
+        if link is not None:
+            link.send(commit)
 
     def _finish(self, live: _Live, reason: str) -> None:
         live.finish_reason = reason
@@ -293,3 +310,10 @@ class Coordinator:
             self.idle.set()
         self.ledger.close(rid)
         live.queue.put_nowait(Delta("", (), live.finish_reason, stats, live.error))
+
+
+def _trimmed(logprobs: TokenLogprobs, k: int) -> TokenLogprobs:
+    """`logprobs` with its k top alternatives only (the target may send more, for a learner)."""
+    if len(logprobs.top_ids) <= k:
+        return logprobs
+    return dataclasses.replace(logprobs, top_ids=logprobs.top_ids[:k], top_logprobs=logprobs.top_logprobs[:k])

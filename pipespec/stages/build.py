@@ -4,7 +4,7 @@ A stage of a kind is built by its own class, from its `StageSpec` and a `BuildCo
 maps each name of the table of kinds (`pipespec.stages.kinds`) to that builder, which imports the
 kind's module (`MODULES`; and torch) only when a stage of that kind is built or `prepare`d, so
 importing this module stays torch-free. A kind that runs a model computes on its spec's `device` (its
-stage class resolves it through `pipespec.stages.device`); mock and ngram stages compute on the CPU.
+stage class resolves it through `pipespec.stages.device`); mock, ngram and stand stages compute on the CPU.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 MODULES: Mapping[str, str] = {
     "causal_lm": "pipespec.stages.causal_lm",
     "ngram": "pipespec.stages.ngram",
+    "stand": "pipespec.stages.stand",
     "dream": "pipespec.stages.dream.stage",
     "vlm": "pipespec.stages.vlm",
     "mock": "pipespec.stages.mock",
@@ -41,6 +42,7 @@ def _module(kind: str) -> ModuleType:
 BUILDERS: Mapping[str, Callable[[StageSpec, BuildContext], Stage]] = {
     "causal_lm": lambda spec, at: _module("causal_lm").CausalLMStage(spec, at),
     "ngram": lambda spec, at: _module("ngram").NgramStage(spec, at),
+    "stand": lambda spec, at: _module("stand").StandStage(spec, at),
     "dream": lambda spec, at: _module("dream").DreamStage.from_spec(spec, at),
     "vlm": lambda spec, at: _module("vlm").VLMStage(spec, at),
     "mock": lambda spec, at: _module("mock").MockStage(spec, at),

@@ -3,7 +3,7 @@
 An entry says which YAML keys the kind adds (`options`, a frozen dataclass that checks its own values),
 whether it loads a model directory, where in a chain it may sit (`place`), and its capabilities: taking
 images, reading the target's features (a DREAM drafter) or giving them (a target a DREAM drafter sits
-right before), depending on the stages after it (a mock emulates its agreement with them). The config
+right before), learning from the target's commits (a STAND drafter), depending on the stages after it (a mock emulates its agreement with them). The config
 and the runtime ask `kind_of(spec)` instead of comparing kind strings. How a stage of a kind is built
 lives with its stage class; `pipespec.stages.build` maps the kinds' names to their builders, so adding
 a kind is its stage module, one entry here and one there.
@@ -96,6 +96,27 @@ class NgramOptions:
 
 
 @dataclass(frozen=True)
+class StandOptions:
+    """STAND drafter (pipespec.stages.stand): proposes the target's own distribution after the longest of its
+    context's last min_n .. max_n tokens it has seen the target commit after, keeping the target's `top_k`
+    likeliest tokens per context, for at most `max_contexts` contexts (the least recently taught forgotten);
+    else prompt lookup over the same n."""
+
+    min_n: int = 1
+    max_n: int = 4
+    top_k: int = 8
+    max_contexts: int = 1_000_000
+
+    def check(self, where: str) -> None:
+        if not 1 <= self.min_n <= self.max_n:
+            raise ConfigError(f"{where}.min_n / max_n: need 1 <= min_n <= max_n, got {self.min_n}, {self.max_n}")
+        if self.top_k < 1:
+            raise ConfigError(f"{where}.top_k: must be >= 1 token, got {self.top_k}")
+        if self.max_contexts < 1:
+            raise ConfigError(f"{where}.max_contexts: must be >= 1, got {self.max_contexts}")
+
+
+@dataclass(frozen=True)
 class ModelOptions:
     """How a model's forwards run (causal_lm, dream, vlm; pipespec.stages.forwards).
 
@@ -163,6 +184,7 @@ class StageKind:
     place: Callable[[Sequence[SpecLike], int], None] = _anywhere  # raises a ConfigError if stage i cannot be of this kind
     takes_images: bool = False  # as the target, it takes an image with the prompt (pipespec.requests.images)
     reads_target_features: bool = False  # its sessions read its verifier's features (a DREAM drafter)
+    learns_from_commits: bool = False  # the coordinator relays it the target's commits, with top logprobs (a STAND drafter)
     gives_target_features: bool = False  # its sessions give the features a DREAM drafter right before it reads
     depends_on_chain: bool = False  # built from the options of every stage after it: one stage per chain
     batches: bool = False  # one forward carries several requests (pipespec.engine.stage.BatchingStage): `max_batch` > 1
@@ -172,10 +194,13 @@ class StageKind:
 
 
 def _first_only(chain: Sequence[SpecLike], i: int) -> None:
+    """A weightless drafter (ngram, stand)."""
     if i != 0:
-        raise ConfigError(f"stages[{i}] ({chain[i].name}): an ngram stage has no model to verify with; it can only be first")
+        raise ConfigError(
+            f"stages[{i}] ({chain[i].name}): kind {chain[i].kind!r} has no model to verify with; it can only be first"
+        )
     if len(chain) == 1:
-        raise ConfigError(f"stages[0] ({chain[0].name}): an ngram stage only drafts; it cannot be the target")
+        raise ConfigError(f"stages[0] ({chain[0].name}): kind {chain[0].kind!r} only drafts; it cannot be the target")
 
 
 def _right_before_a_feature_giving_target(chain: Sequence[SpecLike], i: int) -> None:
@@ -206,6 +231,7 @@ KINDS: Mapping[str, StageKind] = {
     for kind in (  # in the order error messages list them
         StageKind("causal_lm", loads_model=True, options=ModelOptions, batches=True),
         StageKind("ngram", options=NgramOptions, place=_first_only),
+        StageKind("stand", options=StandOptions, place=_first_only, learns_from_commits=True),
         StageKind(
             "dream",
             loads_model=True,

@@ -175,7 +175,7 @@ def _frames(payloads: list[bytes], budget: int) -> Iterator[list[bytes]]:
 # What each stream carries, by the side reading it: a message of another kind is dropped
 FROM_DRAFTER = (Draft,)  # a verifier reads its drafter's drafts
 FROM_VERIFIER = (Verdict, TargetFeatures)  # a drafter reads its verifier's verdicts (and a DREAM stage its features)
-FROM_COORDINATOR = (Open, Close)  # a stage reads the coordinator's opens and closes
+FROM_COORDINATOR = (Open, Close, Commit)  # a stage reads the coordinator's opens and closes (a STAND stage: commits)
 FROM_STAGE = (Commit, Closed, Failed)  # the coordinator reads a stage's answers
 
 

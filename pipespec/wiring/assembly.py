@@ -29,6 +29,7 @@ from pipespec.requests.frontdoor import FrontDoor, TargetInfo
 from pipespec.requests.images import load_target_processor
 from pipespec.requests.tokenization import IncrementalDetokenizer, check_shared_tokenizer
 from pipespec.serving.coordinator import Coordinator
+from pipespec.stages.kinds import kind_of
 
 if TYPE_CHECKING:
     from pipespec.engine.runner import StageRunner
@@ -61,7 +62,9 @@ class Entrance:
         """A coordinator of the config's stages, not yet connected to them; it detokenizes if there is a tokenizer."""
         tokenizer = self.tokenizer
         detokenizer = (lambda: IncrementalDetokenizer(tokenizer)) if tokenizer is not None else None
-        return Coordinator([s.name for s in self.config.stages], detokenizer, self.config.faults.restore_s)
+        first = self.config.stages[0]
+        learns_top = first.options.top_k if kind_of(first).learns_from_commits else 0
+        return Coordinator([s.name for s in self.config.stages], detokenizer, self.config.faults.restore_s, learns_top)
 
 
 def link_in_process(
