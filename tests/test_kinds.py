@@ -11,20 +11,20 @@ import pytest
 
 from pipespec import LocalPipeline
 from pipespec.config import ConfigError, load_config
-from pipespec.engine.stage import FeatureReader, FeatureSource
+from pipespec.engine.stage import CommitLearner, FeatureReader, FeatureSource
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
 from pipespec.stages.build import BUILDERS, MODULES
 from pipespec.stages.kinds import KINDS, kind_of
 
-USER_KINDS = ("causal_lm", "ngram", "dream", "vlm", "mock")  # as design section 6 and the config's errors list them
+USER_KINDS = ("causal_lm", "ngram", "stand", "dream", "vlm", "mock")  # as design section 6 and the config's errors list them
 
 
 def test_every_kind_a_config_accepts_has_one_entry_in_the_order_errors_list_them():
     assert tuple(KINDS) == USER_KINDS
     assert [kind.name for kind in KINDS.values()] == list(USER_KINDS)
     assert set(BUILDERS) == set(MODULES) == set(KINDS)  # every kind is built by its stage class, from its module
-    with pytest.raises(ConfigError, match=r"unknown kind 'lstm'; expected one of causal_lm, ngram, dream, vlm, mock$"):
+    with pytest.raises(ConfigError, match=r"unknown kind 'lstm'; expected one of causal_lm, ngram, stand, dream, vlm, mock$"):
         load_config({"stages": [{"name": "t", "kind": "lstm"}]})
 
 
@@ -40,11 +40,12 @@ def test_the_table_and_what_validates_through_it_import_without_torch():
 
 def test_a_kinds_capabilities_are_what_its_stages_and_sessions_have(llava_dream_zoo):
     """Two chains built from their configs hold every kind: each session reads or gives the target's
-    features exactly when its kind says so, and the front door takes images exactly when the target's kind does."""
+    features and learns from commits exactly when its kind says so, and the front door takes images exactly when the target's kind does."""
     model = lambda name, kind: {"name": name, "kind": kind, "model": llava_dream_zoo[name], "dtype": "float32"}  # noqa: E731
     chains = [
         [model("tiny", "causal_lm"), model("dream", "dream"), model("target", "vlm")],
         [{"name": "lookup", "kind": "ngram"}, {"name": "toy", "kind": "mock", "vocab_size": 64}],
+        [{"name": "stand", "kind": "stand"}, {"name": "toy", "kind": "mock", "vocab_size": 64}],
     ]
     seen = set()
     for stages in chains:
@@ -55,6 +56,7 @@ def test_a_kinds_capabilities_are_what_its_stages_and_sessions_have(llava_dream_
             session = stage.open(RequestSpec("r", (1, 2, 3), SamplingParams(), 4))
             assert isinstance(session, FeatureReader) == kind.reads_target_features, spec.kind
             assert isinstance(session, FeatureSource) == kind.gives_target_features, spec.kind
+            assert isinstance(stage, CommitLearner) == kind.learns_from_commits, spec.kind
             session.close()
             seen.add(spec.kind)
         assert pipe.front_door.target.takes_images == kind_of(config.target).takes_images

@@ -57,6 +57,16 @@ def test_rejection_mode_ships_q_over_grpc():
     assert sum(o.stats.pairs[0].num_draft_tokens for o in outs) > 0
 
 
+def test_a_stand_drafter_learns_the_commits_relayed_over_grpc(target_alone):
+    stand = {"name": "stand", "kind": "stand", "max_lookahead": 6}
+    target = {"name": "t", "kind": "mock", "vocab_size": 64, "latency_ms": 2.0}
+    request = dict(prompt_token_ids=[5, 2, 3], max_new_tokens=40, temperature=0.0)
+    with LocalPipeline(load_config({"stages": [stand, target]}), over_grpc=True) as p:
+        first, second = (p.generate(**request) for _ in range(2))
+    assert first.token_ids == second.token_ids == target_alone.generate(**request).token_ids
+    assert second.stats.pairs[0].token_acceptance > first.stats.pairs[0].token_acceptance + 0.3  # it learnt the answer
+
+
 def test_real_models_over_grpc_equal_target_alone(family):
     def config(names):
         return load_config({"stages": [{"name": n, "kind": "causal_lm", "model": family[n], "dtype": "float32"} for n in names]})

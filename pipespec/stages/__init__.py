@@ -5,7 +5,8 @@
   below the config, which reads it)
 - `build_context`: what building one stage needs besides its spec (`BuildContext`)
 - `build`: each kind's builder by name; `build_stage`, `load_stages`, `check_vocabularies`
-- `causal_lm`, `vlm`, `mock`, `ngram`, `dream/`: one stage class per kind, each built from its `StageSpec`
+- `causal_lm`, `vlm`, `mock`, `ngram`, `stand`, `dream/`: one stage class per kind, each built from its `StageSpec`;
+  `ngram_memory`: what a STAND drafter remembers of the target's distributions
 - `static_kv`: a request's KV cache at a fixed length (`StaticKV`); `kv_pool`: a stage's caches, sized to
   what a request can use, admitted within the stage's budget, reused across requests (`KVPool`);
   `forwards`: the fixed shapes of the model kinds' forwards (`Shapes`), why they make logits independent
