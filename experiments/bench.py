@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import platform
 import re
@@ -270,8 +271,9 @@ def async_methods(
             from pipespec import Client
             from pipespec.cluster.pipeline import local_ray, start_pipeline
 
-            # Ray is told the machine has room for every pipeline at once; only one runs at a time
-            stack.enter_context(local_ray(max(os.cpu_count() or 1, sum(c.cpus() for c in configs))))
+            # Ray is told the machine has room for every pipeline at once (in whole cores); only one runs at a time
+            cores = math.ceil(sum(c.cpus() for c in configs))
+            stack.enter_context(local_ray(max(os.cpu_count() or 1, cores)))
         for c in configs:
             name = async_name(c, backend)
             try:
