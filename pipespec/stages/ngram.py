@@ -51,14 +51,19 @@ class RowWriter(Protocol):
         ...
 
 
+def drafting_width(spec: StageSpec, at: BuildContext) -> int:
+    """The vocabulary a weightless drafter proposes over: its target's (`at.width`), which it needs to be built."""
+    if at.width is None:
+        raise ValueError(f"stage {spec.name!r}: kind {spec.kind!r} only drafts; building it needs the target's vocabulary width")
+    return at.width
+
+
 class NgramStage:
     def __init__(self, spec: StageSpec, at: BuildContext):
         """The drafter `spec` (its options, or the defaults), proposing over the target's vocabulary `at.width`."""
-        if at.width is None:
-            raise ValueError(f"stage {spec.name!r}: an ngram stage only drafts; building it needs the target's vocabulary width")
         self.name = spec.name
         self.options: NgramOptions = spec.options if spec.options is not None else NgramOptions()
-        self.vocab_size = at.width
+        self.vocab_size = drafting_width(spec, at)
 
     def open(self, request: RequestSpec) -> NgramSession:
         return NgramSession(self, request.text_prompt)

@@ -23,7 +23,7 @@ import torch
 from pipespec.protocol.messages import Commit, RequestSpec
 from pipespec.stages.build_context import BuildContext
 from pipespec.stages.kinds import StandOptions
-from pipespec.stages.ngram import NgramSession, lookup, one_hot
+from pipespec.stages.ngram import NgramSession, drafting_width, lookup, one_hot
 from pipespec.stages.ngram_memory import NgramMemory
 
 if TYPE_CHECKING:
@@ -33,11 +33,9 @@ if TYPE_CHECKING:
 class StandStage:
     def __init__(self, spec: StageSpec, at: BuildContext):
         """The drafter `spec` (its options, or the defaults), proposing over the target's vocabulary `at.width`."""
-        if at.width is None:
-            raise ValueError(f"stage {spec.name!r}: a stand stage only drafts; building it needs the target's vocabulary width")
         self.name = spec.name
         self.options: StandOptions = spec.options if spec.options is not None else StandOptions()
-        self.vocab_size = at.width
+        self.vocab_size = drafting_width(spec, at)
         opts = self.options
         self.memory = NgramMemory(opts.min_n, opts.max_n, opts.top_k, opts.max_contexts)
         self.learns_top = opts.top_k
