@@ -39,8 +39,9 @@ def test_the_table_and_what_validates_through_it_import_without_torch():
 
 
 def test_a_kinds_capabilities_are_what_its_stages_and_sessions_have(llava_dream_zoo):
-    """Two chains built from their configs hold every kind: each session reads or gives the target's
-    features and learns from commits exactly when its kind says so, and the front door takes images exactly when the target's kind does."""
+    """Three chains built from their configs hold every kind: each session reads or gives the target's features and
+    learns from commits exactly when its kind says so, and the front door takes images exactly when the target's
+    kind does."""
     model = lambda name, kind: {"name": name, "kind": kind, "model": llava_dream_zoo[name], "dtype": "float32"}  # noqa: E731
     chains = [
         [model("tiny", "causal_lm"), model("dream", "dream"), model("target", "vlm")],

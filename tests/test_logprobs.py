@@ -215,6 +215,40 @@ def test_the_coordinator_streams_a_commits_logprobs_up_to_a_stop_token():
     assert deltas[-1].finish_reason == "stop"
 
 
+def top3(token: int) -> TokenLogprobs:
+    return TokenLogprobs(token, -1.0, (token, 1, 2), (-1.0, -2.0, -3.0))
+
+
+@pytest.mark.parametrize("asked", [None, 0, 2])
+def test_a_learning_first_stage_gets_every_commit_with_its_top_and_the_client_what_it_asked(asked):
+    """The coordinator of a STAND drafter (`learns_top`): the target computes at least that many top logprobs, the
+    first stage is relayed each commit up to a stop token, and the client sees only the logprobs it asked for."""
+
+    async def run() -> tuple[list, Sent, Sent]:
+        coordinator = Coordinator(["stand", "t"], None, learns_top=3)
+        first, target = Sent(), Sent()
+        coordinator.connect([first, target])
+        stream = coordinator.generate(RequestSpec("r", (1,), SamplingParams(), 8, frozenset({6}), logprobs=asked))
+        head = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)  # opened
+        coordinator.deliver(Commit("r", 0, (4, 5), (top3(4), top3(5))))
+        coordinator.deliver(Commit("r", 2, (6, 7), (top3(6), top3(7))))  # the stop token, then one past it
+        coordinator.deliver(Closed("r", "stand", StageStats("stand")))
+        coordinator.deliver(Closed("r", "t", StageStats("t")))
+        return [await head] + [d async for d in stream], first, target
+
+    deltas, first, target = asyncio.run(run())
+    assert target.sent[0].request.logprobs == max(asked or 0, 3)
+    relayed = [m for m in first.sent if isinstance(m, Commit)]
+    assert relayed == [Commit("r", 0, (4, 5), (top3(4), top3(5))), Commit("r", 2, (6,), (top3(6),))]
+    assert [d.token_ids for d in deltas] == [(4, 5), (6,), ()]
+    got = [lp for d in deltas for lp in d.logprobs]
+    if asked is None:
+        assert got == []
+    else:
+        assert [(lp.token, len(lp.top_ids), len(lp.top_logprobs)) for lp in got] == [(t, asked, asked) for t in (4, 5, 6)]
+
+
 def test_a_commit_without_the_logprobs_asked_for_fails_its_request():
     async def run() -> list:
         coordinator = Coordinator(["t"], None)

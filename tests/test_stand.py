@@ -15,6 +15,7 @@ from pipespec.errors import ConfigError
 from pipespec.protocol.logprobs import TokenLogprobs
 from pipespec.protocol.messages import Commit, RequestSpec
 from pipespec.protocol.params import SamplingParams
+from pipespec.protocol.tree_shape import TreeShape
 from pipespec.stages.build_context import BuildContext
 from pipespec.stages.ngram_memory import NgramMemory
 from pipespec.stages.stand import StandStage
@@ -29,6 +30,9 @@ def test_memory_recalls_the_longest_taught_suffix_averaged():
     recalled = dict(memory.recall([4, 2, 3]))  # the 2-gram: 7 (0.6 + 0) and 8 (0.3 + 0.9) averaged, top 2
     assert recalled.keys() == {7, 8} and math.isclose(recalled[8], 1.2 / 1.8) and math.isclose(sum(recalled.values()), 1.0)
     assert memory.recall([4, 4]) is None  # (4,) never taught
+    memory.teach([6], [(1, 0.0), (2, 0.5)])  # a token the target gave no mass (its top-k or top-p cut it): not kept
+    memory.teach([7], [(1, 0.0)])
+    assert memory.recall([6]) == [(2, 1.0)] and memory.recall([7]) is None
 
 
 def test_memory_forgets_the_least_recently_taught_past_its_bound():
@@ -73,7 +77,7 @@ def test_learns_commits_in_order_and_from_a_rejoin():
 
 
 def test_options_are_checked_and_it_can_only_be_first():
-    with pytest.raises(ConfigError, match=r"stages\[0\]\.top_k: must be >= 1 token, got 0"):
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.top_k: must be from 1 to 64 tokens, got 0"):
         load_config({"stages": [{"name": "s", "kind": "stand", "top_k": 0}, {"name": "t", "kind": "mock"}]})
     with pytest.raises(ConfigError, match=r"stages\[1\] \(s\): kind 'stand' has no model to verify with"):
         load_config({"stages": [{"name": "n", "kind": "ngram"}, {"name": "s", "kind": "stand"}, {"name": "t", "kind": "mock"}]})
@@ -87,27 +91,41 @@ def target(family) -> dict:
     return {"name": "target", "kind": "causal_lm", "model": family["target"], "dtype": "float32"}
 
 
-def test_sync_is_exact_and_a_second_answer_accepts_more(target):
+@pytest.mark.parametrize("tree", [None, TreeShape(budget=6, depth=6, branching=2)])
+def test_sync_is_exact_and_a_second_answer_accepts_more(target, tree):
     from pipespec.stages.build import load_stages
 
     config = load_config({"stages": [{"name": "stand", "kind": "stand"}, target]})
     stand, model = load_stages(config)
     spec = RequestSpec("r", tuple(PROMPT), SamplingParams(), 24)
     alone = generate_sync(model, spec).token_ids
-    first, second = (generate_sync(model, spec, stand, gamma=6) for _ in range(2))
+    first, second = (generate_sync(model, spec, stand, gamma=6, tree=tree) for _ in range(2))
     assert first.token_ids == second.token_ids == alone
     assert second.pair.mean_acceptance_length > first.pair.mean_acceptance_length + 1  # it learnt the answer
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_pipeline_is_exact_learns_and_trims_the_clients_logprobs(target, temperature):
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8}, {"temperature": 0.8, "top_k": 2}])
+def test_pipeline_is_exact_learns_and_trims_the_clients_logprobs(target, sampling):
     stages = [{"name": "stand", "kind": "stand", "max_lookahead": 6}, target]
+    request = dict(prompt_token_ids=PROMPT, max_new_tokens=24, seed=3, **sampling)
     with LocalPipeline(load_config({"stages": [target]})) as ref, LocalPipeline(load_config({"stages": stages})) as p:
-        want = ref.generate(prompt_token_ids=PROMPT, max_new_tokens=24, temperature=temperature, seed=3)
-        runs = [
-            p.generate(prompt_token_ids=PROMPT, max_new_tokens=24, temperature=temperature, seed=3, logprobs=1) for _ in range(2)
-        ]
+        want = ref.generate(**request)
+        runs = [p.generate(**request, logprobs=1) for _ in range(2)]
+        taught = p.stages[0].memory.recall([*PROMPT, *want.token_ids[:3]])  # the target's top after a context it saw
     assert [r.token_ids for r in runs] == [want.token_ids] * 2
-    assert all(len(lp.top_ids) == 1 for r in runs for lp in r.logprobs)  # the client asked 1; the learner got 8
+    assert all(len(lp.top_ids) == 1 for r in runs for lp in r.logprobs)  # the client asked for 1
+    assert len(taught) == (2 if "top_k" in sampling else 8)  # the learner got its 8 (those with mass)
     first, second = (r.stats.pairs[0] for r in runs)
     assert second.token_acceptance > first.token_acceptance
+
+
+def test_a_learning_fault_costs_the_drafts_not_the_request(target, monkeypatch):
+    def broken(self, request, commit):
+        raise RuntimeError("the memory is broken")
+
+    monkeypatch.setattr(StandStage, "learn", broken)
+    stages = [{"name": "stand", "kind": "stand", "max_lookahead": 6}, target]
+    with LocalPipeline(load_config({"stages": [target]})) as ref, LocalPipeline(load_config({"stages": stages})) as p:
+        want = ref.generate(prompt_token_ids=PROMPT, max_new_tokens=16)
+        got = p.generate(prompt_token_ids=PROMPT, max_new_tokens=16)
+    assert got.finish_reason == "length" and got.token_ids == want.token_ids

@@ -44,7 +44,18 @@ from pipespec.engine.step import Outcome, Prefill, PromptChunk, StepPlan, comput
 from pipespec.engine.trace import StageTrace
 from pipespec.engine.verify_budget import EXPLORE_EVERY, Candidate, ForwardCosts, acceptance, verify_counts
 from pipespec.protocol.links import InProcessLink, Link
-from pipespec.protocol.messages import Close, Closed, Commit, Draft, Failed, Message, Open, TargetFeatures, Verdict
+from pipespec.protocol.messages import (
+    Close,
+    Closed,
+    Commit,
+    Draft,
+    Failed,
+    Message,
+    Open,
+    RequestSpec,
+    TargetFeatures,
+    Verdict,
+)
 from pipespec.protocol.stats import StageStats
 from pipespec.protocol.tree_shape import TreeShape
 from pipespec.stages.kinds import kind_of
@@ -260,7 +271,7 @@ class StageRunner:
             self._on_close(rid)
         elif isinstance(message, Commit):  # the coordinator's, after our Open on the same link
             if (proto := self.requests.get(rid)) is not None:
-                self.learner.learn(proto.req.spec, message)
+                self._learn(proto.req.spec, message)
         elif (proto := self.requests.get(rid)) is None:
             if rid not in self.closed:  # overtook its Open on another link: replay after the Open
                 self.early.hold(rid, message)
@@ -274,6 +285,13 @@ class StageRunner:
                     proto.on_features(message)
             finally:  # what it said before an error goes out (the request's Failed after it)
                 self._route(proto)
+
+    def _learn(self, spec: RequestSpec, commit: Commit) -> None:
+        """Our learner learns what the target committed; a fault there costs our drafts' quality, never the request."""
+        try:
+            self.learner.learn(spec, commit)
+        except Exception as error:  # any fault of the learner's: logged, the request goes on
+            log.warning("stage %s: learnt nothing of a commit of request %s", self.name, spec.request_id, exc_info=error)
 
     def _route(self, proto: RequestProtocol) -> None:
         """Send what `proto` says to send, each message on the link to its peer (none once that link is lost)."""

@@ -1,11 +1,11 @@
 """The coordinator: opens requests on every stage, turns the target's commits into a client stream.
 
-It holds the ledger of committed prefixes, applies the stop rules at commit time, streams deltas
-(with the target's logprobs of their tokens, when the request asks for them), and on finish sends
-Close to every stage; each stage answers Closed with its statistics, and the last delta of a request
-carries them all. A first stage that learns from commits (a STAND drafter) is sent each one as the client
-gets it, with the target's top logprobs (`learns_top`). A commit that does not continue the ledger exactly (or lacks the logprobs asked
-for), or a stage reporting a failure, ends that request (and only that request) with an error.
+It holds the ledger of committed prefixes, applies the stop rules at commit time, streams deltas (with the
+target's logprobs of their tokens, when the request asks for them), and on finish sends Close to every stage;
+each stage answers Closed with its statistics, and the last delta of a request carries them all. A first stage
+that learns from commits (a STAND drafter) is sent each one as the client gets it, with the target's top
+logprobs (`learns_top`). A commit that does not continue the ledger exactly (or lacks the logprobs asked for),
+or a stage reporting a failure, ends that request (and only that request) with an error.
 
 Faults (design 5c). When the link to a stage is lost (`lost`), no request waits for that stage's
 Closed. A lost drafter costs speed only: its verifier goes on alone. A lost target stalls its

@@ -2,11 +2,11 @@
 
 An entry says which YAML keys the kind adds (`options`, a frozen dataclass that checks its own values),
 whether it loads a model directory, where in a chain it may sit (`place`), and its capabilities: taking
-images, reading the target's features (a DREAM drafter) or giving them (a target a DREAM drafter sits
-right before), learning from the target's commits (a STAND drafter), depending on the stages after it (a mock emulates its agreement with them). The config
-and the runtime ask `kind_of(spec)` instead of comparing kind strings. How a stage of a kind is built
-lives with its stage class; `pipespec.stages.build` maps the kinds' names to their builders, so adding
-a kind is its stage module, one entry here and one there.
+images, reading the target's features (a DREAM drafter) or giving them (a target a DREAM drafter sits right
+before), learning from the target's commits (a STAND drafter), depending on the stages after it (a mock
+emulates its agreement with them). The config and the runtime ask `kind_of(spec)` instead of comparing kind
+strings. How a stage of a kind is built lives with its stage class; `pipespec.stages.build` maps the kinds'
+names to their builders, so adding a kind is its stage module, one entry here and one there.
 
 Below the config: it imports the standard library and `pipespec.errors` only (no config, no stage
 module, no torch), and reads a stage's spec structurally (`SpecLike`).
@@ -95,23 +95,27 @@ class NgramOptions:
             raise ConfigError(f"{where}.min_n / max_n: need 1 <= min_n <= max_n, got {self.min_n}, {self.max_n}")
 
 
+MAX_STAND_TOP_K = 64  # the top logprobs a target sends with each committed token, for a STAND drafter
+
+
 @dataclass(frozen=True)
 class StandOptions:
     """STAND drafter (pipespec.stages.stand): proposes the target's own distribution after the longest of its
     context's last min_n .. max_n tokens it has seen the target commit after, keeping the target's `top_k`
-    likeliest tokens per context, for at most `max_contexts` contexts (the least recently taught forgotten);
-    else prompt lookup over the same n."""
+    likeliest tokens per context (the target sends that many top logprobs with every token it commits), for at
+    most `max_contexts` contexts (the least recently taught forgotten; about a kilobyte each); else prompt lookup
+    over the same n."""
 
     min_n: int = 1
     max_n: int = 4
     top_k: int = 8
-    max_contexts: int = 1_000_000
+    max_contexts: int = 100_000
 
     def check(self, where: str) -> None:
         if not 1 <= self.min_n <= self.max_n:
             raise ConfigError(f"{where}.min_n / max_n: need 1 <= min_n <= max_n, got {self.min_n}, {self.max_n}")
-        if self.top_k < 1:
-            raise ConfigError(f"{where}.top_k: must be >= 1 token, got {self.top_k}")
+        if not 1 <= self.top_k <= MAX_STAND_TOP_K:
+            raise ConfigError(f"{where}.top_k: must be from 1 to {MAX_STAND_TOP_K} tokens, got {self.top_k}")
         if self.max_contexts < 1:
             raise ConfigError(f"{where}.max_contexts: must be >= 1, got {self.max_contexts}")
 

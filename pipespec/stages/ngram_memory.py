@@ -2,13 +2,15 @@
 
 STAND (stochastic adaptive n-gram drafting) keeps, for every context of `min_n` to `max_n` tokens it has
 seen the target commit after, the target's own probabilities of the next token there: its `top_k` likeliest
-tokens, averaged over the times it saw that context (an unseen token counts as 0 that time). Keeping the
+tokens, averaged over the times it saw that context (a token not among the target's top that time counts as 0;
+a token the target gave no mass, as under its top-k or top-p, is never kept). Keeping the
 probabilities, not only the token that came, is what lets it propose a token's runner-ups (draft trees) and
 ship an honest q under rejection sampling. One memory serves every request of its stage, so what one answer
 taught helps the next (STAND's setting: many samples of one prompt).
 
-The memory is bounded: past `max_contexts` contexts it forgets the least recently taught. It is written on
-the stage's event loop (commits) and read on its compute thread (forwards), under one lock.
+The memory is bounded: past `max_contexts` contexts it forgets the least recently taught (a context costs about
+a kilobyte of Python objects at `top_k` 8). It is written on the stage's event loop (commits) and read on its
+compute thread (forwards), under one lock.
 """
 
 from __future__ import annotations
@@ -19,12 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class _Seen:
-    """One context's running sum of the target's top probabilities, over `times` observations."""
+    """One context's running sum of the target's top probabilities (normalised, their average)."""
 
     sums: dict[int, float] = field(default_factory=dict)
-    times: int = 0
 
 
 class NgramMemory:
@@ -39,6 +40,9 @@ class NgramMemory:
     def teach(self, context: Sequence[int], top: Sequence[tuple[int, float]]) -> None:
         """After `context`, the target's next-token probabilities were `top` ((token, probability), any order;
         the tokens not named count as 0): remembered under each of its last min_n .. max_n tokens."""
+        top = [(token, p) for token, p in top if p > 0]  # a token it gave no mass is no proposal
+        if not top:
+            return
         with self._lock:
             for n in range(self.min_n, min(self.max_n, len(context)) + 1):
                 key = tuple(context[-n:])
@@ -46,7 +50,6 @@ class NgramMemory:
                 self._seen[key] = seen  # the most recently taught last
                 for token, p in top:
                     seen.sums[token] = seen.sums.get(token, 0.0) + p
-                seen.times += 1
                 if len(seen.sums) > 2 * self.top_k:  # keep the likeliest: the rest only ever lose rank
                     kept = sorted(seen.sums.items(), key=lambda item: -item[1])[: self.top_k]
                     seen.sums = dict(kept)
@@ -64,7 +67,5 @@ class NgramMemory:
                     break
             else:
                 return None
-        total = sum(p for _, p in top)
-        if not total > 0:
-            return None
+        total = sum(p for _, p in top)  # > 0: only positive probabilities are kept
         return [(token, p / total) for token, p in top]

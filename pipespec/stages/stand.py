@@ -39,7 +39,7 @@ class StandStage:
         opts = self.options
         self.memory = NgramMemory(opts.min_n, opts.max_n, opts.top_k, opts.max_contexts)
         self.learns_top = opts.top_k
-        self._contexts: dict[str, list[int]] = {}  # request id -> its text prompt and committed tokens, as learnt
+        self._contexts: dict[str, list[int] | None] = {}  # request id -> its text prompt and committed tokens (None: lost)
 
     def open(self, request: RequestSpec) -> NgramSession:
         return NgramSession(self, request.text_prompt)
@@ -55,14 +55,17 @@ class StandStage:
             one_hot(row, proposal)
 
     def learn(self, request: RequestSpec, commit: Commit) -> None:
-        context = self._contexts.get(request.request_id)
-        if context is None:
-            context = self._contexts[request.request_id] = [*request.text_prompt, *request.committed]
+        rid = request.request_id
+        if rid not in self._contexts:
+            self._contexts[rid] = [*request.text_prompt, *request.committed]
+        context = self._contexts[rid]
+        if context is None:  # its commits were lost track of: learnt no more
+            return
         generated = len(context) - len(request.text_prompt)
         if commit.start != generated:
+            self._contexts[rid] = None
             raise ValueError(
-                f"stage {self.name!r}: a commit of request {request.request_id!r} at {commit.start}, "
-                f"after {generated} committed tokens"
+                f"stage {self.name!r}: a commit of request {rid!r} at {commit.start}, after {generated} committed tokens"
             )
         for i, token in enumerate(commit.tokens):
             if commit.logprobs is not None:  # the target's likeliest there

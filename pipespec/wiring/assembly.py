@@ -29,7 +29,7 @@ from pipespec.requests.frontdoor import FrontDoor, TargetInfo
 from pipespec.requests.images import load_target_processor
 from pipespec.requests.tokenization import IncrementalDetokenizer, check_shared_tokenizer
 from pipespec.serving.coordinator import Coordinator
-from pipespec.stages.kinds import kind_of
+from pipespec.stages.kinds import StandOptions, kind_of
 
 if TYPE_CHECKING:
     from pipespec.engine.runner import StageRunner
@@ -63,7 +63,7 @@ class Entrance:
         tokenizer = self.tokenizer
         detokenizer = (lambda: IncrementalDetokenizer(tokenizer)) if tokenizer is not None else None
         first = self.config.stages[0]
-        learns_top = first.options.top_k if kind_of(first).learns_from_commits else 0
+        learns_top = (first.options or StandOptions()).top_k if kind_of(first).learns_from_commits else 0
         return Coordinator([s.name for s in self.config.stages], detokenizer, self.config.faults.restore_s, learns_top)
 
 
