@@ -1,6 +1,7 @@
-"""Every fenced code block of README.md runs as written on a fresh clone, from the repository root.
+"""Every fenced code block of README.md and docs/*.md runs as written on a fresh clone, from the repository root;
+every relative link of theirs leads to a file (and a heading) that exists; the README stays a front page.
 
-The README is parsed into blocks (language, first line, text). `TABLE` classifies each block by its
+The pages are parsed into blocks (file, language, first line, text). `TABLE` classifies each block by its
 language and first non-empty line, and says how it is checked; a block no entry classifies fails the
 test (say how the new block is checked by adding an entry), and so does an entry that classifies no
 block (stale) or a different number of blocks than it says.
@@ -25,6 +26,7 @@ block (stale) or a different number of blocks than it says.
   cache" error for its first model, and each of its stages alone with that error for its own model
   (unknown keys and kinds are refused before a stage's model is looked up).
 - FRAGMENT: python that needs context the README gives in prose (a pipeline `p`): compiled only.
+- DIAGRAM: a Mermaid flowchart (the forge draws it): each line a node or an edge between two nodes.
 - HELP: long-running commands (training, benchmarks, make targets, `bash SCRIPT` of the repository, whose
   `bash SCRIPT --help` must list its flags): each command line (backslash
   continuations joined, comment lines skipped) must name a command whose `--help` exits 0 and lists
@@ -63,6 +65,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # what a reader reads, the README first
+README_BYTES = 12_000  # a front page: what pipespec is, the two commands, quick starts, results, the docs' index
 BIN = Path(sys.executable).parent  # the virtualenv's: python, pipespec, ray
 README_GRPC = "127.0.0.1:50051"
 README_HTTP = "127.0.0.1:8000"
@@ -75,8 +79,9 @@ README_HTTP_FLAG = "--http-port 8000"
 @dataclass(frozen=True)
 class Block:
     language: str
-    line: int  # the line of README.md its first line of code is on
+    line: int  # the line of its page its first line of code is on
     text: str
+    page: str = "README.md"  # its path from the repository root
 
     @property
     def key(self) -> tuple[str, str]:
@@ -85,14 +90,14 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"README.md:{self.line} ({self.language})"
+        return f"{self.page}:{self.line} ({self.language})"
 
 
 FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
 
 
-def parse_blocks(markdown: str) -> list[Block]:
-    """The fenced code blocks of `markdown`, in order."""
+def parse_blocks(markdown: str, page: str = "README.md") -> list[Block]:
+    """The fenced code blocks of `markdown` (the page at `page`), in order."""
     blocks: list[Block] = []
     lines = markdown.splitlines()
     i = 0
@@ -107,7 +112,7 @@ def parse_blocks(markdown: str) -> list[Block]:
         while i < len(lines) and not (lines[i].strip().startswith(fence) and set(lines[i].strip()) == {fence[0]}):
             body.append(lines[i])
             i += 1
-        blocks.append(Block(language, i - len(body) + 1, "\n".join(body) + "\n"))
+        blocks.append(Block(language, i - len(body) + 1, "\n".join(body) + "\n", page))
         i += 1  # past the closing fence
     return blocks
 
@@ -117,6 +122,7 @@ class Kind(enum.Enum):
     SERVED = "run against the module's server"
     LOADED = "loaded as a config"
     FRAGMENT = "compiled only"
+    DIAGRAM = "a Mermaid flowchart's lines checked"
     HELP = "commands and flags checked against --help"
 
 
@@ -130,6 +136,7 @@ class Entry:
 
 
 TABLE: dict[tuple[str, str], Entry] = {
+    ("mermaid", "flowchart LR"): Entry(Kind.DIAGRAM, "the pipeline, drawn by the forge"),
     (
         "bash",
         "make demo   # the embedded default, placed by the planner on this machine's cores: an answer streams, then "
@@ -201,23 +208,23 @@ def classify(blocks: list[Block], table: dict[tuple[str, str], Entry]) -> tuple[
         if entry is None:
             problems.append(
                 f"{block.where}: no entry of TABLE in tests/test_readme.py classifies this block, keyed {block.key!r}: "
-                "add one saying how it is checked (RUN_LOCAL, SERVED, LOADED, FRAGMENT or HELP)"
+                "add one saying how it is checked (RUN_LOCAL, SERVED, LOADED, FRAGMENT, DIAGRAM or HELP)"
             )
         else:
             classified.append((block, entry))
     for key, entry in table.items():
         found = sum(block.key == key for block in blocks)
         if found != entry.blocks:
-            problems.append(f"TABLE entry {key!r} classifies {found} README block(s), not {entry.blocks}: update or remove it")
+            problems.append(f"TABLE entry {key!r} classifies {found} block(s), not {entry.blocks}: update or remove it")
     return classified, problems
 
 
-BLOCKS = parse_blocks(README.read_text())
+BLOCKS = [block for page in PAGES for block in parse_blocks(page.read_text(), str(page.relative_to(ROOT)))]
 CLASSIFIED, PROBLEMS = classify(BLOCKS, TABLE)
 
 
 def of_kind(kind: Kind) -> list:
-    return [pytest.param(block, entry, id=f"L{block.line}") for block, entry in CLASSIFIED if entry.kind is kind]
+    return [pytest.param(block, entry, id=f"{block.page}:{block.line}") for block, entry in CLASSIFIED if entry.kind is kind]
 
 
 # ---- running things ------------------------------------------------------------------------------
@@ -358,6 +365,69 @@ def test_commands_exist_with_the_flags_they_use(block: Block, entry: Entry):
 @pytest.mark.parametrize(("block", "entry"), of_kind(Kind.FRAGMENT))
 def test_fragments_compile(block: Block, entry: Entry):
     compile(block.text, block.where, "exec")
+
+
+NODE = r"\w+(?:\[[^\]]*\]|\(\[[^\]]*\]\)|\([^)]*\))?"  # an id, with a [label], ([label]) or (label)
+MERMAID_LINE = re.compile(rf"^{NODE}(?:\s*&\s*{NODE})*(?:\s*(?:--|-\.)\s*[^-.>|]*\s*(?:-->|\.->)\s*{NODE}(?:\s*&\s*{NODE})*)?$")
+
+
+def diagram_problems(text: str) -> list[str]:
+    """A Mermaid flowchart's lines that are neither a node nor an edge (`a -- label --> b`, `a -. label .-> b & c`)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines or not lines[0].startswith("flowchart "):
+        return ["not a flowchart"]
+    return [f"{line!r} is neither a node nor an edge" for line in lines[1:] if not MERMAID_LINE.match(line)]
+
+
+@pytest.mark.parametrize(("block", "entry"), of_kind(Kind.DIAGRAM))
+def test_diagrams_are_flowcharts_of_nodes_and_edges(block: Block, entry: Entry):
+    assert diagram_problems(block.text) == [], block.where
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as the forge makes it: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors of `page`'s headings (lines in code blocks are not headings)."""
+    prose = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    return {slug(line.lstrip("#")) for line in prose.splitlines() if line.startswith("#")}
+
+
+def link_problems(page: Path) -> list[str]:
+    """`page`'s relative links whose file, or heading, does not exist (in code, blocks or spans, they are not links)."""
+    prose = re.sub(r"`[^`\n]*`", "", re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M))
+    problems = []
+    for target in LINK.findall(prose):
+        if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            problems.append(f"{page.relative_to(ROOT)}: {target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            problems.append(f"{page.relative_to(ROOT)}: {target}: no such heading")
+    return problems
+
+
+def test_every_relative_link_leads_somewhere_and_the_readme_is_a_front_page():
+    assert [problem for page in PAGES for problem in link_problems(page)] == []
+    assert len(README.read_bytes()) <= README_BYTES, f"README.md is over {README_BYTES} bytes: move detail to docs/"
+    indexed = set(LINK.findall(README.read_text()))
+    assert [p for p in PAGES[1:] if str(p.relative_to(ROOT)) not in indexed] == [], "a docs page the README does not link"
+
+
+def test_the_link_and_diagram_checks_fail_what_they_should(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "other.md").write_text("# Its heading\n")
+    page = tmp_path / "page.md"
+    page.write_text("[a](other.md#its-heading) [b](gone.md) [c](other.md#nothing) [d](https://x.org) `[e](f)`?\n")
+    assert link_problems(page) == ["page.md: gone.md: no such file", "page.md: other.md#nothing: no such heading"]
+    assert diagram_problems("flowchart LR\n    a[A] -- x --> b & c\n    a -> b\n") == ["'a -> b' is neither a node nor an edge"]
 
 
 @pytest.mark.parametrize(("block", "entry"), of_kind(Kind.LOADED))
@@ -571,7 +641,7 @@ def test_the_checker_fails_an_unclassified_block_a_stale_entry_and_a_bad_flag():
     assert [b.line for b, _ in classified] == [4]
     assert len(problems) == 2
     assert "README.md:8 (python): no entry of TABLE" in problems[0] and "('python', 'print(\"new\")')" in problems[0]
-    assert "TABLE entry ('bash', 'make gone') classifies 0 README block(s), not 1" in problems[1]
+    assert "TABLE entry ('bash', 'make gone') classifies 0 block(s), not 1" in problems[1]
     assert help_problems(blocks[0].text) == [
         "`python -m experiments.bench_http --demo [--no-such-flag 3]`: --no-such-flag is not in "
         "`python -m experiments.bench_http --help`'s output"
