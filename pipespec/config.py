@@ -21,7 +21,7 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import Field, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,34 +38,78 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclass(frozen=True)
 class StageSpec:
-    name: str
-    kind: str  # a name of the table of stage kinds (pipespec.stages.kinds)
-    model: str | None = None  # directory that from_pretrained loads (kinds that load a model; a hub id's snapshot)
-    max_lookahead: int = 8  # uncommitted tokens this stage may run ahead of its verifier
-    verify_window: int | None = None  # most drafts one step verifies; None: half the drafter's lookahead
-    dtype: str = "bfloat16"
-    device: str = "cpu"  # cpu, cuda (the GPU Ray assigned to the stage's actor) or cuda:N (pipespec.stages.device)
-    resources: Mapping[str, float] = field(default_factory=lambda: {"num_cpus": 1})  # its Ray actor's; on cuda, a GPU too
-    device_group: str | None = None  # stages naming the same group share one device: one actor, one compute thread
-    options: MockOptions | NgramOptions | StandOptions | ModelOptions | None = None  # the kind's own keys (KINDS[kind].options)
-    # branches a drafter pre-drafts per request for the verdicts it expects (pipespec.engine.outcome_cache);
-    # 0: none. A middle stage hands its own drafter a branch it took in its Verdict (`after`)
-    predraft: int = 0
-    # most requests one forward carries, where the stage's kind batches (pipespec.engine.stage.BatchingStage:
-    # causal_lm, vlm, dream, mock); 1: one request a forward
-    max_batch: int = 1
-    # a verifier of a batching kind checks, per batched forward, only the drafts that pay for their rows (measured
-    # acceptance and its forwards' cost fitted per request and per row: pipespec.engine.verify_budget); false:
-    # its whole verify window whenever the drafts are there
-    adaptive_window: bool = True
-    # a middle stage passes its drafter's drafts on to its verifier unchecked, without a forward, while more than
-    # this many requests go on there: under load the chain sheds this stage's steps (online drafter selection;
-    # its prefills still run, the target still checks every token). None: it always checks them
-    relay_above: int | None = None
-    # the stage right before the target offers draft trees: its drafts come with their likeliest siblings, and the
-    # target checks the line and the best of them in one tree forward (greedy and coupled sampling; pipespec.engine.
-    # tree_drafting). None: chains
-    tree: TreeShape | None = None
+    """One stage of a pipeline: a model (or a weightless drafter) in its own place of the chain. Each key's meaning is
+    its field's `doc`, which `docs/config-reference.md` is generated from (`pipespec config --reference`)."""
+
+    name: str = field(metadata={"doc": "the stage's name: in statistics, metrics, logs and errors", "shown": "stage<i>"})
+    kind: str = field(metadata={"doc": "what runs there: " + ", ".join(KINDS) + " (each kind's own keys below)"})
+    model: str | None = field(
+        default=None,
+        metadata={"doc": "a directory that from_pretrained loads, or a hub id (org/name) in the local Hugging Face cache"},
+    )
+    max_lookahead: int = field(
+        default=8, metadata={"doc": "uncommitted tokens this stage may run ahead of its verifier", "least": 0}
+    )
+    verify_window: int | None = field(
+        default=None,
+        metadata={"doc": "most drafts one step verifies; null: half its drafter's max_lookahead", "least": 1},
+    )
+    dtype: str = field(default="bfloat16", metadata={"doc": "the weights' and activations' dtype", "choices": DTYPES})
+    device: str = field(
+        default="cpu",
+        metadata={"doc": "cpu, cuda (the GPU Ray assigned to the stage's actor) or cuda:N (pipespec.stages.device)"},
+    )
+    resources: Mapping[str, float] = field(
+        default_factory=lambda: {"num_cpus": 1},
+        metadata={"doc": "its Ray actor's resources; on cuda, a GPU too (default there: {num_cpus: 1, num_gpus: 1})"},
+    )
+    device_group: str | None = field(
+        default=None,
+        metadata={"doc": "stages naming the same group share one device: one actor, one compute thread; null: its own"},
+    )
+    options: MockOptions | NgramOptions | StandOptions | ModelOptions | None = field(
+        default=None, metadata={"doc": "the kind's own keys, beside these (KINDS[kind].options)"}
+    )
+    predraft: int = field(
+        default=0,
+        metadata={
+            "doc": "branches a drafter pre-drafts per request for the verdicts it expects (pipespec.engine.outcome_cache); "
+            "0: none",
+            "least": 0,
+            "unit": "branches",
+        },
+    )
+    max_batch: int = field(
+        default=1,
+        metadata={
+            "doc": "most requests one forward carries, where the kind batches (causal_lm, vlm, dream, mock); 1: one a forward",
+            "least": 1,
+            "unit": "request a forward",
+        },
+    )
+    adaptive_window: bool = field(
+        default=True,
+        metadata={
+            "doc": "a batching verifier checks, per forward, only the drafts that pay for their rows (pipespec.engine."
+            "verify_budget); false: its whole verify window"
+        },
+    )
+    relay_above: int | None = field(
+        default=None,
+        metadata={
+            "doc": "a middle stage passes its drafter's drafts on unchecked, without a forward, while more than this many "
+            "requests go on there; null: it always checks them",
+            "least": 0,
+            "unit": "requests open",
+        },
+    )
+    tree: TreeShape | None = field(
+        default=None,
+        metadata={
+            "doc": "the stage right before the target offers draft trees: its drafts come with their likeliest siblings, "
+            "checked in one tree forward (greedy and coupled sampling); null: chains"
+        },
+    )
 
     @property
     def group(self) -> str:
@@ -77,11 +121,14 @@ class StageSpec:
 class SamplingSpec:
     """Defaults for requests that do not set them; `verify` is a property of the pipeline."""
 
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    verify: VerifyMode = VerifyMode.COUPLED
+    temperature: float = field(default=0.0, metadata={"doc": "0: greedy"})
+    top_p: float = field(default=1.0, metadata={"doc": "nucleus sampling's mass; 1: off"})
+    top_k: int = field(default=0, metadata={"doc": "sample among the k likeliest tokens; 0: off"})
+    seed: int = field(default=0, metadata={"doc": "a request's seed when it sets none (not over HTTP: see docs/serving.md)"})
+    verify: VerifyMode = field(
+        default=VerifyMode.COUPLED,
+        metadata={"doc": "how a verifier checks sampled drafts: coupled (shared noise) or rejection (rejection sampling)"},
+    )
 
     def params(self, **overrides: Any) -> SamplingParams:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -91,41 +138,59 @@ class SamplingSpec:
 
 @dataclass(frozen=True)
 class ServerSpec:
-    host: str = "127.0.0.1"
-    port: int = 50051
+    """Where the coordinator listens."""
+
+    host: str = field(default="127.0.0.1", metadata={"doc": "the address every server binds (loopback by default)"})
+    port: int = field(default=50051, metadata={"doc": "the coordinator's gRPC port (pipespec serve, pipespec.cluster.launch)"})
 
 
 @dataclass(frozen=True)
 class LimitsSpec:
     """Every input has a limit (design 5c); a refusal is an error naming the limit and the value."""
 
-    image_bytes: int = 16 * 2**20  # an encoded image
-    image_pixels: int = 25_000_000  # width x height, read from the image's header before it is decoded
-    prompt_tokens: int = 32_768  # a prompt's tokens (image tokens included)
-    max_new_tokens: int = 8192  # what one request may ask for (the target's context may allow less)
-    stop_strings: int = 16  # stop strings per request
-    stop_chars: int = 256  # characters per stop string
-    requests_per_client: int = 128  # requests in flight per client connection (a process's Clients share one)
-    frame_bytes: int = 256 * 2**20  # the largest pipeline frame (an Open with its image, a prefill's features)
+    image_bytes: int = field(default=16 * 2**20, metadata={"doc": "an encoded image"})
+    image_pixels: int = field(
+        default=25_000_000, metadata={"doc": "width x height, read from the image's header before it is decoded"}
+    )
+    prompt_tokens: int = field(default=32_768, metadata={"doc": "a prompt's tokens (image tokens included)"})
+    max_new_tokens: int = field(
+        default=8192, metadata={"doc": "what one request may ask for (the target's context may allow less)"}
+    )
+    stop_strings: int = field(default=16, metadata={"doc": "stop strings per request"})
+    stop_chars: int = field(default=256, metadata={"doc": "characters per stop string"})
+    requests_per_client: int = field(
+        default=128, metadata={"doc": "requests in flight per client connection (a process's Clients share one)"}
+    )
+    frame_bytes: int = field(
+        default=256 * 2**20,
+        metadata={"doc": "the largest pipeline frame (an Open with its image, a prefill's features)"},
+    )
 
 
 @dataclass(frozen=True)
 class FaultSpec:
     """How the runtime notices a lost stage and how long it waits for it to come back (design 5c)."""
 
-    detect_s: float = 2.0  # a silent link (no keepalive answer) is declared lost after about this long
-    restore_s: float = 20.0  # a request waits this long for a lost stage to be restored, then fails naming it
-    max_restarts: int = field(default=3, metadata={"min": 0})  # Ray restarts of each stage actor and of the coordinator
+    detect_s: float = field(
+        default=2.0, metadata={"doc": "a silent link (no keepalive answer) is declared lost after about this long"}
+    )
+    restore_s: float = field(
+        default=20.0,
+        metadata={"doc": "a request waits this long for a lost stage to be restored, then fails naming it"},
+    )
+    max_restarts: int = field(default=3, metadata={"doc": "Ray restarts of each stage actor and of the coordinator", "min": 0})
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    name: str
-    stages: tuple[StageSpec, ...]  # upstream to downstream; the last is the target
-    sampling: SamplingSpec = SamplingSpec()
-    server: ServerSpec = ServerSpec()
-    limits: LimitsSpec = LimitsSpec()
-    faults: FaultSpec = FaultSpec()
+    """A pipeline: its stages and the sections every stage shares."""
+
+    name: str = field(default="pipeline", metadata={"doc": "the pipeline's name: the model id it serves over HTTP"})
+    stages: tuple[StageSpec, ...] = field(default=(), metadata={"doc": "upstream to downstream; the last is the target"})
+    sampling: SamplingSpec = field(default=SamplingSpec(), metadata={"doc": "defaults for requests that do not set them"})
+    server: ServerSpec = field(default=ServerSpec(), metadata={"doc": "where the coordinator listens"})
+    limits: LimitsSpec = field(default=LimitsSpec(), metadata={"doc": "every input's limit; a refusal names it"})
+    faults: FaultSpec = field(default=FaultSpec(), metadata={"doc": "how a lost stage is noticed and waited for"})
 
     @property
     def target(self) -> StageSpec:
@@ -169,7 +234,7 @@ def load_config(source: str | os.PathLike | Mapping[str, Any]) -> PipelineConfig
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from e
     if not isinstance(raw, Mapping):
         raise ConfigError(f"a pipeline config must be a mapping, got {type(raw).__name__}")
-    _reject_unknown(raw, ("name", "stages", "sampling", "server", "limits", "faults"), "config")
+    _reject_unknown(raw, [f.name for f in fields(PipelineConfig)], "config")
 
     stages_raw = raw.get("stages")
     if not isinstance(stages_raw, list) or not stages_raw:
@@ -177,7 +242,7 @@ def load_config(source: str | os.PathLike | Mapping[str, Any]) -> PipelineConfig
     stages = tuple(_stage(s, i) for i, s in enumerate(stages_raw))
     _check_chain(stages)
     return PipelineConfig(
-        name=_typed(raw.get("name", "pipeline"), str, "config.name"),
+        name=_typed(raw.get("name", PipelineConfig.name), str, "config.name"),
         stages=stages,
         sampling=_sampling(raw.get("sampling") or {}),
         server=_server(raw.get("server") or {}),
@@ -254,6 +319,12 @@ def _typed(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
     return value
 
 
+# a stage's keys that its spec keeps in another form (a hub id's revision: in `model`, the directory it names)
+STAGE_EXTRA_KEYS: Mapping[str, str] = {"revision": "with a hub id as `model`: its branch, tag or commit (default main)"}
+# a stage's keys: its spec's fields (`options`: the kind's own, beside them) and those
+STAGE_KEYS = (*(f.name for f in fields(StageSpec) if f.name != "options"), *STAGE_EXTRA_KEYS)
+
+
 def _stage(raw: Any, i: int) -> StageSpec:
     where = f"stages[{i}]"
     if not isinstance(raw, Mapping):
@@ -267,24 +338,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
     stage_kind = KINDS[kind]
     option_cls = stage_kind.options
     option_keys = [f.name for f in fields(option_cls)] if option_cls else []
-    common = [
-        "name",
-        "kind",
-        "model",
-        "revision",
-        "max_lookahead",
-        "verify_window",
-        "dtype",
-        "device",
-        "resources",
-        "device_group",
-        "predraft",
-        "max_batch",
-        "adaptive_window",
-        "relay_above",
-        "tree",
-    ]
-    _reject_unknown(raw, common + option_keys, f"{where} ({kind})")
+    _reject_unknown(raw, [*STAGE_KEYS, *option_keys], f"{where} ({kind})")
 
     name = _typed(raw.get("name", f"stage{i}"), str, f"{where}.name")
     model = raw.get("model")
@@ -299,36 +353,25 @@ def _stage(raw: Any, i: int) -> StageSpec:
     elif "revision" in raw:
         raise ConfigError(f"{where}.revision: kind {kind!r} takes no model, so no revision, got {raw['revision']!r}")
 
-    lookahead = _typed(raw.get("max_lookahead", 8), int, f"{where}.max_lookahead")
-    if lookahead < 0:
-        raise ConfigError(f"{where}.max_lookahead: must be >= 0, got {lookahead}")
-    window = raw.get("verify_window")
-    if window is not None and (_typed(window, int, f"{where}.verify_window") < 1):
-        raise ConfigError(f"{where}.verify_window: must be >= 1, got {window}")
-    predraft = _typed(raw.get("predraft", 0), int, f"{where}.predraft")
-    if predraft < 0:
-        raise ConfigError(f"{where}.predraft: must be >= 0 branches, got {predraft}")
-    max_batch = _typed(raw.get("max_batch", 1), int, f"{where}.max_batch")
-    if max_batch < 1:
-        raise ConfigError(f"{where}.max_batch: must be >= 1 request a forward, got {max_batch}")
+    declared = {f.name: f for f in fields(StageSpec)}
+    lookahead, window, predraft, max_batch, adaptive, relay_above = (
+        _declared(raw, declared[key], where)
+        for key in ("max_lookahead", "verify_window", "predraft", "max_batch", "adaptive_window", "relay_above")
+    )
     if max_batch > 1 and not stage_kind.batches:
         batching = ", ".join(name for name, k in KINDS.items() if k.batches)
         raise ConfigError(
             f"{where}.max_batch: kind {kind!r} carries one request a forward (only {batching} batch), got {max_batch}"
         )
-    adaptive = _typed(raw.get("adaptive_window", True), bool, f"{where}.adaptive_window")
-    relay_above = raw.get("relay_above")
-    if relay_above is not None and _typed(relay_above, int, f"{where}.relay_above") < 0:
-        raise ConfigError(f"{where}.relay_above: must be >= 0 requests open, got {relay_above}")
     if relay_above is not None and predraft:
         raise ConfigError(f"{where}.relay_above: a stage that pre-drafts (predraft {predraft}) does not relay, got {relay_above}")
     tree = _tree(raw.get("tree"), f"{where}.tree")
     if tree is not None and predraft:
         raise ConfigError(f"{where}.tree: a stage that pre-drafts (predraft {predraft}) offers no trees")
-    dtype = raw.get("dtype", "bfloat16")
+    dtype = raw.get("dtype", StageSpec.dtype)
     if dtype not in DTYPES:
         raise ConfigError(f"{where}.dtype: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
-    device = _typed(raw.get("device", "cpu"), str, f"{where}.device")
+    device = _typed(raw.get("device", StageSpec.device), str, f"{where}.device")
     if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", device):
         raise ConfigError(f"{where}.device: unknown device {device!r}; expected cpu, cuda or cuda:N")
     group = raw.get("device_group")
@@ -348,18 +391,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
 
     options = None
     if option_cls is not None:
-        values = {}
-        for f in fields(option_cls):
-            if f.name in raw:
-                ftype = {
-                    "float": float,
-                    "int": int,
-                    "int | None": (int, type(None)),
-                    "float | None": (int, float, type(None)),
-                    "bool": bool,
-                    "bool | None": (bool, type(None)),
-                }[str(f.type)]
-                values[f.name] = _typed(raw[f.name], ftype, f"{where}.{f.name}")
+        values = {f.name: _typed(raw[f.name], _type_of(f), f"{where}.{f.name}") for f in fields(option_cls) if f.name in raw}
         options = option_cls(**values)
         options.check(where)
     return StageSpec(
@@ -379,6 +411,31 @@ def _stage(raw: Any, i: int) -> StageSpec:
         relay_above,
         tree,
     )
+
+
+_TYPES: Mapping[str, type | tuple[type, ...]] = {  # a declared field's type (its annotation) -> what a YAML value may be
+    "str": str,
+    "float": float,
+    "int": int,
+    "int | None": (int, type(None)),
+    "float | None": (int, float, type(None)),
+    "bool": bool,
+    "bool | None": (bool, type(None)),
+}
+
+
+def _type_of(f: Field) -> type | tuple[type, ...]:
+    return _TYPES[str(f.type)]
+
+
+def _declared(raw: Mapping[str, Any], f: Field, where: str) -> Any:
+    """Key `f.name` of `raw` (its declared default if unset), of its declared type and at least its `least`."""
+    value = _typed(raw.get(f.name, f.default), _type_of(f), f"{where}.{f.name}")
+    least = f.metadata.get("least")
+    if value is not None and least is not None and value < least:
+        unit = f.metadata.get("unit")
+        raise ConfigError(f"{where}.{f.name}: must be >= {least}{' ' + unit if unit else ''}, got {value}")
+    return value
 
 
 def _tree(raw: Any, where: str) -> TreeShape | None:
@@ -439,18 +496,14 @@ def _sampling(raw: Any) -> SamplingSpec:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config.sampling: must be a mapping, got {raw!r}")
     _reject_unknown(raw, [f.name for f in fields(SamplingSpec)], "sampling")
-    verify = raw.get("verify", "coupled")
+    verify = raw.get("verify", SamplingSpec.verify.value)
     try:
         mode = VerifyMode(verify)
     except ValueError:
-        raise ConfigError(f"sampling.verify: unknown mode {verify!r}; expected coupled or rejection") from None
-    spec = SamplingSpec(
-        temperature=_typed(raw.get("temperature", 0.0), float, "sampling.temperature"),
-        top_p=_typed(raw.get("top_p", 1.0), float, "sampling.top_p"),
-        top_k=_typed(raw.get("top_k", 0), int, "sampling.top_k"),
-        seed=_typed(raw.get("seed", 0), int, "sampling.seed"),
-        verify=mode,
-    )
+        modes = " or ".join(m.value for m in VerifyMode)
+        raise ConfigError(f"sampling.verify: unknown mode {verify!r}; expected {modes}") from None
+    numbers = {f.name: _declared(raw, f, "sampling") for f in fields(SamplingSpec) if f.name != "verify"}
+    spec = SamplingSpec(**numbers, verify=mode)
     try:
         spec.params()
     except ValueError as e:
@@ -461,11 +514,11 @@ def _sampling(raw: Any) -> SamplingSpec:
 def _server(raw: Any) -> ServerSpec:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config.server: must be a mapping, got {raw!r}")
-    _reject_unknown(raw, ["host", "port"], "server")
-    port = _typed(raw.get("port", 50051), int, "server.port")
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"server.port: {port} is not a TCP port")
-    return ServerSpec(_typed(raw.get("host", "127.0.0.1"), str, "server.host"), port)
+    _reject_unknown(raw, [f.name for f in fields(ServerSpec)], "server")
+    spec = ServerSpec(**{f.name: _declared(raw, f, "server") for f in fields(ServerSpec)})
+    if not 0 <= spec.port <= 65535:
+        raise ConfigError(f"server.port: {spec.port} is not a TCP port")
+    return spec
 
 
 def _positive(raw: Any, cls: type, where: str) -> Any:

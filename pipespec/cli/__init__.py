@@ -11,7 +11,7 @@
                       [--tokenizer DIR]
     pipespec plan CONFIG [--devices N] [--prompt TEXT ...] [--image FILE] [--max-new-tokens N] [--json FILE]
                   [--write-config FILE] [--threads N] [--trials N]
-    pipespec config CONFIG
+    pipespec config CONFIG | --reference
     pipespec --version
 
 Every command takes `--log-level LEVEL` (DEBUG, INFO, WARNING, ERROR, CRITICAL; default WARNING;
@@ -45,7 +45,8 @@ recommends the greatest speedup measured (`trials`; requests timed as `timed_req
 the demo too).
 `config` prints the config (a file, or the name of an example shipped in pipespec/configs) as it is validated,
 every default filled in, as YAML that loads back to the same config; an invalid one is one line on stderr naming
-the key and its value (exit 2).
+the key and its value (exit 2). `config --reference` prints every key's type, default and meaning, rendered from
+the config's declarations (`config_reference`; docs/config-reference.md is its output).
 `--plan auto` on `serve` (and `demo`, by default) profiles quickly, prints the recommendation and why,
 and runs it; `demo` tries first, `serve` takes the model's pick (it may be launched onto a cluster).
 """
@@ -248,6 +249,13 @@ def config_command(args: argparse.Namespace) -> int:
     from pipespec.commands.examples import config_path
     from pipespec.config import config_dict, load_config
 
+    if args.reference:
+        from pipespec.cli.config_reference import reference
+
+        print(reference(), end="")
+        return 0
+    if args.config is None:
+        return _fail("config", "name a config file (or a shipped example), or ask for --reference")
     try:
         config = load_config(config_path(args.config))
     except ValueError as e:  # ConfigError: the message names the key
@@ -372,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_log_level(p)  # INFO: profiling's and the trials' progress (real models take a while)
     p.set_defaults(run=plan)
     c = sub.add_parser("config", help="print a config as validated, every default filled in (or its error)")
-    c.add_argument("config", help="a pipeline YAML file, or the name of an example shipped in pipespec/configs")
+    c.add_argument("config", nargs="?", help="a pipeline YAML file, or the name of an example shipped in pipespec/configs")
+    c.add_argument("--reference", action="store_true", help="print every config key's type, default and meaning instead")
     add_log_level(c)
     c.set_defaults(run=config_command)
     return parser

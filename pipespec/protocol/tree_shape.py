@@ -3,17 +3,20 @@ section. Torch-free: the config reads it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class TreeShape:
     """A drafter's `tree` section: how big a tree it grows for its verifier."""
 
-    budget: int = 7  # most nodes: with the root, the rows of the verifier's tree forward
-    depth: int = 7  # most levels
-    branching: int = 4  # most children of a node
-    temperature: float = 1.0  # of the drafter's log-probabilities in a node's value: its calibration (`fit_temperature`)
+    budget: int = field(default=7, metadata={"doc": "most nodes: with the root, the rows of the verifier's tree forward"})
+    depth: int = field(default=7, metadata={"doc": "most levels (the synchronous engine's trees)"})
+    branching: int = field(default=4, metadata={"doc": "most children of a node (at least 2)"})
+    temperature: float = field(
+        default=1.0,
+        metadata={"doc": "divides the drafter's log-probabilities in a node's value: its calibration (`pipespec plan` fits it)"},
+    )
 
     def __post_init__(self) -> None:
         for name in ("budget", "depth", "branching"):

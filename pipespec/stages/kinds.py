@@ -15,7 +15,7 @@ module, no torch), and reads a stage's spec structurally (`SpecLike`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pipespec.errors import ConfigError
@@ -57,15 +57,15 @@ class MockOptions:
     a sleep for the rest.
     """
 
-    agreement: float = 0.8
-    runner_up: float = 0.0
-    third: float = 0.0
-    latency_ms: float = 0.0
-    per_token_ms: float = 0.0
-    vocab_size: int = 256
-    scale: float = 3.0  # std-like scale of the random logits; larger = peakier distributions
-    eos_token_id: int | None = None
-    seed: int = 0
+    agreement: float = field(default=0.8, metadata={"doc": "how often its logits equal the next stage's"})
+    runner_up: float = field(default=0.0, metadata={"doc": "where they differ, how often the next stage's token ranks 2nd"})
+    third: float = field(default=0.0, metadata={"doc": "where they differ, how often the next stage's token ranks 3rd"})
+    latency_ms: float = field(default=0.0, metadata={"doc": "what a forward lasts"})
+    per_token_ms: float = field(default=0.0, metadata={"doc": "what a forward lasts more, per fed token"})
+    vocab_size: int = field(default=256, metadata={"doc": "its logits' width (every mock of a chain the same)"})
+    scale: float = field(default=3.0, metadata={"doc": "std-like scale of its random logits; larger: peakier"})
+    eos_token_id: int | None = field(default=None, metadata={"doc": "a token that ends a generation; null: none"})
+    seed: int = field(default=0, metadata={"doc": "its logits' seed"})
 
     def check(self, where: str) -> None:
         for name in ("agreement", "runner_up", "third"):
@@ -87,8 +87,8 @@ class MockOptions:
 class NgramOptions:
     """Prompt-lookup drafter: propose what followed the longest earlier match of the context's suffix."""
 
-    min_n: int = 1
-    max_n: int = 4
+    min_n: int = field(default=1, metadata={"doc": "the shortest suffix it looks up"})
+    max_n: int = field(default=4, metadata={"doc": "the longest suffix it looks up"})
 
     def check(self, where: str) -> None:
         if not 1 <= self.min_n <= self.max_n:
@@ -106,10 +106,10 @@ class StandOptions:
     most `max_contexts` contexts (the least recently taught forgotten; about a kilobyte each); else prompt lookup
     over the same n."""
 
-    min_n: int = 1
-    max_n: int = 4
-    top_k: int = 8
-    max_contexts: int = 100_000
+    min_n: int = field(default=1, metadata={"doc": "the shortest context it keeps and looks up"})
+    max_n: int = field(default=4, metadata={"doc": "the longest context it keeps and looks up"})
+    top_k: int = field(default=8, metadata={"doc": f"the target's likeliest tokens kept per context (at most {MAX_STAND_TOP_K})"})
+    max_contexts: int = field(default=100_000, metadata={"doc": "contexts kept at most (about a kilobyte each)"})
 
     def check(self, where: str) -> None:
         if not 1 <= self.min_n <= self.max_n:
@@ -137,12 +137,21 @@ class ModelOptions:
     tokens in all (pipespec.engine.stage.ChunkedPrefillStage).
     """
 
-    compile: bool | None = None
-    max_context: int | None = None
-    min_width: int | None = None
-    max_width: int = 8
-    kv_budget_gib: float | None = None
-    prefill_chunk: int = 512
+    compile: bool | None = field(
+        default=None, metadata={"doc": "compile its forwards when it starts; null: PIPESPEC_COMPILE if set, else yes"}
+    )
+    max_context: int | None = field(
+        default=None, metadata={"doc": "most context tokens a request holds; null: the model's limit, at most 4096"}
+    )
+    min_width: int | None = field(
+        default=None,
+        metadata={"doc": "the narrowest forward (a power of two); null: the target's measured least, a drafter's 1"},
+    )
+    max_width: int = field(default=8, metadata={"doc": "the widest decode or verification forward (a power of two)"})
+    kv_budget_gib: float | None = field(
+        default=None, metadata={"doc": "what its requests' KV caches may hold; null: a quarter of the device's memory"}
+    )
+    prefill_chunk: int = field(default=512, metadata={"doc": "most prompt tokens a prefill forward feeds"})
 
     def check(self, where: str) -> None:
         if self.prefill_chunk < 1:
@@ -170,7 +179,13 @@ class DreamOptions(ModelOptions):
     default: on the demo models synchronous acceptance is the same within 1%, and the stage's forwards
     stay one token wide instead of two or more after every target step)."""
 
-    refresh: bool = False
+    refresh: bool = field(
+        default=False,
+        metadata={
+            "doc": "once the target's feature replaces its own at a position later ones read, feed those again (true), "
+            "or let only positions fed later read it (false)"
+        },
+    )
 
 
 def _anywhere(chain: Sequence[SpecLike], i: int) -> None:
