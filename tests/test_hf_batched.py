@@ -14,7 +14,7 @@ def test_each_batch_size_is_a_row_and_a_batch_of_one_answers_as_itself(tmp_path,
     assert main([*args, "--log-level", "WARNING"]) == 0
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "batch |" not in line]
     assert [r[0].strip() for r in rows] == ["1", "3"]
-    for batch, tps, ratio, first_ms, step_ms, equal in rows:
+    for _, tps, _, first_ms, step_ms, _ in rows:
         assert float(tps) > 0 and float(first_ms) > 0 and float(step_ms) > 0
     assert rows[0][2].strip() == "1.00x" and rows[0][5].strip() == "3/3"  # batch 1 against itself
     assert out.read_text().splitlines()[-1] == "|" + "|".join(rows[-1]) + "|"
