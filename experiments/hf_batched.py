@@ -105,9 +105,7 @@ def table(results: dict[int, list[BatchRun]], args: argparse.Namespace) -> str:
         steps = [statistics.median(r.step_s) for r in runs if r.step_s]  # none where every answer is one token
         step = f"{1e3 * statistics.median(steps):.1f}" if steps else "-"
         equal = sum(a == b for a, b in zip(runs[0].answers, reference))
-        lines.append(
-            f"| {batch} | {tps:.1f} | {tps / base:.2f}x | {1e3 * first:.0f} | {step} | {equal}/{len(reference)} |"
-        )
+        lines.append(f"| {batch} | {tps:.1f} | {tps / base:.2f}x | {1e3 * first:.0f} | {step} | {equal}/{len(reference)} |")
     return "\n".join(lines)
 
 

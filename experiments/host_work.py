@@ -62,7 +62,14 @@ def process_cpu_s() -> float:
 
 
 def measure(
-    depth: int, time_scale: float, predraft: int, requests: int, rounds: int, tokens: int, max_batch: int = 1, over_grpc: bool = False
+    depth: int,
+    time_scale: float,
+    predraft: int,
+    requests: int,
+    rounds: int,
+    tokens: int,
+    max_batch: int = 1,
+    over_grpc: bool = False,
 ) -> Depth:
     base = emulated_config(CHAIN[-depth:], time_scale, lookahead=8, predraft=predraft, max_batch=max_batch)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
