@@ -291,7 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="run the embedded default pipeline on this machine")
     d.add_argument("--prompt", help="the question (default: Describe the image.)")
     d.add_argument("--image", help="a picture to ask about (default: the shipped example, example.png under --models)")
-    d.add_argument("--max-new-tokens", type=int, default=96, help="tokens to generate per run (default 96)")
+    d.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=DEFAULT_MAX_NEW_TOKENS,
+        help=f"tokens to generate per run (default {DEFAULT_MAX_NEW_TOKENS})",
+    )
     d.add_argument(
         "--dtype",
         default="float32",
@@ -364,7 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--prompt", action="append", help="a prompt to profile on (repeatable; default: a few built-in ones)")
     p.add_argument("--image", help="a picture for a VLM target (required there)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt to measure acceptance")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=DEFAULT_MAX_NEW_TOKENS,
+        help=f"tokens generated per prompt to measure acceptance (default {DEFAULT_MAX_NEW_TOKENS})",
+    )
     p.add_argument("--threads", type=int, help="torch threads to profile at (default: the cores of one device)")
     p.add_argument(
         "--trials",

@@ -52,6 +52,7 @@ from pipespec.engine.affinity import pinned
 from pipespec.errors import ConfigError
 from pipespec.planning.placement import Devices
 from pipespec.protocol.stats import PairStats, merged_pairs
+from pipespec.requests.generate_args import DEFAULT_MAX_NEW_TOKENS
 
 if TYPE_CHECKING:
     from pipespec.local import LocalPipeline
@@ -134,7 +135,9 @@ class DemoRequest:
         return dict(prompt=self.prompt, image=self.image, max_new_tokens=self.max_new_tokens)
 
 
-def demo_request(models: Path, prompt: str = DEFAULT_PROMPT, image: Any = None, max_new_tokens: int = 96) -> DemoRequest:
+def demo_request(
+    models: Path, prompt: str = DEFAULT_PROMPT, image: Any = None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+) -> DemoRequest:
     """Check what the demo is asked, before anything starts: DemoError without models under `models`,
     without the example picture when `image` is None, or for an `image` that is not a picture."""
     if not (models / "target" / "config.json").is_file():

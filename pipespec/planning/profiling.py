@@ -44,6 +44,7 @@ from pipespec.engine.tree_drafting import fit_temperature
 from pipespec.errors import ConfigError
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.stats import PairStats
+from pipespec.requests.generate_args import DEFAULT_MAX_NEW_TOKENS
 from pipespec.stages.kinds import kind_of
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ def profile(
     source: str | os.PathLike | Mapping[str, Any],
     prompts: Sequence[str] | None = None,
     image: Any = None,
-    max_new_tokens: int = 64,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     verify_tokens: int = 8,
     repeats: int = 5,
     gamma: int = 4,
