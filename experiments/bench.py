@@ -30,7 +30,7 @@ never starts, so a GPU run loads as many 7B targets as it measures; a pattern en
 end of a name. A pipeline that cannot start, or a method that fails, is listed under the table with its
 error, and the others run. Written to --out after every method's pass through the prompts (a bench
 stopped by a time limit keeps what it measured; the header says which run was under way)
-(default experiments/results/bench/<config name>/): `<method>.jsonl` with one Spec-Bench-shaped line per
+(default experiments/results/bench/<config name>/): `<method>.jsonl` (its name a plain file name: `file_stem`) with one Spec-Bench-shaped line per
 prompt and run (`choices[0]`: `turns`, `new_tokens`, `wall_time`, `accept_lengths`: the tokens each
 target step committed), `bench.md` (the table), `bench.json`, and at the end `bench.png` (where
 matplotlib is installed). The table gives the
@@ -235,6 +235,11 @@ def _placement(devices: list[dict]) -> str:
     return " | ".join(
         "+".join(d["stages"]) + (f" (cores {','.join(map(str, d['cores']))})" if d["cores"] else "") for d in devices
     )
+
+
+def file_stem(method: str) -> str:
+    """A method's name as a plain file name: `sync tiny->target, 1 thread` -> `sync_tiny-target_1_thread`."""
+    return re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9.-]+", "_", method.replace("->", "-"))).strip("_")
 
 
 def selected(name: str, only: Sequence[str]) -> bool:
@@ -569,7 +574,7 @@ def write(
     too, and the table printed."""
     out.mkdir(parents=True, exist_ok=True)
     for name, runs in results.items():
-        (out / f"{name.replace(' ', '_').replace('>', '')}.jsonl").write_text("\n".join(lines(name, runs)) + "\n")
+        (out / f"{file_stem(name)}.jsonl").write_text("\n".join(lines(name, runs)) + "\n")
     table = markdown(rows, header)
     if failures:
         table += "\n\n" + "\n".join(f"- {name} did not run: {why}" for name, why in failures.items())

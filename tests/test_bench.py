@@ -54,6 +54,8 @@ def test_every_method_runs_and_equals_the_target_alone(family, tmp_path):
     assert by_name["async mid->target (local)"].predraft is None and by_name["sync tiny->target"].predraft is None
     for name in ("bench.md", "bench.json", "bench.png"):
         assert (out / name).stat().st_size > 0
+    assert {p.name for p in out.glob("*.jsonl")} >= {"sync_tiny-target.jsonl", "target_1_thread.jsonl"}  # plain names
+    assert "async_tiny-mid-target_local.jsonl" in {p.name for p in out.glob("*.jsonl")}
     lines = [json.loads(line) for line in (out / "sync_tiny-target.jsonl").read_text().splitlines()]
     assert len(lines) == 2 * 2  # prompts x runs
     choice = lines[0]["choices"][0]
