@@ -174,17 +174,18 @@ def _relative(path: Path) -> str:
 def demo_configs(directory: Path) -> dict[str, Path]:
     """The demo's pipeline (tiny -> dream -> target, 2/3 core each) and its target alone (both cores), as YAML."""
     from pipespec.cli import DEMO_MODELS
-    from pipespec.cli.demo import demo_raw
+    from pipespec.cli.demo import demo_config
+    from pipespec.config import config_dict
 
     cores = os.cpu_count() or 1
     sides = {
-        "pipeline": demo_raw(DEMO_MODELS, ["tiny", "dream", "target"], "float32", cores / 3),
-        "target alone": demo_raw(DEMO_MODELS, ["target"], "float32", cores),
+        "pipeline": demo_config(DEMO_MODELS, ["tiny", "dream", "target"], "float32", cores / 3),
+        "target alone": demo_config(DEMO_MODELS, ["target"], "float32", cores),
     }
     paths = {}
-    for side, raw in sides.items():
-        paths[side] = directory / f"{raw['name']}.yaml"
-        paths[side].write_text(yaml.safe_dump(raw))
+    for side, config in sides.items():
+        paths[side] = directory / f"{config.name}.yaml"
+        paths[side].write_text(yaml.safe_dump(config_dict(config), sort_keys=False))
     return paths
 
 

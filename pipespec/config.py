@@ -279,26 +279,28 @@ def _out_of_place(i: int, count: int) -> tuple[str, ...]:
     return (("relay_above",) if not 0 < i < count - 1 else ()) + (("tree",) if i != count - 2 else ())
 
 
-def cut_chain(stages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Raw stages taken from a longer chain, as a chain of their own: one no longer in the middle relays nothing,
-    one no longer right before the target offers no trees (`sub_pipeline` does the same to loaded stages)."""
-    return [{k: v for k, v in s.items() if k not in _out_of_place(i, len(stages))} for i, s in enumerate(stages)]
-
-
 def sub_pipeline(config: PipelineConfig, names: Sequence[str]) -> PipelineConfig:
-    """The pipeline of `config`'s stages named in `names` (kept in the config's order, the target
-    included), checked like a loaded config; a name the config lacks is a ConfigError naming it. A stage
-    no longer in the middle relays nothing, one no longer right before the target offers no trees (as in `cut_chain`)."""
+    """The pipeline of `config`'s stages named in `names`, kept in the config's order, the last of them its target
+    (a drafter alone included), checked like a loaded config (`with_stages`); a name the config lacks is a
+    ConfigError naming it. A stage no longer in the middle relays nothing, one no longer right before the target
+    offers no trees."""
     known = [s.name for s in config.stages]
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ConfigError(f"no stage named {unknown[0]!r} in pipeline {config.name!r} (stages: {', '.join(known)})")
-    if config.target.name not in names:
-        raise ConfigError(f"a sub-pipeline of {config.name!r} must keep its target {config.target.name!r}")
     kept = [s for s in config.stages if s.name in names]
+    if not kept:
+        raise ConfigError(f"a sub-pipeline of {config.name!r} needs a stage, got none")
     stages = tuple(replace(s, **dict.fromkeys(_out_of_place(i, len(kept)))) for i, s in enumerate(kept))
+    return with_stages(replace(config, name=f"{config.name}[{'->'.join(s.name for s in stages)}]"), stages)
+
+
+def with_stages(config: PipelineConfig, stages: Sequence[StageSpec]) -> PipelineConfig:
+    """`config` with these stages (edited with `dataclasses.replace`: each stage's own keys stay as validated),
+    checked as a loaded config's chain is: places, trees, relays, one device's resources; a ConfigError says why."""
+    stages = tuple(stages)
     _check_chain(stages)
-    return replace(config, name=f"{config.name}[{'->'.join(s.name for s in stages)}]", stages=stages)
+    return replace(config, stages=stages)
 
 
 def _reject_unknown(raw: Mapping[str, Any], allowed: tuple[str, ...] | list[str], where: str) -> None:

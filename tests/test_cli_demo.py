@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from pipespec.cli import main
-from pipespec.cli.demo import DemoReport, DemoSetup, demo_raw, demo_request, picture_truth
+from pipespec.cli.demo import DemoReport, DemoSetup, demo_config, demo_request, picture_truth
 from pipespec.commands.examples import config_path
-from pipespec.config import load_config
+from pipespec.config import load_config, with_stages
 from pipespec.protocol.stats import PairStats, merged_pairs
 from tests.fixtures import DEMO_MODELS
 
@@ -71,17 +72,17 @@ def test_the_report_holds_the_figures_and_renders_them():
 
 
 def test_a_plan_that_picks_the_target_alone_is_not_called_a_speedup():
-    alone = load_config(demo_raw(DEMO_MODELS, ["target"], "float32", 1.0))
+    alone = demo_config(DEMO_MODELS, ["target"], "float32", 1.0)
     report = DemoReport(pipeline=(12.0,), alone=(10.0,), exact=True, pairs=(), threads=1, config=alone)
     assert report.lines()[-1].startswith("no pipeline with drafters measured faster than the target alone here")
-    chain = load_config(demo_raw(DEMO_MODELS, ["tiny", "target"], "float32", 1.0))
+    chain = demo_config(DEMO_MODELS, ["tiny", "target"], "float32", 1.0)
     assert "identical to the target alone" in DemoReport((12.0,), (10.0,), True, (), 1, chain).lines()[-1]
 
 
 def test_the_target_alone_may_use_every_core_the_demo_was_given():
     """A plan for 2 devices that picks a pipeline on one leaves a core idle: the target alone is not denied it."""
-    raw = demo_raw(DEMO_MODELS, ["tiny", "target"], "float32", 1.0)
-    one_device = load_config({**raw, "stages": [{**s, "device_group": "d"} for s in raw["stages"]]})  # tiny+target
+    pair = demo_config(DEMO_MODELS, ["tiny", "target"], "float32", 1.0)
+    one_device = with_stages(pair, [replace(s, device_group="d") for s in pair.stages])  # tiny+target
     assert one_device.cpus() == 1.0
     setup = DemoSetup(demo_request(DEMO_MODELS), one_device, "float32", cores=2.0)
     assert setup.threads == 2

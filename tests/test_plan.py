@@ -13,6 +13,7 @@ import yaml
 from pipespec.cli import main
 from pipespec.config import load_config
 from pipespec.engine.handoff import FeaturedVerifier as _FeaturedVerifier
+from pipespec.errors import ConfigError
 from pipespec.planning import profiling
 from pipespec.planning.analytical import (
     chain_rates,
@@ -103,7 +104,7 @@ def test_the_target_alone_is_predicted_as_it_was_timed_in_the_runtime_and_the_ch
     timed = Requests(tokens=(40, 5), first_s=(0.06, 0.05), seconds=(0.06 + 39 * 0.013, 0.05 + 4 * 0.013))
     measured = replace(prof, requests=timed)
     assert measured.host_s == pytest.approx(0.003)  # 13 ms a token in the runtime, 10 for the forward alone
-    plan, untimed = recommend(measured, raw), recommend(prof, raw)
+    plan, untimed = recommend(measured, load_config(raw)), recommend(prof, load_config(raw))
     assert plan.target_tokens_per_s == pytest.approx(timed.tokens_per_s)
     chain = next(c for c in plan.chains if c.stages == ("tiny", "target"))
     decoding = placed_rate([0.001, 0.013], [0.001, 0.013], 8, [0.8], chain.windows, (0, 1))  # the host cost on the target only
@@ -118,12 +119,12 @@ def test_a_drafters_step_is_its_forward_and_what_the_runtime_added_to_it_alone(d
     timed = replace(prof, stages=(replace(prof.stages[0], step_s=0.0025), prof.stages[1]))
     assert timed.stages[0].host_s == pytest.approx(0.0015)
     assert replace(prof.stages[0], step_s=0.0005).host_s == 0.0  # never below 0
-    plan = recommend(timed, raw, devices)
+    plan = recommend(timed, load_config(raw), devices)
     chain = next(c for c in plan.chains if c.stages == ("tiny", "target"))
     placement = (0, 1) if len(chain.placement) == 2 else (0, 0)  # the devices of tiny and target
     rate = placed_rate([0.0025, 0.010], [0.0035, 0.012], 8, [0.8], chain.windows, placement)  # 1.5 ms on each step
     assert chain.tokens_per_s == pytest.approx(rate)
-    untimed = next(c for c in recommend(prof, raw, devices).chains if c.stages == ("tiny", "target"))
+    untimed = next(c for c in recommend(prof, load_config(raw), devices).chains if c.stages == ("tiny", "target"))
     assert chain.tokens_per_s < untimed.tokens_per_s
     (sync,) = plan.synchronous  # synchronous speculation pays it too, as the one-device candidate does
     gamma = sync.lookaheads[0]
@@ -144,13 +145,15 @@ def test_profile_measures_acceptance_as_the_mocks_agree():
     assert pair.num_draft_tokens > 500 and 0 < pair.num_accepted_tokens < pair.num_draft_tokens
 
 
-def test_a_pair_no_valid_chain_contains_is_skipped_with_the_reason():
-    from pipespec.planning.profiling import _profile_pair
+def test_a_stage_that_cannot_run_alone_is_not_timed_alone(llava_dream_zoo):
+    """Cut from its chain, a DREAM stage would be a target: no config, so the profile times no step of it alone."""
+    from pipespec.planning.profiling import _drafter_step_s, sub_config
 
-    ngram = {"kind": "ngram"}
-    raw = {"stages": [{"name": "a", **ngram}, {"name": "b", **ngram}, {"name": "t", "kind": "mock", "vocab_size": VOCAB}]}
-    got = _profile_pair([], ["a", "b", "t"], raw, 0, 1, [], 4, None)  # a -> b -> t: an ngram stage verifies nothing
-    assert got.alpha is None and "ngram" in got.skipped and "only be first" in got.skipped
+    stages = [{"name": n, "kind": k, "model": llava_dream_zoo[n]} for n, k in (("dream", "dream"), ("target", "vlm"))]
+    config = load_config({"stages": stages})
+    with pytest.raises(ConfigError, match="a dream drafter cannot be the target"):
+        sub_config(config, [0])
+    assert _drafter_step_s(config, 0, None, ["a"], 8, 1) is None
 
 
 def test_a_dream_verifier_gets_the_target_features_of_the_context_it_holds():
@@ -223,9 +226,9 @@ def test_plan_profiles_a_text_drafter_a_dream_drafter_and_a_vlm_target(llava_dre
     assert all(0 <= p.alpha <= 1 and p.num_draft_tokens > 0 for p in prof.pairs)
     tiny, dream, _ = prof.stages  # the text drafter timed alone in the runtime; a DREAM stage cannot run alone
     assert tiny.step_s is not None and tiny.step_s > 0 and dream.step_s is None and dream.host_s == 0.0
-    plan = recommend(prof, raw)
+    plan = recommend(prof, load_config(raw))
     assert len(plan.chains) == 4
-    assert load_config(recommended_config(raw, plan)).stages[-1].name == "target"
+    assert recommended_config(load_config(raw), plan).stages[-1].name == "target"
 
 
 # ---- the analytical helpers --------------------------------------------------------------------------
@@ -254,7 +257,7 @@ def test_fast_agreeable_drafters_make_a_three_stage_chain():
         {"tiny": (1, 1), "mid": (5, 5), "target": (40, 40)},
         {("tiny", "mid"): 0.9, ("tiny", "target"): 0.81, ("mid", "target"): 0.9},
     )
-    plan = recommend(prof, raw)
+    plan = recommend(prof, load_config(raw))
     assert plan.recommended.stages == ("tiny", "mid", "target")
     two = max(c.tokens_per_s for c in plan.chains if len(c.stages) == 2)
     assert plan.recommended.tokens_per_s > two * (1 + FEWER_STAGES)
@@ -268,13 +271,13 @@ def test_a_slow_drafter_is_left_out_for_the_cheap_one():
         {"cheap": (2, 2), "slow": (35, 35), "target": (40, 40)},
         {("cheap", "slow"): 0.7, ("cheap", "target"): 0.7, ("slow", "target"): 0.5},
     )
-    plan = recommend(prof, raw)
+    plan = recommend(prof, load_config(raw))
     assert plan.recommended.stages == ("cheap", "target")
 
 
 def test_a_drafter_that_gains_less_than_the_margin_leaves_the_target_alone():
     prof, raw = synthetic({"slow": (38, 38), "target": (40, 40)}, {("slow", "target"): 0.1})
-    plan = recommend(prof, raw)
+    plan = recommend(prof, load_config(raw))
     chain = next(c for c in plan.chains if c.stages == ("slow", "target"))
     # its drafts would add 1%, but through its rejections it supplies less than the target makes alone
     assert chain.speedup == pytest.approx(1.0)  # not worth a device
@@ -285,13 +288,13 @@ def test_a_drafter_that_gains_less_than_the_margin_leaves_the_target_alone():
 @pytest.mark.parametrize("verify_ms, stages", [(40, ("d", "target")), (160, ("target",))])
 def test_a_costly_verification_can_make_the_target_alone_best(verify_ms, stages):
     prof, raw = synthetic({"d": (5, 5), "target": (40, verify_ms)}, {("d", "target"): 0.4})
-    assert recommend(prof, raw).recommended.stages == stages
+    assert recommend(prof, load_config(raw)).recommended.stages == stages
 
 
 def test_the_smallest_lookahead_within_a_hair_of_the_best_wins():
     """A fast drafter: every longer window adds a little; a lookahead within TIE of the best is enough."""
     prof, raw = synthetic({"d": (1, 1), "target": (40, 40)}, {("d", "target"): 0.6})
-    plan = recommend(prof, raw)
+    plan = recommend(prof, load_config(raw))
     (chosen,) = plan.recommended.lookaheads
     assert chosen < max(LOOKAHEADS)
     lat, alphas = [0.001, 0.040], [0.6]
@@ -306,10 +309,10 @@ def test_chains_through_an_unmeasured_pair_are_not_candidates():
         {("tiny", "mid"): None, ("tiny", "target"): 0.81, ("mid", "target"): 0.9},
     )
     raw["stages"][1]["relay_above"] = 1  # mid relays where it is in the middle
-    plan = recommend(prof, raw)
+    plan = recommend(prof, load_config(raw))
     assert ("tiny", "mid", "target") not in [c.stages for c in plan.chains]
     assert plan.recommended.stages == ("mid", "target")
-    assert load_config(recommended_config(raw, plan)).stages[0].relay_above is None  # first there: it relays nothing
+    assert recommended_config(load_config(raw), plan).stages[0].relay_above is None  # first there: it relays nothing
 
 
 def test_the_recommended_config_drops_unused_stages_and_sets_lookaheads():
@@ -318,8 +321,8 @@ def test_the_recommended_config_drops_unused_stages_and_sets_lookaheads():
         {("cheap", "slow"): 0.7, ("cheap", "target"): 0.7, ("slow", "target"): 0.5},
     )
     raw["stages"][0]["agreement"] = 0.7
-    plan = recommend(prof, raw)
-    config = load_config(recommended_config(raw, plan))
+    plan = recommend(prof, load_config(raw))
+    config = recommended_config(load_config(raw), plan)
     assert [s.name for s in config.stages] == ["cheap", "target"]
     assert config.stages[0].max_lookahead == plan.recommended.lookaheads[0]
     assert config.stages[0].options.agreement == 0.7
@@ -360,7 +363,7 @@ def test_every_chain_is_predicted_on_every_placement_that_fits():
         {"tiny": (1, 1), "mid": (5, 5), "target": (40, 40)},
         {("tiny", "mid"): 0.9, ("tiny", "target"): 0.81, ("mid", "target"): 0.9},
     )
-    plan = recommend(prof, raw, Devices(2, 1))
+    plan = recommend(prof, load_config(raw), Devices(2, 1))
     three = {label(c.placement) for c in plan.chains if len(c.stages) == 3}
     assert three == {"tiny+mid+target", "tiny+mid | target", "tiny+target | mid", "tiny | mid+target"}
     assert len(plan.chains) == 1 + 2 * 2 + 4 and all(c.devices <= 2 for c in plan.chains)
@@ -372,7 +375,7 @@ def test_every_chain_is_predicted_on_every_placement_that_fits():
 
 def test_on_one_device_a_drafter_and_the_target_predict_synchronous_speculation():
     prof, raw = synthetic({"tiny": (1, 1.5), "target": (40, 48)}, {("tiny", "target"): 0.8})
-    plan = recommend(prof, raw, Devices(1, 2))
+    plan = recommend(prof, load_config(raw), Devices(1, 2))
     shared = next(c for c in plan.chains if c.stages == ("tiny", "target"))
     (sync,) = plan.synchronous
     assert shared.placement == (("tiny", "target"),) and sync.placement == shared.placement
@@ -385,11 +388,11 @@ def test_on_one_device_a_drafter_and_the_target_predict_synchronous_speculation(
 def test_the_recommended_config_places_the_stages_on_devices():
     prof, raw = synthetic({"tiny": (1, 1), "target": (40, 40)}, {("tiny", "target"): 0.8})
     raw["stages"][0]["device_group"] = "elsewhere"  # the plan's placement replaces the config's
-    plan = recommend(prof, raw, Devices(1, 2))
-    config = load_config(recommended_config(raw, plan))
+    plan = recommend(prof, load_config(raw), Devices(1, 2))
+    config = recommended_config(load_config(raw), plan)
     assert [s.device_group for s in config.stages] == ["tiny+target", "tiny+target"]
     assert config.devices() == ((0, 1),) and all(s.resources == {"num_cpus": 2} for s in config.stages)
-    apart = load_config(recommended_config(raw, recommend(prof, raw, Devices(2, 1))))
+    apart = recommended_config(load_config(raw), recommend(prof, load_config(raw), Devices(2, 1)))
     if len(apart.stages) == 2 and len(apart.devices()) == 2:
         assert all(s.device_group is None and s.resources == {"num_cpus": 1} for s in apart.stages)
 
@@ -398,7 +401,7 @@ def test_on_a_near_tie_fewer_devices_win_and_the_plan_says_why():
     """An 8 ms drafter, alpha 0.6, for a 40 ms target: on its own device it is predicted 1.2% faster than
     sharing the target's; within 2%, one device is recommended."""
     prof, raw = synthetic({"d": (8, 8), "target": (40, 40)}, {("d", "target"): 0.6})
-    plan = recommend(prof, raw, Devices(2, 1))
+    plan = recommend(prof, load_config(raw), Devices(2, 1))
     fastest = plan.chains[0]
     assert fastest.placement == (("d",), ("target",)) and plan.recommended.placement == (("d", "target"),)
     assert plan.recommended.tokens_per_s >= (1 - FEWER_STAGES) * fastest.tokens_per_s
@@ -409,9 +412,8 @@ def test_on_a_near_tie_fewer_devices_win_and_the_plan_says_why():
 
 def test_auto_profiles_quickly_and_returns_the_recommended_config():
     raw = mock_raw(tiny={"agreement": 0.9, "latency_ms": 1}, target={"latency_ms": 10})
-    config_raw, plan = auto(raw, Devices(2, 1))
+    config, plan = auto(raw, Devices(2, 1))
     assert plan.profile.prompts and len(plan.profile.prompts) == 1 and plan.profile.torch_threads == 1
-    config = load_config(config_raw)
     assert [s.name for s in config.stages] == list(plan.recommended.stages)
     assert len(config.devices()) == plan.recommended.devices
     assert all(s.resources == {"num_cpus": 1} for s in config.stages)
@@ -428,7 +430,7 @@ def trial_plan(devices: int = 2, alphas: tuple[float, float, float] = (0.8, 0.5,
     names = (("tiny", "d"), ("tiny", "target"), ("d", "target"))
     pairs = tuple(PairProfile(a, b, alpha) for (a, b), alpha in zip(names, alphas, strict=True))
     raw = {"name": "trial-test", "stages": [{"name": s.name, "kind": "mock", "vocab_size": 64} for s in stages]}
-    return recommend(Profile("synthetic", stages, pairs, ("p",), None, 64, 4), raw, Devices(devices, 1))
+    return recommend(Profile("synthetic", stages, pairs, ("p",), None, 64, 4), load_config(raw), Devices(devices, 1))
 
 
 def on(plan, stages: tuple[str, ...], devices: int):
@@ -470,26 +472,26 @@ def test_the_chain_of_greatest_speedup_tried_is_tried_again_with_draft_trees_of_
     raw = {"name": "trial-test", "stages": [{"name": n, "kind": "mock", "vocab_size": 64} for n in ("tiny", "d", "target")]}
     tried_ones = contenders(plan, 3)
     trials = [Trial(c, (10.0 + k,), (10.0,)) for k, c in enumerate(tried_ones)]  # the target alone last, the fastest
-    (treed,) = with_trees(trials, plan, raw)
+    (treed,) = with_trees(trials, plan, load_config(raw))
     chained = tried_ones[-2]  # the greatest speedup measured with a drafter
     calibrated = 0.7 if chained.stages[-2] == "d" else 1.0  # the profile fitted d's; tiny's: none (1.0)
     assert treed == replace(chained, tree=TreeShape(budget=7, temperature=calibrated))
     assert treed.chain == " -> ".join(chained.stages) + " (trees)"
-    config = load_config(candidate_config(raw, treed, plan.devices))
+    config = candidate_config(load_config(raw), treed, plan.devices)
     assert config.stages[-2].tree == treed.tree and all(s.tree is None for s in config.stages if s is not config.stages[-2])
     with_a_tree = {**raw, "stages": [*raw["stages"][:1], {**raw["stages"][1], "tree": {}}, raw["stages"][2]]}
-    assert load_config(candidate_config(with_a_tree, on(plan, ("d", "target"), 1), plan.devices)).stages[-2].tree is None
+    assert candidate_config(load_config(with_a_tree), on(plan, ("d", "target"), 1), plan.devices).stages[-2].tree is None
     predrafting = {**raw, "stages": [*raw["stages"][:1], {**raw["stages"][1], "predraft": 2}, raw["stages"][2]]}
     trees_of_d = replace(on(plan, ("d", "target"), 1), tree=TreeShape(budget=7))
-    assert load_config(candidate_config(predrafting, trees_of_d, plan.devices)).stages[-2].predraft == 0  # offers trees instead
-    assert with_trees([t for t in trials if len(t.candidate.stages) == 1], plan, raw) == []  # no drafter: no trees
+    assert candidate_config(load_config(predrafting), trees_of_d, plan.devices).stages[-2].predraft == 0  # offers trees instead
+    assert with_trees([t for t in trials if len(t.candidate.stages) == 1], plan, load_config(raw)) == []  # no drafter: no trees
 
 
 def test_a_target_one_row_wide_is_offered_no_trees(family):
     pair = [{"name": n, "kind": "causal_lm", "model": family[n]} for n in ("tiny", "target")]
-    assert tree_shape(trial_plan().profile, {"stages": pair}, "tiny") == TreeShape(budget=7)
+    assert tree_shape(trial_plan().profile, load_config({"stages": pair}), "tiny") == TreeShape(budget=7)
     pair[1]["max_width"] = 1
-    assert tree_shape(trial_plan().profile, {"stages": pair}, "tiny") is None
+    assert tree_shape(trial_plan().profile, load_config({"stages": pair}), "tiny") is None
 
 
 def test_every_drafter_s_pair_with_the_target_is_tried_though_ranked_low():

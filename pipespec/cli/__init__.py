@@ -58,11 +58,14 @@ import json
 import sys
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipespec.cli.trials import TRIALS
 from pipespec.protocol.logprobs import TokenLogprobs
 from pipespec.requests.generate_args import DEFAULT_MAX_NEW_TOKENS
+
+if TYPE_CHECKING:
+    from pipespec.config import PipelineConfig
 
 DEMO_MODELS = Path("models", "demo")  # `pipespec demo`'s models: the working directory's (`make demo` runs in the repository)
 
@@ -116,7 +119,7 @@ def serve(args: argparse.Namespace) -> int:
     from pipespec.commands.examples import config_path
     from pipespec.config import load_config
 
-    config: str | dict = args.config
+    config: str | PipelineConfig = args.config
     if args.plan != "auto" and (args.devices is not None or args.image is not None):
         return _fail("serve", "--devices and --image are for --plan auto; give it too")
     if args.plan == "auto":
@@ -207,27 +210,28 @@ def _logprob_lines(logprobs: list[TokenLogprobs], tokenizer: Any = None) -> list
 
 
 def plan(args: argparse.Namespace) -> int:
+    from pipespec.config import load_config
     from pipespec.planning.placement import Devices
     from pipespec.planning.plan import format_plan, recommend, write_config
-    from pipespec.planning.profiling import profile, read_config
+    from pipespec.planning.profiling import profile
 
     if args.trials < 0:
         return _fail("plan", f"--trials must be 0 or more, got {args.trials}")
     try:
         devices = Devices.of_this_machine(args.devices)
         threads = devices.threads if args.threads is None else args.threads
-        _, raw = read_config(args.config)
-        measured = profile(raw, args.prompt, args.image, args.max_new_tokens, torch_threads=threads)
+        config = load_config(args.config)
+        measured = profile(config, args.prompt, args.image, args.max_new_tokens, torch_threads=threads)
     except ValueError as e:  # ConfigError included: the message names the key, file or value
         return _fail("plan", e)
-    result = recommend(measured, raw, devices)
+    result = recommend(measured, config, devices)
     if args.trials:
         from pipespec.cli.trials import run_trials
         from pipespec.planning.plan import tried
         from pipespec.requests.outputs import GenerationError
 
         try:
-            result = tried(result, run_trials(raw, result, args.image, args.trials, threads=threads))
+            result = tried(result, run_trials(config, result, args.image, args.trials, threads=threads))
         except ValueError as e:  # a candidate the cluster refuses (ConfigError): the message names what
             return _fail("plan", e)
         except GenerationError as e:  # a request failed in a trial's pipeline
@@ -238,7 +242,7 @@ def plan(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(result.as_dict(), indent=2) + "\n")
     if args.write_config:
         Path(args.write_config).parent.mkdir(parents=True, exist_ok=True)
-        write_config(raw, result, args.write_config)
+        write_config(config, result, args.write_config)
         print(f"recommended config written to {args.write_config}")
     return 0
 

@@ -68,9 +68,9 @@ class DemoError(Exception):
     this machine cannot hold. The message says which."""
 
 
-def demo_raw(models: Path, names: Sequence[str], dtype: str, cpus: float) -> dict[str, Any]:
-    """The demo pipeline of the stages `names` (of tiny, dream, target), each on a device of `cpus` cores,
-    as a mapping; the models' paths absolute (an actor may run in another directory)."""
+def demo_config(models: Path, names: Sequence[str], dtype: str, cpus: float) -> PipelineConfig:
+    """The demo pipeline of the stages `names` (of tiny, dream, target), each on a device of `cpus` cores; the
+    models' paths absolute (an actor may run in another directory)."""
     kinds = {"tiny": "causal_lm", "dream": "dream", "target": "vlm"}
     lookahead = {"tiny": 6, "dream": 6, "target": 0}
     stages = [
@@ -80,11 +80,7 @@ def demo_raw(models: Path, names: Sequence[str], dtype: str, cpus: float) -> dic
         }
         for n in names
     ]  # fmt: skip
-    return {"name": "demo" if len(names) > 1 else "target-alone", "stages": stages, "server": {"port": 0}}
-
-
-def demo_config(models: Path, names: Sequence[str], dtype: str, cpus: float) -> PipelineConfig:
-    return load_config(demo_raw(models, names, dtype, cpus))
+    return load_config({"name": "demo" if len(names) > 1 else "target-alone", "stages": stages, "server": {"port": 0}})
 
 
 def default_image(models: Path) -> Any:
@@ -214,12 +210,12 @@ def demo_setup(
     from pipespec.cli.trials import run_trials
     from pipespec.planning.plan import auto, recommended_config, tried
 
-    raw = demo_raw(request.models, CHAIN, dtype, plan.cpus)
+    config = demo_config(request.models, CHAIN, dtype, plan.cpus)
     try:
-        _, modelled = auto(raw, plan, prompts=[request.prompt], image=request.image)
-        trials = run_trials(raw, modelled, request.image, max_new_tokens=request.max_new_tokens, on_trial=on_trial)
+        _, modelled = auto(config, plan, prompts=[request.prompt], image=request.image)
+        trials = run_trials(config, modelled, request.image, max_new_tokens=request.max_new_tokens, on_trial=on_trial)
         chosen = tried(modelled, trials)
-        return DemoSetup(request, load_config(recommended_config(raw, chosen)), dtype, plan.count * plan.cpus, chosen)
+        return DemoSetup(request, recommended_config(config, chosen), dtype, plan.count * plan.cpus, chosen)
     except ConfigError as e:
         raise DemoError(str(e)) from None
 

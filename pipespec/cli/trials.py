@@ -31,10 +31,12 @@ by side holds; `pipespec.planning.plan.tried` picks by it. Every trial starts it
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pipespec.config import PipelineConfig
     from pipespec.planning.plan import Plan, Trial
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,7 @@ ROUNDS = 5  # rounds of the profile's prompts per trial: the median of 5 ratios 
 
 
 def run_trials(
-    raw: Mapping[str, Any],
+    config: PipelineConfig,
     plan: Plan,
     picture: Any = None,
     count: int = TRIALS,
@@ -54,21 +56,21 @@ def run_trials(
     on_trial: Callable[[Trial], None] | None = None,
 ) -> tuple[Trial, ...]:
     """Start a local Ray (stopped on return) and try each of `plan`'s contenders in turn, then the chain of greatest
-    speedup measured again with draft trees (`with_trees`): `raw` the config it planned, `picture` what its prompts
+    speedup measured again with draft trees (`with_trees`): `config` the config it planned, `picture` what its prompts
     ask about (a VLM target), `max_new_tokens` each request's (default: the profile's), `threads` the target alone's
     torch threads (default: one device's, else 1); `on_trial` is given each trial as it ends -> the trials. A
     candidate that fails to start raises."""
     from pipespec.cli.timed_requests import serving, timed, tokens_per_s
     from pipespec.cluster.pipeline import local_ray
-    from pipespec.config import load_config
+    from pipespec.config import sub_pipeline
     from pipespec.engine.affinity import pinned
     from pipespec.local import LocalPipeline
     from pipespec.planning.plan import Candidate, Trial, candidate_config, contenders, with_trees
-    from pipespec.planning.profiling import request_keywords, sub_config
+    from pipespec.planning.profiling import request_keywords
 
     prof = plan.profile
-    raw = {**raw, "server": {**(raw.get("server") or {}), "host": "127.0.0.1", "port": 0}}  # private, any free port
-    target = sub_config(raw, [len(raw["stages"]) - 1])
+    config = replace(config, server=replace(config.server, host="127.0.0.1", port=0))  # private, any free port
+    target = sub_pipeline(config, [config.target.name])
     tokens = max_new_tokens or prof.max_new_tokens
     requests = [request_keywords(target, p, picture, tokens) for p in prof.prompts]
     threads = threads or (plan.devices.threads if plan.devices else 1)
@@ -78,7 +80,7 @@ def run_trials(
 
         def attempt(candidate: Candidate) -> None:
             measured: list[tuple[float, float]] = []
-            with serving(load_config(candidate_config(raw, candidate, plan.devices)), requests[0]) as client:
+            with serving(candidate_config(config, candidate, plan.devices), requests[0]) as client:
                 for _ in range(rounds):
                     pipeline = tokens_per_s([timed(client.stream, r) for r in requests])
                     with pinned(threads):  # as the candidate's actors are (pipespec.cluster.cores)
@@ -91,6 +93,6 @@ def run_trials(
 
         for candidate in contenders(plan, count):
             attempt(candidate)
-        for candidate in with_trees(trials, plan, raw):
+        for candidate in with_trees(trials, plan, config):
             attempt(candidate)
     return tuple(trials)

@@ -99,14 +99,17 @@ def add_serve_arguments(
     )
 
 
-def serve(config_arg: str | Mapping[str, Any], options: ServeOptions = ServeOptions()) -> int:
-    """Serve `config_arg` (a config file, a shipped example's name, or a parsed config) as `options`
-    say until stopped; -> the exit status (2: it could not start, 1: it could not be restored)."""
+def serve(config_arg: str | Mapping[str, Any] | PipelineConfig, options: ServeOptions = ServeOptions()) -> int:
+    """Serve `config_arg` (a config file, a shipped example's name, a parsed config or a validated one) as
+    `options` say until stopped; -> the exit status (2: it could not start, 1: it could not be restored)."""
     from pipespec.commands.examples import config_path
-    from pipespec.config import load_config
+    from pipespec.config import PipelineConfig, load_config
 
     try:  # before anything starts: a port in use is refused at once
-        config = load_config(config_path(config_arg) if isinstance(config_arg, str) else config_arg)
+        if isinstance(config_arg, PipelineConfig):
+            config = config_arg
+        else:
+            config = load_config(config_path(config_arg) if isinstance(config_arg, str) else config_arg)
         check_early(config, options)
     except ConfigError as e:
         print(f"pipespec: {e}", file=sys.stderr)

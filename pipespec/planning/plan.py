@@ -47,11 +47,11 @@ from typing import Any
 
 import yaml
 
-from pipespec.config import PipelineConfig, cut_chain, load_config
+from pipespec.config import PipelineConfig, config_dict, load_config, sub_pipeline, with_stages
 from pipespec.errors import ConfigError
 from pipespec.planning.analytical import client_rate, forward_latency, placed_rate, sync_rate
 from pipespec.planning.placement import Devices, label, on_devices, placements
-from pipespec.planning.profiling import IMAGE_PROMPTS, TEXT_PROMPTS, Profile, profile, read_config
+from pipespec.planning.profiling import IMAGE_PROMPTS, TEXT_PROMPTS, Profile, profile
 from pipespec.protocol.tree_shape import TreeShape
 
 LOOKAHEADS = (2, 4, 6, 8, 12, 16, 24, 32)  # 1 is left out: a window of 1 leaves the drafter nothing to run ahead with
@@ -145,7 +145,7 @@ class Plan:
 
 
 def recommend(
-    prof: Profile, raw: Mapping[str, Any], devices: Devices | None = None, lookaheads: Sequence[int] = LOOKAHEADS
+    prof: Profile, config: PipelineConfig, devices: Devices | None = None, lookaheads: Sequence[int] = LOOKAHEADS
 ) -> Plan:
     """Predict every valid chain on every placement on at most `devices.count` devices (None: a device per
     stage) at every grid of lookaheads; recommend the fastest (fewer devices, then stages, on a near tie)."""
@@ -156,7 +156,7 @@ def recommend(
         for drafters in itertools.combinations(range(n - 1), size):
             indices = [*drafters, n - 1]
             ways = placements(len(indices), devices.count) if devices else [tuple(range(len(indices)))]
-            chains += [c for c in (_best_chain(prof, raw, indices, p, devices, lookaheads, alone) for p in ways) if c]
+            chains += [c for c in (_best_chain(prof, config, indices, p, devices, lookaheads, alone) for p in ways) if c]
     if not chains:
         raise ConfigError(f"pipespec plan: no chain of {[s.name for s in prof.stages]} can be placed on {devices}")
     chains.sort(key=lambda c: -c.tokens_per_s)
@@ -202,7 +202,7 @@ def contenders(plan: Plan, count: int) -> list[Candidate]:
     return chosen if alone is None or alone in chosen else [*chosen, alone]
 
 
-def with_trees(trials: Sequence[Trial], plan: Plan, raw: Mapping[str, Any]) -> list[Candidate]:
+def with_trees(trials: Sequence[Trial], plan: Plan, config: PipelineConfig) -> list[Candidate]:
     """What to try after `trials`: the chain of greatest speedup among them that has a drafter, again with draft
     trees (`tree_shape`; none if no such chain was tried). Whether the drafter right before the target offering its
     siblings pays depends on the device and the pair (a wider forward costs little on a GPU and more on this CPU;
@@ -212,14 +212,14 @@ def with_trees(trials: Sequence[Trial], plan: Plan, raw: Mapping[str, Any]) -> l
     if not chained:
         return []
     best = max(chained, key=lambda t: t.speedup).candidate
-    shape = tree_shape(plan.profile, raw, best.stages[-2])
+    shape = tree_shape(plan.profile, config, best.stages[-2])
     return [] if shape is None else [replace(best, tree=shape)]
 
 
-def tree_shape(prof: Profile, raw: Mapping[str, Any], drafter: str) -> TreeShape | None:
+def tree_shape(prof: Profile, config: PipelineConfig, drafter: str) -> TreeShape | None:
     """The trees `drafter` offers the target in a candidate: as many nodes as the target's widest forward holds beside
     its root, the drafter's values calibrated as profiled (its pair's `temperature`); None if that is none."""
-    target = load_config(raw).target
+    target = config.target
     widest = getattr(target.options, "max_width", None) or 8  # a mock's forwards have no widest: a model's default
     if widest < 2:
         return None
@@ -248,7 +248,7 @@ def _preferred(items: Sequence[Any], candidate: Callable[[Any], Candidate], scor
 
 def _best_chain(
     prof: Profile,
-    raw: Mapping[str, Any],
+    config: PipelineConfig,
     indices: Sequence[int],
     placement: tuple[int, ...],
     devices: Devices | None,
@@ -263,7 +263,7 @@ def _best_chain(
         return None
     groups = on_devices(names, placement)
     try:
-        config = load_config({**raw, "stages": placed_stages(raw, names, groups, devices)})
+        chain = placed(config, names, groups, devices)
     except ConfigError:
         return None
     drafters = [prof.stages[i] for i in indices[:-1]]
@@ -272,7 +272,7 @@ def _best_chain(
     block_s = [s.verify_s + s.host_s for s in drafters] + [target_block_s]
     scored = []
     for combo in itertools.product(grid, repeat=len(indices) - 1):
-        windows = _windows(config, combo)
+        windows = _windows(chain, combo)
         rate = placed_rate(one_s, block_s, prof.stages[-1].verify_tokens, alphas, windows, placement)
         scored.append((_seen(prof, rate), combo, windows))
     top = max(rate for rate, _, _ in scored)
@@ -320,73 +320,67 @@ def _best_sync(prof: Profile, i: int, grid: Sequence[int], alone: float) -> Cand
 # ---- the recommended config ------------------------------------------------------------------------
 
 
-def placed_stages(
-    raw: Mapping[str, Any], names: Sequence[str], groups: Sequence[Sequence[str]], devices: Devices | None
-) -> list[dict[str, Any]]:
-    """The raw stages `names` of the config `raw`, in that order, placed on `groups`: stages sharing a
-    device get the `device_group` named after them (`tiny+dream`), and with `devices`, every stage the
-    resources of one device (its own, num_cpus set to the device's cores). The config's own groups go, and the
-    `relay_above` of a stage no longer in the middle."""
-    specs = load_config(raw).stages
-    by_name = {s.name: raw["stages"][k] for k, s in enumerate(specs)}
-    resources = {s.name: s.resources for s in specs}  # with their defaults (a cuda stage's GPU)
+def placed(
+    config: PipelineConfig, names: Sequence[str], groups: Sequence[Sequence[str]], devices: Devices | None
+) -> PipelineConfig:
+    """`config`'s chain of the stages `names` (`sub_pipeline`, under the config's own name) placed on `groups`: stages
+    sharing a device get the `device_group` named after them (`tiny+dream`), the others a device each, and with
+    `devices`, every stage the resources of one device (its own, num_cpus set to the device's cores). ConfigError if
+    that is no valid chain (stages on one device with different torch devices)."""
+    chain = sub_pipeline(config, names)
     group_of = {name: "+".join(group) for group in groups if len(group) > 1 for name in group}
-    out = []
-    for name, raw_stage in zip(names, cut_chain([by_name[name] for name in names])):
-        stage = {k: v for k, v in raw_stage.items() if k != "device_group"}
-        stage["name"] = name
-        if name in group_of:
-            stage["device_group"] = group_of[name]
-        if devices is not None:
-            stage["resources"] = {**resources[name], "num_cpus": devices.cpus}
-        out.append(stage)
-    return out
+    stages = [
+        replace(
+            s,
+            device_group=group_of.get(s.name),
+            resources={**s.resources, "num_cpus": devices.cpus} if devices is not None else s.resources,
+        )
+        for s in chain.stages
+    ]
+    return with_stages(replace(chain, name=config.name), stages)
 
 
-def candidate_config(raw: Mapping[str, Any], candidate: Candidate, devices: Devices | None) -> dict[str, Any]:
-    """The original config with the stages `candidate` leaves out dropped, each drafter's max_lookahead
-    set, the stages placed as it says on `devices` (`placed_stages`); validated by load_config."""
-    stages = placed_stages(raw, candidate.stages, candidate.placement, devices)
-    for stage, lookahead in zip(stages, candidate.lookaheads):
-        stage["max_lookahead"] = lookahead
-    for stage in stages:
-        stage.pop("tree", None)  # chains, but where the candidate offers trees
-    if candidate.tree is not None:  # (a stage that offers trees pre-drafts nothing)
-        stages[-2]["tree"] = asdict(candidate.tree)
-        stages[-2].pop("predraft", None)
-    out = {**raw, "stages": stages}
-    load_config(out)
-    return out
+def candidate_config(config: PipelineConfig, candidate: Candidate, devices: Devices | None) -> PipelineConfig:
+    """`config` as `candidate` runs it: the stages it leaves out dropped, the rest placed as it says on `devices`
+    (`placed`), each drafter's max_lookahead its own, draft trees offered only where it offers them (a stage that
+    offers trees pre-drafts nothing)."""
+    chain = placed(config, candidate.stages, candidate.placement, devices)
+    lookaheads = dict(zip(candidate.stages, candidate.lookaheads))
+    stages = [replace(s, max_lookahead=lookaheads.get(s.name, s.max_lookahead), tree=None) for s in chain.stages]
+    if candidate.tree is not None:
+        stages[-2] = replace(stages[-2], tree=candidate.tree, predraft=0)
+    return with_stages(chain, stages)
 
 
-def recommended_config(raw: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+def recommended_config(config: PipelineConfig, plan: Plan) -> PipelineConfig:
     """`candidate_config` of the plan's recommendation."""
-    return candidate_config(raw, plan.recommended, plan.devices)
+    return candidate_config(config, plan.recommended, plan.devices)
 
 
-def write_config(raw: Mapping[str, Any], plan: Plan, path: str | os.PathLike) -> None:
+def write_config(config: PipelineConfig, plan: Plan, path: str | os.PathLike) -> None:
+    """The plan's recommendation as a config file (every default filled in, as `pipespec config` prints one)."""
     chosen = plan.recommended
     how = "measured in place" if plan.trials else "predicted"
     header = (
         f"# recommended by `pipespec plan`: {chosen.chain} on {label(chosen.placement)}, "
         f"{plan.predicted:.1f} tok/s, {plan.predicted_speedup:.2f}x the target alone, {how}\n"
     )
-    Path(path).write_text(header + yaml.safe_dump(recommended_config(raw, plan), sort_keys=False))
+    Path(path).write_text(header + yaml.safe_dump(config_dict(recommended_config(config, plan)), sort_keys=False))
 
 
 def auto(
-    source: str | os.PathLike | Mapping[str, Any],
+    source: PipelineConfig | str | os.PathLike | Mapping[str, Any],
     devices: Devices,
     prompts: Sequence[str] | None = None,
     image: Any = None,
     max_new_tokens: int = AUTO_TOKENS,
-) -> tuple[dict[str, Any], Plan]:
+) -> tuple[PipelineConfig, Plan]:
     """What `--plan auto` runs: a quick profile (`prompts`, default one built-in; forwards at one device's
-    threads), the recommendation for `devices` -> (the recommended config's mapping, the plan)."""
-    _, raw = read_config(source)
+    threads), the recommendation for `devices` -> (the recommended config, the plan)."""
+    config = source if isinstance(source, PipelineConfig) else load_config(source)
     quick = prompts or (IMAGE_PROMPTS if image is not None else TEXT_PROMPTS)[:1]
-    plan = recommend(profile(raw, quick, image, max_new_tokens, torch_threads=devices.threads), raw, devices)
-    return recommended_config(raw, plan), plan
+    plan = recommend(profile(config, quick, image, max_new_tokens, torch_threads=devices.threads), config, devices)
+    return recommended_config(config, plan), plan
 
 
 # ---- report ----------------------------------------------------------------------------------------

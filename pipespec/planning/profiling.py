@@ -29,13 +29,11 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
-from pipespec.config import PipelineConfig, cut_chain, load_config
+from pipespec.config import PipelineConfig, load_config, sub_pipeline
 from pipespec.engine.affinity import pinned
 from pipespec.engine.handoff import FeaturedVerifier, hand_prefill
 from pipespec.engine.stage import Session, Stage
@@ -141,21 +139,14 @@ class Profile:
         return replace(self.stages[-1], step_s=self.requests and self.requests.step_s).host_s
 
 
-def read_config(source: str | os.PathLike | Mapping[str, Any]) -> tuple[PipelineConfig, dict[str, Any]]:
-    """-> (the validated config, its raw mapping, from which sub-chains and the recommended config are cut)."""
-    config = load_config(source)
-    raw = dict(source) if isinstance(source, Mapping) else yaml.safe_load(Path(source).read_text())
-    return config, raw
-
-
-def sub_config(raw: Mapping[str, Any], indices: Sequence[int]) -> PipelineConfig:
-    """The config of the chain of stages `indices` (upstream first; the last one its target, a drafter alone
-    included); ConfigError says why it is invalid."""
-    return load_config({**raw, "stages": cut_chain([raw["stages"][i] for i in indices])})
+def sub_config(config: PipelineConfig, indices: Sequence[int]) -> PipelineConfig:
+    """The config of the chain of `config`'s stages `indices` (upstream first; the last one its target, a drafter
+    alone included: `sub_pipeline`); ConfigError says why it is invalid."""
+    return sub_pipeline(config, [config.stages[i].name for i in indices])
 
 
 def profile(
-    source: str | os.PathLike | Mapping[str, Any],
+    source: PipelineConfig | str | os.PathLike | Mapping[str, Any],
     prompts: Sequence[str] | None = None,
     image: Any = None,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
@@ -173,7 +164,7 @@ def profile(
 
     if max_new_tokens <= verify_tokens:
         raise ValueError(f"max_new_tokens ({max_new_tokens}) must exceed verify_tokens ({verify_tokens})")
-    config, raw = read_config(source)
+    config = source if isinstance(source, PipelineConfig) else load_config(source)
     picture, image_name = _image(config, image)
     prompts = tuple(prompts or (IMAGE_PROMPTS if picture is not None else TEXT_PROMPTS))
     pipeline = LocalPipeline(config, torch_threads=torch_threads)  # loads the stages; never started
@@ -183,23 +174,23 @@ def profile(
             _profile_stage(pipeline.stages, i, config, requests[0], verify_tokens, repeats) for i in range(len(config.stages))
         )
         last = len(config.stages) - 1
-        timed = _time_requests(raw, last, pipeline.stages[-1], prompts, picture, max_new_tokens, torch_threads)
+        timed = _time_requests(config, last, pipeline.stages[-1], prompts, picture, max_new_tokens, torch_threads)
         stages = tuple(
-            replace(s, step_s=_drafter_step_s(raw, i, pipeline.stages[i], prompts, max_new_tokens, torch_threads))
+            replace(s, step_s=_drafter_step_s(config, i, pipeline.stages[i], prompts, max_new_tokens, torch_threads))
             if i < last
             else s
             for i, s in enumerate(stages)
         )
         valid = pipeline.entrance.tokenizer_size
         pairs = tuple(
-            _profile_pair(pipeline.stages, [s.name for s in config.stages], raw, i, j, requests, gamma, valid)
+            _profile_pair(pipeline.stages, config, i, j, requests, gamma, valid)
             for i, j in itertools.combinations(range(len(config.stages)), 2)
         )
         return Profile(config.name, stages, pairs, prompts, image_name, max_new_tokens, gamma, torch_threads, timed)
 
 
 def _time_requests(
-    raw: Mapping[str, Any],
+    config: PipelineConfig,
     index: int,
     stage: Stage,
     prompts: Sequence[str],
@@ -207,11 +198,11 @@ def _time_requests(
     max_new_tokens: int,
     torch_threads: int | None,
 ) -> Requests:
-    """The loaded stage `index` of `raw` alone in the runtime, in this process: each prompt streamed, timed
+    """The loaded stage `index` of `config` alone in the runtime, in this process: each prompt streamed, timed
     (`Requests`). ConfigError if that stage cannot run alone."""
     from pipespec.local import LocalPipeline
 
-    alone = sub_config(raw, [index])
+    alone = sub_config(config, [index])
     tokens, first_s, seconds = [], [], []
     with LocalPipeline(alone, stages=[stage], torch_threads=torch_threads) as pipeline:
         for prompt in prompts:
@@ -238,15 +229,17 @@ DRAFTER_ROUNDS = 5  # a drafter's step in the runtime is the median of this many
 
 
 def _drafter_step_s(
-    raw: Mapping[str, Any], index: int, stage: Stage, prompts: Sequence[str], max_new_tokens: int, torch_threads: int | None
+    config: PipelineConfig, index: int, stage: Stage, prompts: Sequence[str], max_new_tokens: int, torch_threads: int | None
 ) -> float | None:
     """The drafter `index` alone in the runtime on the prompts' text (`_time_requests`): its seconds per token after
     its first, the median of `DRAFTER_ROUNDS` rounds; None if it cannot run alone (a DREAM stage reads its verifier's
     features) or stopped at once."""
     try:
-        rounds = [_time_requests(raw, index, stage, prompts, None, max_new_tokens, torch_threads) for _ in range(DRAFTER_ROUNDS)]
+        rounds = [
+            _time_requests(config, index, stage, prompts, None, max_new_tokens, torch_threads) for _ in range(DRAFTER_ROUNDS)
+        ]
     except ConfigError as e:
-        log.info("stage %s not timed alone in the runtime: %s", raw["stages"][index].get("name", index), e)
+        log.info("stage %s not timed alone in the runtime: %s", config.stages[index].name, e)
         return None
     steps = [r.step_s for r in rounds if r.step_s is not None]
     return statistics.median(steps) if steps else None
@@ -339,17 +332,17 @@ def _profile_stage(
 
 def _profile_pair(
     stages: Sequence[Stage],
-    names: Sequence[str],
-    raw: Mapping[str, Any],
+    config: PipelineConfig,
     i: int,
     j: int,
     requests: Sequence[RequestSpec],
     gamma: int,
     valid: int | None,
 ) -> PairProfile:
-    """Stage i drafting for stage j in the chain (i, j, ..., target); skipped if that chain is invalid."""
+    """Stage i drafting for stage j in the chain (i, j, ..., target) of `config`; skipped if that chain is invalid."""
+    names = [s.name for s in config.stages]
     try:
-        chain = sub_config(raw, [i, *range(j, len(names))])
+        chain = sub_config(config, [i, *range(j, len(names))])
     except ConfigError as e:
         log.info("pair %s -> %s skipped: %s", names[i], names[j], e)
         return PairProfile(names[i], names[j], None, skipped=str(e))
