@@ -20,13 +20,10 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from pipespec.engine.stage import NO_SIDES, Feed, next_chunk, open_whole
 from pipespec.protocol.messages import RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
-from pipespec.stages.device import kv_budget, stage_device
-from pipespec.stages.forwards import Shapes, compiles
-from pipespec.stages.invariance import fit_model
-from pipespec.stages.kinds import ModelOptions
-from pipespec.stages.packed_forwards import PackedForwards, TreeFeeding
+from pipespec.stages.device import stage_device
+from pipespec.stages.model_stage import PackedModelStage, eos_ids
+from pipespec.stages.packed_forwards import TreeFeeding
 from pipespec.stages.packing import use_packed_attention
-from pipespec.stages.static_kv import static_pool
 from pipespec.stages.vocabulary import LogitsFit
 from pipespec.stages.weight_layout import column_major
 
@@ -36,7 +33,7 @@ if TYPE_CHECKING:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class CausalLMStage:
+class CausalLMStage(PackedModelStage):
     def __init__(self, spec: StageSpec, at: BuildContext = ALONE, model: PreTrainedModel | None = None):
         """The model in `spec.model` (or `model`, already built: a random-weight shape in an experiment), in
         `spec.dtype` on `spec.device`; its logits fit `at.width` and `at.valid`. Its forwards are warmed up
@@ -50,35 +47,11 @@ class CausalLMStage:
         lock = use_packed_attention(self.model)
         self.fit = LogitsFit.of(name, self.model.get_output_embeddings().out_features, at.width, at.valid)
         self.vocab_size = self.fit.width
-        eos = self.model.generation_config.eos_token_id
-        if eos is None:
-            eos = self.model.config.eos_token_id
-        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else eos or [])
-        options = spec.options if spec.options is not None else ModelOptions()
-        limit = getattr(self.model.config, "max_position_embeddings", None)
-        self.shapes = Shapes.of(options, limit, self.device, target=len(at.chain) <= 1)
-        self.max_context = self.shapes.context
-        self.prefill_rows = options.prefill_chunk
-        most = max(spec.max_batch * self.shapes.widths[-1], self.prefill_rows)  # rows of its widest forward
-        invariance = fit_model(name, self.model, self.shapes.widths[0], self.shapes.capacity, most)
-        self.forwards = PackedForwards(
-            name, self._step, self.shapes, spec.max_batch, compiles(options), self.device, lock, invariance
-        )
-        budget = kv_budget(self.device, options.kv_budget_gib)
-        self.caches = static_pool(self.model.config, self.shapes.capacity, self.dtype, self.device, budget)
-        self.forwards.warm_up(self.caches, min(self.eos_token_ids, default=0))
+        self.eos_token_ids = eos_ids(self.model, self.model.config.eos_token_id)
+        self._pack(spec, at, getattr(self.model.config, "max_position_embeddings", None), lock)
 
     def cache_size(self, request: RequestSpec) -> int:
-        """The positions of `request`'s cache here: its prompt, its new tokens, a forward's padding."""
-        return self.caches.size_for(len(request.text_prompt) + request.max_new_tokens + self.shapes.room)
-
-    def admits(self, request: RequestSpec) -> bool:
-        """Whether `request`'s cache fits the stage's KV budget now (pipespec.engine.stage.AdmittingStage)."""
-        return self.caches.admits(self.cache_size(request))
-
-    @property
-    def kv_use(self) -> float:
-        return self.caches.use
+        return self.positions(len(request.text_prompt), request)
 
     def _step(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor]:
         """Packed ids [1, T] at positions [1, T] -> (logits [1, T, V'])."""

@@ -32,14 +32,11 @@ from pipespec.errors import ConfigError
 from pipespec.protocol.messages import ImageInputs, PrefillFeatures, RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.causal_lm import DTYPES
-from pipespec.stages.device import kv_budget, stage_device
+from pipespec.stages.device import stage_device
 from pipespec.stages.dream.compression import attention_received
-from pipespec.stages.forwards import Shapes, compiles
-from pipespec.stages.invariance import fit_model
-from pipespec.stages.kinds import ModelOptions
-from pipespec.stages.packed_forwards import PackedForwards, TreeFeeding
+from pipespec.stages.model_stage import PackedModelStage, eos_ids
+from pipespec.stages.packed_forwards import TreeFeeding
 from pipespec.stages.packing import prefill, use_packed_attention
-from pipespec.stages.static_kv import static_pool
 from pipespec.stages.vocabulary import LogitsFit
 from pipespec.stages.weight_layout import column_major
 
@@ -84,7 +81,7 @@ class _Taps:
         self.attention = output[1]  # per piece [1, heads, w, C] (pipespec.stages.packing)
 
 
-class VLMStage:
+class VLMStage(PackedModelStage):
     def __init__(self, spec: StageSpec, at: BuildContext = ALONE):
         """The model in `spec.model`, in `spec.dtype` on `spec.device`; its logits fit `at.width` and `at.valid`.
         When a DREAM drafter reads its features (`at.sends_features`), prefill also computes the last
@@ -101,41 +98,17 @@ class VLMStage:
         text = config.get_text_config()
         self.fit = LogitsFit.of(name, self.model.get_output_embeddings().out_features, at.width, at.valid)
         self.vocab_size = self.fit.width
-        self.max_context = getattr(text, "max_position_embeddings", None)
-        eos = self.model.generation_config.eos_token_id
-        if eos is None:
-            eos = text.eos_token_id
-        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else eos or [])
+        self.eos_token_ids = eos_ids(self.model, text.eos_token_id)
         image_token = getattr(config, "image_token_id", None)
         self.image_token_id = getattr(config, "image_token_index", None) if image_token is None else image_token
         lock = use_packed_attention(self.model)
         self.taps = _Taps(self.model, at.sends_features)
         self.inner = self.model.model
         self.has_rope_deltas = hasattr(self.inner, "rope_deltas")
-        options = spec.options if spec.options is not None else ModelOptions()
-        self.shapes = Shapes.of(options, self.max_context, self.device, target=len(at.chain) <= 1)
-        self.max_context = self.shapes.context
-        self.prefill_rows = options.prefill_chunk
-        most = max(spec.max_batch * self.shapes.widths[-1], self.prefill_rows)  # rows of its widest forward
-        invariance = fit_model(name, self.model, self.shapes.widths[0], self.shapes.capacity, most)
-        self.forwards = PackedForwards(
-            name, self._step, self.shapes, spec.max_batch, compiles(options), self.device, lock, invariance
-        )
-        budget = kv_budget(self.device, options.kv_budget_gib)
-        self.caches = static_pool(self.model.config, self.shapes.capacity, self.dtype, self.device, budget)
-        self.forwards.warm_up(self.caches, min(self.eos_token_ids, default=0))
+        self._pack(spec, at, getattr(text, "max_position_embeddings", None), lock)
 
     def cache_size(self, request: RequestSpec) -> int:
-        """The positions of `request`'s cache here: its prompt, its new tokens, a forward's padding."""
-        return self.caches.size_for(len(request.prompt_token_ids) + request.max_new_tokens + self.shapes.room)
-
-    def admits(self, request: RequestSpec) -> bool:
-        """Whether `request`'s cache fits the stage's KV budget now (pipespec.engine.stage.AdmittingStage)."""
-        return self.caches.admits(self.cache_size(request))
-
-    @property
-    def kv_use(self) -> float:
-        return self.caches.use
+        return self.positions(len(request.prompt_token_ids), request)
 
     def begin(self, request: RequestSpec) -> VLMSession:
         """`request` opened (pipespec.engine.stage.ChunkedPrefillStage): its prompt's input embeddings made, the image
