@@ -12,10 +12,8 @@ the most urgent on the device's compute thread:
 3. last a step no stage waits for: the target generating alone, a pre-drafted branch
    (pipespec.engine.outcome_cache), nearest the target first.
 
-Before rule 2, a target sharing its device with its drafter generated alone whenever it had no draft,
-which was always: its step came first, so the drafter never drafted and the verifier never learnt its
-pace to wait for it (pipespec.engine.patience). The demo's tiny drafter and target on one core ran
-at 0.93-1.01x the target alone in the planner's trials (experiments/results/plan/repeats.md).
+Rule 2 is what lets a drafter and its target share a device: were the target's lone step first, it would always
+have no draft to check, and the drafter would never draft.
 
 The device stays busy until the runner that owns the finished batch has taken its results (on the
 event loop), so a runner never plans from state its own forward is about to change.

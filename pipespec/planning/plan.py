@@ -170,14 +170,8 @@ def contenders(plan: Plan, count: int) -> list[Candidate]:
     fastest predicted on each number of devices (the recommended one's too, where the near-tie rule picked
     another), then, while there is room, each drafter's pair with the target (its fastest predicted
     placement) unless that chain is already among them, then the fastest predicted of the rest; then the
-    target alone (no speculation), unless it is among them. Every number of devices is tried because the
-    model's error depends on the placement: on the demo models, with the requests timed, it put tiny |
-    target at 1.2-1.35x its trials and tiny+target on one core at 0.94-1.29x. On one of three runs the
-    one-core candidate ranked fourth and went untried, and the pick moved (experiments/results/plan/repeats.md).
-    Every drafter's pair is tried because the error depends on the drafter too: with a target trained on
-    the CPU and DREAM retrained on it, the model put dream -> target at 2.15x (measured 1.12-1.18x), its two
-    placements and tiny -> dream -> target filled the trials, and tiny -> target went untried (tried since:
-    1.04x; experiments/results/demo_shapes/shapes.json)."""
+    target alone (no speculation), unless it is among them. Every number of devices and every drafter's pair
+    is tried because the model's error depends on both (experiments/results/plan/repeats.md)."""
 
     def key(c: Candidate) -> tuple[tuple[str, ...], int]:
         return c.stages, c.devices
@@ -204,10 +198,8 @@ def contenders(plan: Plan, count: int) -> list[Candidate]:
 
 def with_trees(trials: Sequence[Trial], plan: Plan, config: PipelineConfig) -> list[Candidate]:
     """What to try after `trials`: the chain of greatest speedup among them that has a drafter, again with draft
-    trees (`tree_shape`; none if no such chain was tried). Whether the drafter right before the target offering its
-    siblings pays depends on the device and the pair (a wider forward costs little on a GPU and more on this CPU;
-    on the demo models a tree took more tokens a verification than the chain from either drafter in the pipeline,
-    and ran slower: experiments/results/trees), so it is measured beside the chain, not predicted."""
+    trees (`tree_shape`; none if no such chain was tried). Whether trees pay depends on the device (what a wider
+    forward costs) and the pair (experiments/results/trees), so they are measured beside the chain, not predicted."""
     chained = [t for t in trials if len(t.candidate.stages) > 1 and t.candidate.tree is None and not t.candidate.synchronous]
     if not chained:
         return []

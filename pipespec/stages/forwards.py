@@ -5,7 +5,7 @@ and the findings below: pipespec.stages.packed_forwards. `Forwards` here runs on
 stage's when it carries one.)
 
 A position's logits must not depend on the block it is computed in, or a pipeline's answer can differ
-from the target alone's wherever two tokens nearly tie (on an H100 in bf16, 3 of 24 demo answers did).
+from the target alone's wherever two tokens nearly tie.
 What changes with the block is the shapes the kernels see: how many rows a matrix product has (its
 library picks a kernel by it) and how many keys a row attends over. So here every forward attends over
 its request's whole `StaticKV` (entries past the request's length masked) and feeds one of a few fixed
@@ -14,14 +14,10 @@ tokens and each piece padded, after its real tokens, to the least width that hol
 after the real ones, so causality hides them from the real rows; their keys land past the request's
 length and are overwritten later. The target alone runs the same path, so its answer is the pipeline's.
 
-Which widths agree is a property of the device's kernels, measured (`tests/test_forwards.py`
-checks it on every run; one thread, torch 2.13, x86 with AVX-512, a 2-layer Llama at hidden 1024):
-- on a CPU, widths 4 to 8 agree in fp32, bf16 and fp16, eager and compiled; below 4 they do not (in
-  fp32 a matrix product's row differs at widths 1, 2-3 and 4-16; masked attention at 1, 2, 3 and
-  4-8): so the target's forwards are at least 4 wide;
-- on a GPU the matrix kernels change with the row count: every forward is `max_width` wide (a 7B-shaped
-  target's 8-wide forward on an H200, bf16, replayed from its CUDA graph: 6.3 ms, its 1-token floor 3.4 ms;
-  experiments/results/device).
+Which widths agree is a property of the device's kernels (`tests/test_forwards.py` checks it on every run):
+- on a CPU a row's result depends on the row count below 4 rows, not from 4 on: the target's forwards are at
+  least 4 wide;
+- on a GPU the matrix kernels change with the row count: every forward is `max_width` wide.
 Only the target pads: a drafter's logits pick drafts, never the answer.
 
 Compiled (`torch.compile`, inductor; on a GPU replayed from CUDA graphs captured per cache and width,
@@ -62,8 +58,7 @@ _GRAPHS = threading.Lock()
 
 
 def _compile_default() -> bool:
-    """`PIPESPEC_COMPILE` (0 or 1) where set, else compiled: faster on this CPU (the demo target's one-token
-    forward: 15 ms against 18 ms eager) and on an H100 (a 7B one: 7.7 ms against 21-37 ms)."""
+    """`PIPESPEC_COMPILE` (0 or 1) where set, else compiled: faster on CPUs and GPUs (experiments/RESULTS.md)."""
     value = os.environ.get("PIPESPEC_COMPILE", "1")
     if value not in ("0", "1"):
         raise ConfigError(f"PIPESPEC_COMPILE: expected 0 or 1, got {value!r}")

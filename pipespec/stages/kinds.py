@@ -176,8 +176,7 @@ class DreamOptions(ModelOptions):
     an own one, which the stage's later positions already read, makes its next forward feed those
     positions again so that their cached keys come from the target's feature (true), or leaves those
     keys as they are, later positions reading the target's feature from the memory (false, the
-    default: on the demo models synchronous acceptance is the same within 1%, and the stage's forwards
-    stay one token wide instead of two or more after every target step)."""
+    default: its forwards stay one token wide, for about the same acceptance)."""
 
     refresh: bool = field(
         default=False,
