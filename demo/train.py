@@ -31,7 +31,7 @@ device: at batch 64 the mean loss of the first 100 steps is 3.32914 on the CPU a
 50 steps 0.189 and 0.196; at batch 16, over all 5000 steps, the last 200 steps' is 0.265 and 0.260. Every other
 step fits in about 15 minutes here. Training runs in fp32: on a CPU without bf16 instructions a bf16-autocast step
 costs 23x an fp32 one (80 s against 3.5 s for the old 24-layer target's batch), and on one with them (AMX) a step
-of the shipped shape took 0.79x the fp32 one's time, 0.68x compiled (`python -m experiments.train_cost`,
+of the shipped shape took 0.79x the fp32 one's time, 0.68x compiled (`python -m dev.train_cost`,
 experiments/results/train_cost.md): not enough to leave the loss curve both devices share for a budget it would
 still miss (the fp32 step already runs at 54% of these cores' fp32 matrix-product rate).
 """
@@ -78,7 +78,7 @@ MODELS = Path("models/demo")
 # Against 8-pixel patches (64 image tokens) a prompt is 55 tokens shorter, so a training step costs about half
 # (1500 steps in 14 minutes, not 26) and so does a prefill (experiments/results/demo_shapes).
 PATCH = 24
-# Shallow and wide (experiments/demo_shapes.py, experiments/results/demo_shapes): a 24-layer, 256-wide target did
+# Shallow and wide (dev/demo_shapes.py, experiments/results/demo_shapes): a 24-layer, 256-wide target did
 # not learn to use the picture in the budget. This one learns it from enough conversations: at batch 16 (5000
 # steps) it read the word and described the picture with every shape right 0.17 of the time, but found a
 # shape by what it is (where) 0.40 of the time; at batch 64 (four times the conversations) describe 0.97

@@ -1,10 +1,10 @@
-"""experiments.batch_invariance: it finds what a row does among other rows, and finds it when it changes."""
+"""dev.batch_invariance: it finds what a row does among other rows, and finds it when it changes."""
 
 from __future__ import annotations
 
 import torch
 
-from experiments.batch_invariance import ModelShape, classes, markdown, model_classes, product_row, spans
+from dev.batch_invariance import ModelShape, classes, markdown, model_classes, product_row, spans
 
 
 def test_rows_among_sixteen_to_sixty_four_agree_on_this_cpu_and_never_depend_on_the_others():
@@ -39,6 +39,6 @@ def test_a_model_sequence_among_others_and_the_table(tmp_path):
 
 
 def test_a_target_stage_answers_alike_on_one_thread_and_two():
-    from experiments.batch_invariance import stage_threads
+    from dev.batch_invariance import stage_threads
 
     assert stage_threads("Llama, hidden 1024", "bfloat16", prompt=20)

@@ -1,11 +1,11 @@
-"""experiments/draft_ranks.py: it measures, on mock stages, the agreement and runner-up rates they are built with."""
+"""dev/draft_ranks.py: it measures, on mock stages, the agreement and runner-up rates they are built with."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+from dev.draft_ranks import _answer_ranks, markdown, summary
 from experiments.bench_engine import spec
-from experiments.draft_ranks import _answer_ranks, markdown, summary
 from pipespec import load_config
 from pipespec.engine.synchronous import generate_sync
 from pipespec.stages.build import load_stages

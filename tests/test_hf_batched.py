@@ -1,10 +1,10 @@
-"""experiments.hf_batched: Hugging Face `generate` on left-padded batches of the demo's questions, the outside reference."""
+"""dev.hf_batched: Hugging Face `generate` on left-padded batches of the demo's questions, the outside reference."""
 
 from __future__ import annotations
 
 import pytest
 
-from experiments.hf_batched import main
+from dev.hf_batched import main
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""experiments.host_work: host work per target step at each depth, read from the trace and the threads' CPU."""
+"""dev.host_work: host work per target step at each depth, read from the trace and the threads' CPU."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from experiments.host_work import main
+from dev.host_work import main
 
 pytestmark = pytest.mark.skipif(not hasattr(time, "pthread_getcpuclockid"), reason="reads the loop thread's CPU clock")
 

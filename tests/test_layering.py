@@ -6,11 +6,11 @@
 - layers: each room (or public module) has a place in `LAYERS`, lowest first, and imports only from
   its own place and those below it, never upward;
 - no import circle, counting every import (in functions and under `if TYPE_CHECKING` too), in the
-  runtime and in the packages beside it (training/, demo/, experiments/);
+  runtime and in the packages beside it (training/, demo/, experiments/, dev/);
 - ray is imported only in pipespec/cluster/; grpc only in the transport (pipespec/transport/ and the
   generated pipespec/protos/);
 - torch never by the coordinator, at import time, through any chain of pipespec imports;
-- nothing in the runtime (pipespec/) imports experiments/, demo/, training/ or tests/.
+- nothing in the runtime (pipespec/) imports experiments/, dev/, demo/, training/ or tests/.
 
 Each rule is also run on a small tree that breaks it, so a checker that finds nothing cannot pass.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OUTSIDE_THE_RUNTIME = ("experiments", "demo", "training", "tests")
+OUTSIDE_THE_RUNTIME = ("experiments", "dev", "demo", "training", "tests")
 PUBLIC_FACE = ("__init__", "cli", "config", "errors", "client", "local")  # the modules at pipespec's top level
 
 # Lowest first. A module belongs to the longest entry that prefixes its name and imports only from its
@@ -218,7 +218,7 @@ def circles(root: Path, packages: tuple[str, ...] = ("pipespec",)) -> list[list[
     return sorted(found)
 
 
-PACKAGES = ("pipespec", "training", "demo", "experiments")
+PACKAGES = ("pipespec", "training", "demo", "experiments", "dev")
 
 
 def test_the_top_level_is_the_public_face_and_every_room_says_what_it_holds():

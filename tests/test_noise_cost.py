@@ -1,6 +1,6 @@
-"""experiments/noise_cost.py: both sides of the comparison give the same tokens, and a side is undone after use."""
+"""dev/noise_cost.py: both sides of the comparison give the same tokens, and a side is undone after use."""
 
-from experiments import noise_cost
+from dev import noise_cost
 from pipespec.engine import noise
 
 

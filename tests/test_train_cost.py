@@ -1,10 +1,10 @@
-"""experiments.train_cost: the demo target's training step against its arithmetic's floor on this machine."""
+"""dev.train_cost: the demo target's training step against its arithmetic's floor on this machine."""
 
 from __future__ import annotations
 
 import re
 
-from experiments.train_cost import main, matmul_rate
+from dev.train_cost import main, matmul_rate
 
 
 def test_a_matmul_rate_is_measured():

@@ -51,7 +51,7 @@ class MockOptions:
     probability `agreement` (decided per position by a hash) they equal the next stage's logits;
     otherwise they are independent random logits, in which, with probability `runner_up` (another
     hash), the next stage's token ranks second, and with probability `third` third: how often a real
-    drafter ranks its verifier's token there where the two disagree (experiments/draft_ranks.py measures
+    drafter ranks its verifier's token there where the two disagree (dev/draft_ranks.py measures
     it), which is what pre-drafting (pipespec.engine.outcome_cache) bets on. A forward call on the
     compute thread lasts `latency_ms`, plus `per_token_ms` per fed token: the mock's own arithmetic, then
     a sleep for the rest.

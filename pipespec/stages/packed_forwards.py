@@ -9,7 +9,7 @@ long rollback's catch-up) takes one forward per piece, the other requests riding
 Prompts go in by chunks (`prefill`: pipespec.engine.stage.ChunkedPrefillStage), several requests' in one eager
 forward of their input embeddings, between those forwards.
 
-What keeps a request's logits what they are alone (measured on this CPU: experiments/batch_invariance.py,
+What keeps a request's logits what they are alone (measured on this CPU: dev/batch_invariance.py,
 tests/test_packed_forwards.py): a matrix product's row depends on the row count only below 4 rows, and
 a target's forward has at least 4 (its least width: the smallest bucket); attention is per request, over
 its own cache, with at least as many query rows as that least width (a short piece's last query

@@ -12,7 +12,7 @@ exactly the call it makes when the request is alone. Rows that pad T past the pi
 request: their attention output is zero.
 
 What keeps a request's logits bitwise the same whatever shares its forward (issue 56, measured by
-experiments/batch_invariance.py on this CPU): a product's row depends on the row count only below 4 rows
+dev/batch_invariance.py on this CPU): a product's row depends on the row count only below 4 rows
 (fp32; bf16 never), and a target's forwards have at least 4 rows; every other operation of a layer is
 per row; and attention is this per-request call, of the same shapes alone or packed: a piece shorter
 than `Packing.least` attends with its last query row repeated up to it, as a query row's result depends

@@ -1,6 +1,6 @@
 """Does a row's result depend on the other rows it is computed with? This CPU's answer, before batched steps.
 
-    python -m experiments.batch_invariance [--rows 1 2 4 8 16 32 64 128 256 512] [--threads 1 2]
+    python -m dev.batch_invariance [--rows 1 2 4 8 16 32 64 128 256 512] [--threads 1 2]
                                            [--dtypes float32 bfloat16] [--repeats 5] [--out DIR]
 
 Batched steps (issue 56) put many requests' tokens into one forward: a request's rows then sit among

@@ -1,6 +1,6 @@
 """Do two "devices" on this machine slow each other down? A stage's forward, alone and beside a busy neighbour.
 
-    python -m experiments.core_interference [--config pipespec/configs/demo_two_cores.yaml] [--tokens 48] [--runs 3]
+    python -m dev.core_interference [--config pipespec/configs/demo_two_cores.yaml] [--tokens 48] [--runs 3]
 
 The asynchronous pipeline assumes its devices are independent: a drafter computing on one core does
 not slow the target's forward on another. On a shared virtual machine two cores can share caches,

@@ -1,6 +1,6 @@
 """The target alone, batched: output tokens per second with 1 to N requests in flight, on a random Llama shape.
 
-    python -m experiments.batched_target [--shape 150m] [--dtype bfloat16] [--concurrency 1 4 16 32] [--runs 3]
+    python -m dev.batched_target [--shape 150m] [--dtype bfloat16] [--concurrency 1 4 16 32] [--runs 3]
 
 A random-weight Llama of one of experiments.agreeing_family's shapes (150m: hidden 768, 12 layers, a
 32000-word vocabulary, 162M parameters: a forward reads its 324 MB of bf16 weights, bandwidth-bound on a

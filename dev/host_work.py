@@ -1,6 +1,6 @@
 """Host work per target step at each depth: what the runtime does besides the forwards, on the emulated chain.
 
-    python -m experiments.host_work [--time-scale 0.03] [--predraft 0] [--requests 1] [--rounds 3] [--tokens 64] [--over-grpc]
+    python -m dev.host_work [--time-scale 0.03] [--predraft 0] [--requests 1] [--rounds 3] [--tokens 64] [--over-grpc]
 
 For d = 1 .. 4, the last d models of experiments.scaling's CHAIN (mock stages, not real models, in this process:
 `LocalPipeline`, one event loop for every stage and the coordinator, a compute thread per stage) generate over

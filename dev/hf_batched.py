@@ -1,6 +1,6 @@
 """Hugging Face `generate` with left-padded batches: the outside reference for batched serving.
 
-    python -m experiments.hf_batched [--model models/demo/target] [--prompts FILE] [--batch 1 4 16 64]
+    python -m dev.hf_batched [--model models/demo/target] [--prompts FILE] [--batch 1 4 16 64]
                                      [--requests 64] [--max-tokens 96] [--threads 2] [--runs 2]
 
 The demo target loaded as users load it (`AutoModelForImageTextToText.from_pretrained`, its own processor and

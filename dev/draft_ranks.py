@@ -1,6 +1,6 @@
 """Where a drafter ranks its target's token: what pre-drafting (pipespec.engine.outcome_cache) can win.
 
-    python -m experiments.draft_ranks [CONFIG] [--prompts FILE] [--limit 12] [--tokens 96] [--out DIR]
+    python -m dev.draft_ranks [CONFIG] [--prompts FILE] [--limit 12] [--tokens 96] [--out DIR]
 
 For each drafter of CONFIG (default: the demo's), straight before the target: the target alone answers
 each prompt (greedy); the drafter is then fed that answer one token at a time, as it would draft it
@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     (args.out / "draft_ranks.json").write_text(json.dumps(rows, indent=2) + "\n")
     header = (
         f"Where each drafter of `{config.name}` ranks the target's greedy token ({len(prompts)} prompts of "
-        f"{args.prompts}, up to {args.tokens} tokens; `python -m experiments.draft_ranks {args.config} --limit {args.limit} "
+        f"{args.prompts}, up to {args.tokens} tokens; `python -m dev.draft_ranks {args.config} --limit {args.limit} "
         f"--tokens {args.tokens}`)."
     )
     md = markdown(rows, header)

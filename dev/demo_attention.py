@@ -1,6 +1,6 @@
 """Does the demo target find the shape a colour question asks about? Where its attention goes on the picture.
 
-    python -m experiments.demo_attention [--models models/demo] [--questions 40] [--json FILE]
+    python -m dev.demo_attention [--models models/demo] [--questions 40] [--json FILE]
 
 Held-out colour questions whose asked shape is the only one of its colour (so the answer names the shape),
 each teacher-forced up to the colour word through the target's own processor and chat template. For every

@@ -9,7 +9,7 @@ products) everywhere, with Python integers up to 32 elements. Both give the same
    a vocabulary of 151,936, seeded sampling (temperature 0.8), 4 prompts x 32 tokens in one process, one
    thread; the two sides alternated `--rounds` times, tokens per second and whether their tokens agree.
 
-    python -m experiments.noise_cost --rounds 4
+    python -m dev.noise_cost --rounds 4
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Choosing the demo target's shape by measurement: what a forward costs, and what the model learns in the budget.
 
-    python -m experiments.demo_shapes costs [--shapes 256x24 384x4 384x8 512x4] [--tiny 192x2 128x1] [--json FILE]
-    python -m experiments.demo_shapes accuracy --shape 384x4 [--minutes 30] [--steps 2000] [--batch-size 64]
+    python -m dev.demo_shapes costs [--shapes 256x24 384x4 384x8 512x4] [--tiny 192x2 128x1] [--json FILE]
+    python -m dev.demo_shapes accuracy --shape 384x4 [--minutes 30] [--steps 2000] [--batch-size 64]
         [--workers N] [--keep DIR] [--json FILE]
 
 `costs` builds each candidate shape (HIDDENxLAYERS, 64-wide heads) with random weights (a forward's cost

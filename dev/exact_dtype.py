@@ -1,6 +1,6 @@
 """Is the pipeline's answer the target alone's, token for token, in a given dtype?
 
-    python -m experiments.exact_dtype [--config pipespec/configs/demo_two_cores.yaml] [--dtype bfloat16]
+    python -m dev.exact_dtype [--config pipespec/configs/demo_two_cores.yaml] [--dtype bfloat16]
                                       [--prompts 24] [--max-new-tokens 64] [--backend local|ray]
 
 Every model stage of the config is loaded in `--dtype`; for each chain (the drafters before the

@@ -1,6 +1,6 @@
 """What a step of the demo target's training costs on this machine, against what its arithmetic needs.
 
-    python -m experiments.train_cost [--steps 5000] [--batch-size 64] [--rounds 3] [--batches 8] [--eager-only]
+    python -m dev.train_cost [--steps 5000] [--batch-size 64] [--rounds 3] [--batches 8] [--eager-only]
 
 `python -m demo.train target` runs `--steps` optimiser steps of `--batch-size` conversations (demo.train's shipped
 recipe) in fp32 on the CPU. This times that step (its optimiser, `training.optimiser`, clipping included) on real
