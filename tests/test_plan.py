@@ -621,6 +621,11 @@ def test_cli_plans_for_the_devices_it_is_given(tmp_path, capsys):
     assert "at least one device" in capsys.readouterr().err
 
 
+def test_cli_plans_a_shipped_example_by_name(capsys):
+    assert main(["plan", "mock3", "--devices", "1", "--max-new-tokens", "16", "--trials", "0"]) == 0
+    assert "pipespec plan: mock3" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

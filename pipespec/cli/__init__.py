@@ -210,6 +210,7 @@ def _logprob_lines(logprobs: list[TokenLogprobs], tokenizer: Any = None) -> list
 
 
 def plan(args: argparse.Namespace) -> int:
+    from pipespec.commands.examples import config_path
     from pipespec.config import load_config
     from pipespec.planning.placement import Devices
     from pipespec.planning.plan import format_plan, recommend, write_config
@@ -220,7 +221,7 @@ def plan(args: argparse.Namespace) -> int:
     try:
         devices = Devices.of_this_machine(args.devices)
         threads = devices.threads if args.threads is None else args.threads
-        config = load_config(args.config)
+        config = load_config(config_path(args.config))
         measured = profile(config, args.prompt, args.image, args.max_new_tokens, torch_threads=threads)
     except ValueError as e:  # ConfigError included: the message names the key, file or value
         return _fail("plan", e)
