@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.stages.causal_lm import DTYPES
 
 log = logging.getLogger(__name__)
@@ -279,9 +279,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 3, 4, 8, 16], help="the model's batch sizes")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("experiments/results/batch_invariance"))
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     if min(args.rows) < 1 or min(args.threads) < 1 or min(args.batches) < 1:
         parser.error("--rows, --threads and --batches take counts of at least 1")
     result = run(sorted(set(args.rows)), args.threads, args.dtypes, args.repeats, sorted(set(args.batches)))

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from experiments.prompt_sets import load_prompts
 from pipespec import LocalPipeline, load_config
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.config import sub_pipeline
 
 PROMPTS = "experiments/prompts/world_held_out.jsonl"
@@ -44,9 +44,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--config", default="pipespec/configs/demo_two_cores.yaml")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--runs", type=int, default=3)
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         raise SystemExit("needs two cores")

@@ -27,7 +27,7 @@ import torch
 
 from experiments.prompt_sets import Prompt, load_prompts
 from pipespec import LocalPipeline, load_config
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.config import PipelineConfig, sub_pipeline
 from pipespec.engine.handoff import FeaturedVerifier
 from pipespec.engine.stage import Stage
@@ -108,9 +108,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=12, help="how many prompts")
     parser.add_argument("--tokens", type=int, default=96, help="most new tokens per answer")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where draft_ranks.json and .md go")
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     torch.set_num_threads(1)
     config = load_config(args.config)
     prompts = load_prompts(args.prompts, limit=args.limit)

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from experiments.prompt_sets import load_prompts
 from pipespec import Client, LocalPipeline, load_config
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.config import PipelineConfig, sub_pipeline
 from pipespec.stages.kinds import kind_of
 
@@ -80,9 +80,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--backend", choices=["local", "ray"], default="local", help="where the chains run")
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     config = in_dtype(load_config(args.config), args.dtype)
     prompts = load_prompts(PROMPTS, args.prompts)
     with LocalPipeline(sub_pipeline(config, [config.target.name])) as alone:

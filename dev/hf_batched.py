@@ -26,7 +26,7 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from experiments.prompt_sets import WORLD_PROMPTS, Prompt, load_prompts
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 
 
 @dataclass(frozen=True)
@@ -119,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--out", type=Path, help="write the table here too")
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     for name in ("requests", "max_tokens", "threads", "runs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: at least 1, got {getattr(args, name)}")

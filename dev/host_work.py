@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from experiments.bench_engine import PROMPTS
 from experiments.scaling import CHAIN, emulated_config
 from pipespec import LocalPipeline
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 
 
 @dataclass(frozen=True)
@@ -136,9 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depths", type=int, nargs="+", default=list(range(1, len(CHAIN) + 1)))
     parser.add_argument("--max-batch", type=int, default=1, help="requests one forward carries (the mocks' batched cost model)")
     parser.add_argument("--over-grpc", action="store_true", help="the stages linked by gRPC streams, not in process")
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     for d in args.depths:
         if not 1 <= d <= len(CHAIN):
             parser.error(f"--depths: {d} is not within 1..{len(CHAIN)}")

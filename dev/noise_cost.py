@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from pipespec import LocalPipeline, load_config
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.engine import noise
 
 VOCABS = (512, 32_000, 151_936)
@@ -108,9 +108,7 @@ def pipeline_rates(paths: dict[str, str], rounds: int, new_tokens: int = 32) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=4, help="alternations of the two sides in the pipeline (default: 4)")
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     torch.set_num_threads(1)
     print("\n".join(noise_alone()))
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from demo import train
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from training.optimiser import Optimiser
 
 
@@ -58,9 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=8, help="batches a round, each variant")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (the demo's 2-core machine: 2)")
     parser.add_argument("--eager-only", action="store_true", help="leave out the compiled variants (compiling takes minutes)")
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     torch.set_num_threads(args.threads)
 
     tokenizer = train.load_tokenizer(train.MODELS)

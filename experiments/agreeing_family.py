@@ -49,7 +49,7 @@ import yaml
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.stages.causal_lm import DTYPES
 
 log = logging.getLogger(__name__)
@@ -402,9 +402,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--lookahead", type=int, default=8)
     parser.add_argument("--max-context", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     shapes = SETS[args.shapes[0]] if len(args.shapes) == 1 and args.shapes[0] in SETS else tuple(args.shapes)
     vocab = args.vocab or (VOCAB["cpu"] if all(s.startswith("cpu") for s in shapes) else VOCAB["gpu"])
     recipe = Recipe(

@@ -63,7 +63,7 @@ from tqdm import tqdm
 from experiments import cpu_account
 from experiments.prompt_sets import Prompt, load_prompts
 from pipespec import LocalPipeline, load_config
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.config import PipelineConfig, sub_pipeline
 from pipespec.engine import trace
 from pipespec.engine.affinity import pinned
@@ -606,9 +606,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="run only the methods one of these begins a word of (the target alone always; "
         "no other pipeline starts): 'async tiny', 'sync dream->target', 'dream->target'",
     )
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     config = load_config(args.config)
     prompts = load_prompts(args.prompts, args.limit)
     out = args.out or Path("experiments/results/bench") / config.name

@@ -25,7 +25,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from experiments.verify_cost import cells, floor_s, streamed
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.config import StageSpec
 from pipespec.planning.profiling import time_forwards
 from pipespec.protocol.messages import RequestSpec
@@ -89,9 +89,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--prompt", type=int, default=512, help="prompt tokens prefilled before the timed forwards")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--json", type=Path, help="also write the figures here")
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     out = costs(args.shape, args.device, args.dtype, args.blocks, args.prompt, args.repeats)
     floor = out["floor_s"]
     print(f"{args.shape} ({out['parameters'] / 1e9:.2f}B weights read per forward), {args.dtype} on {out['device']}:")

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from experiments.bench_engine import time_pipeline, time_sync
 from pipespec import LocalPipeline, load_config
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.config import PipelineConfig
 from pipespec.engine.trace import decode_step_s
 from pipespec.planning.analytical import VERDICT_LAG, async_step, chain_rates_with_verify_cost
@@ -161,9 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=2, help="timed runs per point (and per sync window); the median is kept")
     parser.add_argument("--tokens", type=int, default=96, help="new tokens per prompt")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     if args.runs < 1 or args.tokens < 1:
         parser.error(f"--runs and --tokens must be at least 1, got {args.runs} and {args.tokens}")
     points = []

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from experiments.bench_engine import PROMPTS
 from experiments.scaling import CHAIN, emulated_config
 from pipespec import LocalPipeline
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.config import PipelineConfig
 from pipespec.protocol.stats import merged_stages
 
@@ -107,9 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--predraft", type=int, default=8, help="branches each pre-drafting drafter holds")
     parser.add_argument("--tokens", type=int, default=64)
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     if not 2 <= args.depth <= len(CHAIN):
         parser.error(f"--depth: the emulated chain has 2..{len(CHAIN)} models, got {args.depth}")
     if args.time_scale <= 0:

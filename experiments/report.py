@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from experiments.bench import hardware
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 
 RESULTS = Path("experiments/results")
 PAGE = Path("experiments/RESULTS.md")
@@ -468,9 +468,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--render-only", action="store_true", help="render from the results already written")
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     if not args.render_only:
         run_all(args.runs)
     PAGE.write_text(render())

@@ -34,7 +34,7 @@ import torch
 from experiments.prompt_sets import load_prompts
 from pipespec import LocalPipeline, load_config
 from pipespec.cli.timed_requests import timed, tokens_per_s
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.config import PipelineConfig, sub_pipeline
 from pipespec.engine.affinity import pin_threads, pinned
 from pipespec.engine.synchronous import generate_sync
@@ -69,9 +69,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         parser.error(f"needs 2 cores; this process may use {cores}")

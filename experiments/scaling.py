@@ -58,7 +58,7 @@ from typing import Any
 
 from experiments.bench_engine import PROMPTS, SYNC_WINDOWS, spec, time_pipeline, time_sync
 from pipespec import LocalPipeline, load_config
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.config import ConfigError, PipelineConfig
 from pipespec.engine.stage import Stage
 from pipespec.engine.synchronous import generate_sync
@@ -487,9 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--real-tokens", type=int, default=48)
     parser.add_argument("--dtype", default="float32", help="real models' dtype")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     if not 1 <= args.devices <= len(CHAIN):
         parser.error(f"--devices must be in 1..{len(CHAIN)}")
     if args.time_scale <= 0:

@@ -17,7 +17,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 
 HEADER = (
     "| time scale | chain | predraft 0: tok/s (x best sync) | predraft N: tok/s (x best sync) | hit rate per pair | rounds, predraft N:"
@@ -63,9 +63,7 @@ def table(directory: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("directory", type=Path)
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     print(table(args.directory))  # a CLI entry point: its output is the table
     return 0
 

@@ -33,7 +33,7 @@ from experiments.prompt_sets import load_prompts
 from experiments.results_files import write_results
 from experiments.tree_acceptance import DEFAULT_CONFIG, DEFAULT_PROMPTS, Side
 from pipespec import LocalPipeline, load_config
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.config import StageSpec, sub_pipeline
 from pipespec.engine.stage import Stage
 from pipespec.engine.synchronous import SyncResult, generate_sync
@@ -144,9 +144,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--modes", nargs="+", default=["greedy", "rejection"], choices=["greedy", "rejection"])
     parser.add_argument("--threads", type=int, default=2, help="torch threads (every side the same)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where stand_acceptance.json and .md go")
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     torch.set_num_threads(args.threads)
     began = time.time()
     rows = run(args)

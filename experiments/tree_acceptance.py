@@ -35,7 +35,7 @@ import torch
 from experiments.prompt_sets import Prompt, load_prompts
 from experiments.results_files import write_results
 from pipespec import LocalPipeline, load_config
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.config import sub_pipeline
 from pipespec.engine.stage import Stage
 from pipespec.engine.synchronous import SyncResult, generate_sync
@@ -189,9 +189,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="rounds over the prompts (throughput: their median)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (both sides the same)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where tree_acceptance.json and .md go")
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     if not 0 <= args.calibrate < args.limit:
         parser.error(f"--calibrate must be in 0..{args.limit - 1} (--limit), got {args.calibrate}")
     torch.set_num_threads(args.threads)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from experiments.results_files import write_results
 from pipespec import load_config
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.engine.draft_tree import ROOT, DraftTree
 from pipespec.engine.synchronous import generate_sync
 from pipespec.protocol.messages import RequestSpec
@@ -135,9 +135,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     rows = run(args)
     write_results(args.out, "tree_mocks", args, rows, markdown(rows, args))
 

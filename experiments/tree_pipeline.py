@@ -29,7 +29,7 @@ import torch
 from experiments.prompt_sets import Prompt, load_prompts
 from experiments.results_files import write_results
 from pipespec import LocalPipeline, load_config
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.config import PipelineConfig, config_dict, sub_pipeline
 from pipespec.engine.synchronous import generate_sync
 from pipespec.planning.profiling import value_temperature
@@ -123,9 +123,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=96, help="most new tokens per answer")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the questions, the sides taking turns")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where tree_pipeline.json and .md go")
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     if not 0 <= args.calibrate < args.limit:
         parser.error(f"--calibrate must be in 0..{args.limit - 1} (--limit), got {args.calibrate}")
     torch.set_num_threads(2)

@@ -26,7 +26,7 @@ import torch
 
 from experiments.prompt_sets import load_prompts
 from pipespec import LocalPipeline, load_config
-from pipespec.commands.logs import add_log_level, setup_logging
+from pipespec.commands.logs import parse_logged
 from pipespec.config import PipelineConfig
 from pipespec.planning.profiling import open_session, time_forwards
 from pipespec.stages.kinds import ModelOptions, kind_of
@@ -111,9 +111,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads for every forward and the floor")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", type=Path, help="also write the figures here")
-    add_log_level(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    args = parse_logged(parser, argv)
     costs = stage_costs(load_config(args.config), args.blocks, args.threads, args.repeats)
     print(f"median ms per forward after the prefill, {args.threads} torch thread(s); (x): over the weight-streaming floor")
     print(f"{'stage':>8} {'how':>9} {'floor':>7}" + "".join(f"{k:>14}" for k in args.blocks))

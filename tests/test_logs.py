@@ -25,7 +25,15 @@ import yaml
 from pipespec.cli import build_parser
 from pipespec.cli import main as cli
 from pipespec.cluster.launch import main as launch_main
-from pipespec.commands.logs import CONFIG_ENV, CONFIG_JSON_ENV, LEVEL_ENV, LoggingConfigError, actor_env, setup_logging
+from pipespec.commands.logs import (
+    CONFIG_ENV,
+    CONFIG_JSON_ENV,
+    LEVEL_ENV,
+    LoggingConfigError,
+    actor_env,
+    parse_logged,
+    setup_logging,
+)
 from tests.fixtures.ports import nowhere
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,10 +182,17 @@ def test_an_actor_takes_its_level_from_the_environment(root_logger, monkeypatch)
     assert root_logger.level == logging.INFO
 
 
+def test_a_script_parses_its_arguments_and_logs_at_the_level_asked(root_logger):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    args = parse_logged(parser, ["--runs", "2", "--log-level", "info"])
+    assert args.runs == 2 and args.log_level == "INFO" and root_logger.level == logging.INFO
+
+
 COMMANDS = ("pipespec/cli/__init__.py", "pipespec/cluster/launch.py", "training/train.py")
 ENTRY_POINTS = sorted(
     path
-    for path in [*ROOT.glob("experiments/*.py"), *ROOT.glob("demo/*.py"), *(ROOT / p for p in COMMANDS)]
+    for path in [*ROOT.glob("experiments/*.py"), *ROOT.glob("dev/*.py"), *ROOT.glob("demo/*.py"), *(ROOT / p for p in COMMANDS)]
     if "ArgumentParser(" in path.read_text()
 )
 
@@ -185,7 +200,7 @@ ENTRY_POINTS = sorted(
 @pytest.mark.parametrize("path", ENTRY_POINTS, ids=[str(p.relative_to(ROOT)) for p in ENTRY_POINTS])
 def test_every_command_takes_log_level(path):
     text = path.read_text()
-    assert "add_log_level(" in text and "setup_logging(" in text
+    assert "parse_logged(" in text or "add_log_level(" in text and "setup_logging(" in text
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -26,6 +26,7 @@ import logging
 import logging.config
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -52,6 +53,15 @@ def add_log_level(parser: argparse.ArgumentParser, default: str = DEFAULT_LEVEL)
         metavar="LEVEL",
         help=f"what to log on stderr: {', '.join(LEVELS)} (default {default}); ${CONFIG_ENV}, a logging config file, overrides it",
     )
+
+
+def parse_logged(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """What a script's `main` does first: `--log-level` added to `parser`, `argv` parsed, logging set up at that
+    level (`setup_logging`) -> the arguments."""
+    add_log_level(parser)
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    return args
 
 
 def setup_logging(level: str | None = None, fmt: str = FORMAT) -> None:
