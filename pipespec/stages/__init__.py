@@ -7,7 +7,7 @@
 - `build`: each kind's builder by name; `build_stage`, `load_stages`, `check_vocabularies`
 - `causal_lm`, `vlm`, `mock`, `ngram`, `stand`, `dream/`: one stage class per kind, each built from its `StageSpec`;
   `ngram_memory`: what a STAND drafter remembers of the target's distributions; `model_stage`: what the model
-  stages (causal_lm, vlm) share: their shapes, packed forwards, KV caches and admission
+  stages (causal_lm, vlm) and their sessions share: shapes, packed forwards, KV caches, admission
 - `static_kv`: a request's KV cache at a fixed length (`StaticKV`); `kv_pool`: a stage's caches, sized to
   what a request can use, admitted within the stage's budget, reused across requests (`KVPool`);
   `forwards`: the fixed shapes of the model kinds' forwards (`Shapes`), why they make logits independent

@@ -21,8 +21,7 @@ from pipespec.engine.stage import NO_SIDES, Feed, next_chunk, open_whole
 from pipespec.protocol.messages import RequestSpec
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.device import stage_device
-from pipespec.stages.model_stage import PackedModelStage, eos_ids
-from pipespec.stages.packed_forwards import TreeFeeding
+from pipespec.stages.model_stage import PackedModelStage, PackedSession, eos_ids
 from pipespec.stages.packing import use_packed_attention
 from pipespec.stages.vocabulary import LogitsFit
 from pipespec.stages.weight_layout import column_major
@@ -91,20 +90,7 @@ class CausalLMStage(PackedModelStage):
         return open_whole(self, request)
 
 
-class CausalLMSession(TreeFeeding):
+class CausalLMSession(PackedSession):
     def __init__(self, stage: CausalLMStage, prompt: Sequence[int], cache_size: int):
-        self.stage = stage
-        self.cache = stage.caches.take(cache_size)
-        self.prompt = tuple(prompt)
-        self.prompt_len = len(prompt)
-        self.last_prompt_token = prompt[-1]
+        super().__init__(stage, prompt, cache_size)
         self.unfed_prompt = len(prompt) - 1  # fed in chunks (`CausalLMStage.prefill_batch`)
-
-    def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
-        ((logits, _),) = self.stage.forward_batch([Feed(self, keep, tokens)])
-        return logits  # [n, V]
-
-    def close(self) -> None:
-        if self.cache is not None:
-            self.stage.caches.give(self.cache)
-        self.cache = None

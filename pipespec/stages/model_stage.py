@@ -1,12 +1,18 @@
 """What the Hugging Face model stages (causal_lm, vlm) share: their forwards' fixed shapes, their packed forwards
 over a pool of static KV caches within the stage's budget, warmed up when the stage starts, and admission by a
-request's cache size (pipespec.engine.stage.AdmittingStage)."""
+request's cache size (pipespec.engine.stage.AdmittingStage); and what their sessions share (`PackedSession`): a
+cache taken from the stage's pool and given back on close, forwards and tree forwards that are the stage's packed
+ones, a path kept moved within the cache."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from pipespec.engine.stage import Feed, TreeNodes, check_length
 from pipespec.protocol.messages import RequestSpec
 from pipespec.stages.build_context import BuildContext
 from pipespec.stages.device import kv_budget
@@ -18,7 +24,6 @@ from pipespec.stages.packed_forwards import PackedForwards
 from pipespec.stages.static_kv import StaticKV, static_pool
 
 if TYPE_CHECKING:
-    import torch
     from transformers import PreTrainedModel
 
     from pipespec.config import StageSpec
@@ -82,3 +87,34 @@ class PackedModelStage:
     @property
     def kv_use(self) -> float:
         return self.caches.use
+
+
+class PackedSession:
+    """A model stage's session over its prompt: its `StaticKV` taken from the stage's pool (given back on `close`),
+    its forwards the stage's packed ones (`forward_batch`), so also a `DraftTreeSession` (pipespec.engine.stage)."""
+
+    def __init__(self, stage: Any, prompt: Sequence[int], cache_size: int):
+        """`stage`: a `PackedModelStage` with `forward_batch`; `prompt`: the stage's view of the request's."""
+        self.stage = stage
+        self.cache: StaticKV | None = stage.caches.take(cache_size)
+        self.prompt = tuple(prompt)
+        self.prompt_len = len(prompt)
+        self.last_prompt_token = prompt[-1]
+
+    def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
+        ((logits, _),) = self.stage.forward_batch([Feed(self, keep, tokens)])
+        return logits  # [n, V]
+
+    def forward_nodes(self, keep: int, line: Sequence[int], nodes: TreeNodes) -> torch.Tensor:
+        ((logits, _),) = self.stage.forward_batch([Feed(self, keep, line, nodes=nodes)])  # type: ignore[arg-type]
+        return logits  # [len(line) + len(nodes.fed), V]
+
+    def keep_path(self, at: int, path: Sequence[int]) -> None:
+        check_length(self.stage.name, self.cache.length, at)
+        gap = self.stage.forwards.tree_gap
+        self.cache.keep_path(at, [at + gap + node for node in path])
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.stage.caches.give(self.cache)
+        self.cache = None

@@ -31,7 +31,6 @@ import time
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -266,23 +265,6 @@ class PackedForwards:
         self.warmup_s = time.perf_counter() - began
         how = "compiled" if self.compiled else "eager"
         log.info("stage %r: %s forwards at row buckets %s warmed up in %.1f s", self.stage, how, self.buckets, self.warmup_s)
-
-
-class TreeFeeding:
-    """A model stage's session as a `DraftTreeSession` (pipespec.engine.stage): its tree forwards are its stage's
-    packed forwards (`forward_batch`), a path kept is moved within its `StaticKV`."""
-
-    stage: Any  # a model stage: `name`, `forward_batch` and its `forwards`
-    cache: StaticKV
-
-    def forward_nodes(self, keep: int, line: Sequence[int], nodes: TreeNodes) -> torch.Tensor:
-        ((logits, _),) = self.stage.forward_batch([Feed(self, keep, line, nodes=nodes)])  # type: ignore[arg-type]
-        return logits  # [len(line) + len(nodes.fed), V]
-
-    def keep_path(self, at: int, path: Sequence[int]) -> None:
-        check_length(self.stage.name, self.cache.length, at)
-        gap = self.stage.forwards.tree_gap
-        self.cache.keep_path(at, [at + gap + node for node in path])
 
 
 def _own_code(step: PackedStep, stage: str) -> PackedStep:

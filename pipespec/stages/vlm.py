@@ -34,8 +34,7 @@ from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.causal_lm import DTYPES
 from pipespec.stages.device import stage_device
 from pipespec.stages.dream.compression import attention_received
-from pipespec.stages.model_stage import PackedModelStage, eos_ids
-from pipespec.stages.packed_forwards import TreeFeeding
+from pipespec.stages.model_stage import PackedModelStage, PackedSession, eos_ids
 from pipespec.stages.packing import prefill, use_packed_attention
 from pipespec.stages.vocabulary import LogitsFit
 from pipespec.stages.weight_layout import column_major
@@ -208,13 +207,9 @@ class VLMStage(PackedModelStage):
         return self.forwards.bucket(rows)
 
 
-class VLMSession(TreeFeeding):
+class VLMSession(PackedSession):
     def __init__(self, stage: VLMStage, prompt: Sequence[int], cache_size: int):
-        self.stage = stage
-        self.prompt = tuple(prompt)
-        self.prompt_len = len(prompt)
-        self.last_prompt_token = prompt[-1]
-        self.cache = stage.caches.take(cache_size)
+        super().__init__(stage, prompt, cache_size)
         self.shift = 0  # rotary positions past the prompt: cache positions + shift (Qwen2-VL's rope delta after an image)
         hidden = stage.model.get_input_embeddings().embedding_dim
         nothing = torch.empty(0, hidden, device=stage.device)
@@ -275,14 +270,8 @@ class VLMSession(TreeFeeding):
         self.shift = 0 if inner.rope_deltas is None else int(inner.rope_deltas.reshape(-1)[0])
         return out
 
-    def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
-        ((logits, _),) = self.stage.forward_batch([Feed(self, keep, tokens)])
-        return logits  # [n, V]
-
     def close(self) -> None:
-        if self.cache is not None:
-            self.stage.caches.give(self.cache)
-        self.cache = None
+        super().close()
         self.prefill_features = None
         self.hidden = None
         self.embeddings, self._chunks = None, []
