@@ -56,13 +56,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import fields
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipespec.cli.trials import TRIALS
 from pipespec.protocol.logprobs import TokenLogprobs
-from pipespec.requests.generate_args import DEFAULT_MAX_NEW_TOKENS
+from pipespec.requests.generate_args import DEFAULT_MAX_NEW_TOKENS, GenerateArgs
 
 if TYPE_CHECKING:
     from pipespec.config import PipelineConfig
@@ -138,6 +139,10 @@ def serve(args: argparse.Namespace) -> int:
     return launch(config, ServeOptions.from_flags(args))
 
 
+# the request's keywords that `pipespec generate` takes as flags of the same names (`--max-new-tokens`: max_new_tokens)
+FLAGGED = frozenset(f.name for f in fields(GenerateArgs)) - {"prompt", "messages"}
+
+
 def generate(args: argparse.Namespace) -> int:
     from pipespec.client import Client
     from pipespec.requests.outputs import GenerationError, RequestRefused
@@ -160,19 +165,8 @@ def generate(args: argparse.Namespace) -> int:
     logprobs: list[TokenLogprobs] = []
     with Client(args.address) as client:
         try:  # the request's GenerateArgs, built (checked) once by the Client, the image read: nothing sent yet
-            deltas = client.stream(
-                prompt,
-                prompt_token_ids=args.prompt_token_ids,
-                messages=messages,
-                image=args.image,
-                max_new_tokens=args.max_new_tokens,
-                temperature=args.temperature,
-                top_p=args.top_p,
-                top_k=args.top_k,
-                seed=args.seed,
-                stop=args.stop,
-                logprobs=args.logprobs,
-            )
+            flags = {f.name: getattr(args, f.name) for f in fields(GenerateArgs) if f.name in FLAGGED}
+            deltas = client.stream(prompt, messages=messages, **flags)
         except ValueError as e:  # refused on this side: exit 2 like a usage error
             return _fail("generate", e)
         streamed = False
