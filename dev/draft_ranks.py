@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from experiments.prompt_sets import Prompt, load_prompts
+from experiments.results_files import table
 from pipespec import LocalPipeline, load_config
 from pipespec.commands.logs import parse_logged
 from pipespec.config import PipelineConfig, sub_pipeline
@@ -85,20 +86,19 @@ def summary(name: str, counts: Counter) -> dict:
 
 
 def markdown(rows: list[dict], header: str) -> str:
-    lines = [
-        header,
-        "",
-        "| drafter | positions | rank 1 (accepted) | rank 2 | rank 3 | beyond | rejections | runner-up at a rejection | top 3 at a rejection |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
+    columns = ["drafter", "positions", "rank 1 (accepted)", "rank 2", "rank 3", "beyond", "rejections"]
+    columns += ["runner-up at a rejection", "top 3 at a rejection"]
+
+    def cells(r: dict) -> list[object]:
         share = r["rank_share"]
         beyond = sum(v for k, v in share.items() if int(k) > 3)
-        lines.append(
-            f"| {r['drafter']} | {r['positions']} | {share['1']:.3f} | {share['2']:.3f} | {share['3']:.3f} | {beyond:.3f} | "
-            f"{r['rejections']} | {r['runner_up_given_rejection']:.3f} | {r['top3_given_rejection']:.3f} |"
-        )
-    return "\n".join(lines) + "\n"
+        ranks = [f"{share[k]:.3f}" for k in ("1", "2", "3")]
+        return [r["drafter"], r["positions"], *ranks, f"{beyond:.3f}", r["rejections"]] + [
+            f"{r['runner_up_given_rejection']:.3f}",
+            f"{r['top3_given_rejection']:.3f}",
+        ]
+
+    return table(header, columns, map(cells, rows))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from experiments.prompt_sets import load_prompts
-from experiments.results_files import write_results
+from experiments.results_files import table, write_results
 from experiments.tree_acceptance import DEFAULT_CONFIG, DEFAULT_PROMPTS, Side
 from pipespec import LocalPipeline, load_config
 from pipespec.commands.logs import parse_logged
@@ -115,19 +115,15 @@ def _row(side: str, mode: str, results: Sequence[SyncResult], samples: int, alon
 
 
 def markdown(rows: list[dict], header: str) -> str:
-    lines = [
-        header,
-        "",
-        "| mode | side | tokens / verification | first answers | later answers | nodes / verification | decode tok/s | exact |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
+    columns = ["mode", "side", "tokens / verification", "first answers", "later answers", "nodes / verification"]
+    columns += ["decode tok/s", "exact"]
+
+    def cells(r: dict) -> list[object]:
         later = "-" if r["later_answers"] is None else f"{r['later_answers']:.2f}"
-        lines.append(
-            f"| {r['mode']} | {r['side']} | {r['tokens_per_verification']:.2f} | {r['first_answers']:.2f} | {later} | "
-            f"{r['nodes_per_verification']:.1f} | {r['decode_tok_s']:.1f} | {r['exact']} |"
-        )
-    return "\n".join(lines) + "\n"
+        numbers = [f"{r['tokens_per_verification']:.2f}", f"{r['first_answers']:.2f}", later]
+        return [r["mode"], r["side"], *numbers, f"{r['nodes_per_verification']:.1f}", f"{r['decode_tok_s']:.1f}", r["exact"]]
+
+    return table(header, columns, map(cells, rows))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from experiments.prompt_sets import Prompt, load_prompts
-from experiments.results_files import write_results
+from experiments.results_files import table, write_results
 from pipespec import LocalPipeline, load_config
 from pipespec.commands.logs import parse_logged
 from pipespec.config import sub_pipeline
@@ -150,19 +150,15 @@ def _row(drafter: str, mode: str, side: Side, width: int, runs: list[list[SyncRe
 
 
 def markdown(rows: list[dict], header: str) -> str:
-    lines = [
-        header,
-        "",
-        "| drafter | mode | side | tokens / verification | nodes / verification | decode tok/s (median) | exact | per kind |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
+    columns = ["drafter", "mode", "side", "tokens / verification", "nodes / verification", "decode tok/s (median)"]
+    columns += ["exact", "per kind"]
+
+    def cells(r: dict) -> list[object]:
         kinds = ", ".join(f"{k} {v:.2f}" for k, v in r["per_kind"].items())
-        lines.append(
-            f"| {r['drafter']} | {r['mode']} | {r['side']} | {r['tokens_per_verification']:.2f} | {r['nodes_per_verification']:.1f} | "
-            f"{r['decode_tok_s']:.1f} | {r['exact']} | {kinds} |"
-        )
-    return "\n".join(lines) + "\n"
+        numbers = [f"{r['tokens_per_verification']:.2f}", f"{r['nodes_per_verification']:.1f}", f"{r['decode_tok_s']:.1f}"]
+        return [r["drafter"], r["mode"], r["side"], *numbers, r["exact"], kinds]
+
+    return table(header, columns, map(cells, rows))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

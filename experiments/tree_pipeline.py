@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from experiments.prompt_sets import Prompt, load_prompts
-from experiments.results_files import write_results
+from experiments.results_files import table, write_results
 from pipespec import LocalPipeline, load_config
 from pipespec.commands.logs import parse_logged
 from pipespec.config import PipelineConfig, config_dict, sub_pipeline
@@ -97,18 +97,14 @@ def run(full: PipelineConfig, names: Sequence[str], prompts: Sequence[Prompt], a
 
 
 def markdown(rows: list[dict], header: str) -> str:
-    lines = [
+    columns = ["chain", "side", "tokens / verification", "drafts / verification", "nodes / verification"]
+    columns += ["tok/s (median)", "exact"]
+    numbers = ("tokens_per_verification", "drafts_per_verification", "nodes_per_verification")
+    return table(
         header,
-        "",
-        "| chain | side | tokens / verification | drafts / verification | nodes / verification | tok/s (median) | exact |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['chain']} | {r['side']} | {r['tokens_per_verification']:.2f} | {r['drafts_per_verification']:.2f} | "
-            f"{r['nodes_per_verification']:.2f} | {r['tokens_per_s']:.1f} | {r['exact']} |"
-        )
-    return "\n".join(lines) + "\n"
+        columns,
+        ([r["chain"], r["side"], *(f"{r[k]:.2f}" for k in numbers), f"{r['tokens_per_s']:.1f}", r["exact"]] for r in rows),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
