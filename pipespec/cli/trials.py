@@ -2,11 +2,10 @@
 
 The chain model (pipespec.planning.analytical) ranks candidates from forwards profiled alone, in one
 process. What the runtime delivers differs, and not by one factor that could be measured once:
-- on the demo models on 2 cores, a stage's step in its actor cost 1.7x (the target) to 4x (the tiny
-  drafter) its forward alone: dispatch and handoff, and the actor's own threads on the same core;
-- the target waits for drafts (pipespec.engine.patience: about a quarter of its time with one forward of
-  patience) and verifies fewer drafts a step than a window, and its forward is 21-33% slower beside
-  a busy drafter than alone (the bench's traces, same width);
+- a stage's step in its actor costs more than its forward alone: dispatch and handoff, and the actor's own
+  threads on the same cores;
+- the target waits for drafts (pipespec.engine.patience) and verifies fewer drafts a step than a window, and
+  its forward is slower beside a busy drafter than alone (the bench's traces);
 - a request pays its prefill and the client's stream.
 
 So `pipespec plan` and `pipespec demo` try the plan's contenders (pipespec.planning.plan.contenders:
@@ -42,7 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TRIALS = 3  # chains tried in place, besides the target alone
-ROUNDS = 5  # rounds of the profile's prompts per trial: the median of 5 ratios (of 3, it moved by 15% here)
+ROUNDS = 5  # rounds of the profile's prompts per trial: the median of their ratios
 
 
 def run_trials(

@@ -17,18 +17,14 @@ rejections)).
 
 `max_wait` guards against a drafter slower than its reported pace, and against the rate's myopia: it
 counts the wait as lost time, though in a pipeline the drafter keeps drafting while the verifier
-verifies. At half a forward (the old default) it overruled the rate wherever the drafter costs more
-than a third of the verifier per token: on the demo models on two cores the target never waited for
-DREAM (7 ms a token against its 17 ms) and stepped alone on 77% of its steps while DREAM drafted the
-same positions beside it. At two forwards it waited for whatever the rate asked and lost 4-12% in the
-emulated sweep (an 8B drafter a fifth of a 70B target). One forward (the default) does as well as two
-on the demo models and as well as half in the emulated sweep (experiments/results/patience/README.md).
+verifies. Too short, it overrules the rate for any drafter that costs more than a small share of the
+verifier; too long, it waits where the rate's myopia misleads it. One forward is the default
+(experiments/results/patience/README.md).
 
 The rule is one request's. Where a verifier's forwards carry several requests that step now, none waits
 (pipespec.engine.request_protocol, `Surroundings.crowded`): their waits fall together, so the device idles for
 all of them, while the drafts they wait for come from a drafter that makes them in one forward for all of them
-too (on the demo models at 16 in flight: 8-15% of the target's time idle, for drafts that barely moved it;
-experiments/results/verify_budget/README.md).
+too (experiments/results/verify_budget/README.md).
 """
 
 from __future__ import annotations

@@ -71,8 +71,7 @@ class StageProfile:
         """What the runtime adds to this drafter's forward per step: its `step_s` less its forward, never below 0; 0
         when not timed. Alone, a drafter pays what it pays in a chain (dispatch to its compute thread, the hand-off
         back, its choice, its event loop's work) and also its commit to the coordinator and the client's stream,
-        which it does not pay there. On the demo's tiny drafter on 2 cores: 1.4-2.5 ms a token in the runtime
-        against 0.7-1.7 ms for its forward (experiments/results/plan/repeats.md)."""
+        which it does not pay there (experiments/results/plan/repeats.md)."""
         return max(0.0, self.step_s - self.forward_s) if self.step_s else 0.0
 
 
@@ -92,11 +91,9 @@ class PairProfile:
 
 @dataclass(frozen=True)
 class Requests:
-    """The target alone in the runtime on the profile's prompts, greedy, timed as a client sees each request.
-
-    On the demo models on 2 cores a request's tokens cost 16-18 ms each where the target's forward alone
-    took 10-14 ms, and its first delta (the prefill of the picture and the prompt) 54 ms, over answers of
-    7 to 45 tokens: the model's rates are turned into what a client sees from these."""
+    """The target alone in the runtime on the profile's prompts, greedy, timed as a client sees each request: its
+    tokens cost more than its forwards, and its first delta waits for the prefill. The model's rates are turned into
+    what a client sees from these."""
 
     tokens: tuple[int, ...]  # generated, per prompt
     first_s: tuple[float, ...]  # seconds to each request's first delta: its prefill, the runtime's and the stream's
@@ -132,10 +129,8 @@ class Profile:
     def host_s(self) -> float:
         """What the runtime adds to the target's forward per step (sampling, dispatch, the client's stream):
         its seconds per token in the runtime less its forward alone, never below 0; 0 when the requests
-        were not timed. The target's only: each drafter's is its own (`StageProfile.host_s`), timed alone.
-        Charged the target's instead (4 ms to the tiny drafter's 0.7 on the demo models), the model held
-        every drafter to its supply bound and found every lookahead alike, where the trials measured 0.98x
-        at lookahead 2 and 1.24-1.39x at 12-16."""
+        were not timed. The target's only: each drafter's is its own (`StageProfile.host_s`), timed alone (charged
+        the target's, a cheap drafter would be held to its supply bound and every lookahead would look alike)."""
         return replace(self.stages[-1], step_s=self.requests and self.requests.step_s).host_s
 
 
@@ -225,7 +220,7 @@ def _time_requests(
 
 
 DRAFTER_ROUNDS = 5  # a drafter's step in the runtime is the median of this many rounds of the prompts: one round of
-# the demo's tiny drafter (35 tokens after the first) measured 0-1.4 ms besides its forward over six profiles
+# a drafter's step besides its forward is small and noisy
 
 
 def _drafter_step_s(

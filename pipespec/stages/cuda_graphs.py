@@ -5,8 +5,8 @@ the graph manager of the thread that first called it, the thread that built the 
 not thread-safe: with stages serving from threads of their own it corrupted memory on an H200 (index out of
 bounds asserts in a drafter's kernels). The graph a call needs is known here anyway: the request's cache and
 the forward's width name it. So `GraphedStep` captures the compiled step once per (cache, width), with its
-own buffers for the token ids and positions, and a call copies those two small tensors in and replays (a
-7B-shaped target's 8-wide forward, bf16, H200: 6.3 ms against cudagraph trees' 6.7 and a 3.4 ms floor).
+own buffers for the token ids and positions, and a call copies those two small tensors in and replays
+(experiments/results/device/README.md has what a replay costs).
 
 What makes it sound: a stage's caches come from its pool (pipespec.stages.kv_pool) and are never freed,
 so the addresses a graph writes stay valid, and each graph keeps its cache alive; the cache's length is a

@@ -3,8 +3,7 @@
 Each request's feed is cut into pieces of at most `max_width` tokens, and one forward carries the next
 piece of every request given (pipespec.stages.packing): their tokens, each at its own positions, then
 rows of no request up to the forward's row bucket: a power of two, or from 24 up also the halfway
-3 x 2^k (a 16-request verification of 80 rows pads to 96, not 128: 43 ms against 55 for the demo target,
-eager), from the stage's least width (pipespec.stages.forwards.least_width) to `max_batch` x `max_width`. A feed of more than one piece (a
+3 x 2^k (a 16-request verification of 80 rows pads to 96, not 128), from the stage's least width (pipespec.stages.forwards.least_width) to `max_batch` x `max_width`. A feed of more than one piece (a
 long rollback's catch-up) takes one forward per piece, the other requests riding along in the first.
 Prompts go in by chunks (`prefill`: pipespec.engine.stage.ChunkedPrefillStage), several requests' in one eager
 forward of their input embeddings, between those forwards.
