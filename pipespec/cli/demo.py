@@ -14,10 +14,9 @@ Measured honestly: pipeline runs and target-alone runs alternate (`--runs`, 3 ea
 both loaded and warm, the target alone in this process with up to as many torch threads as the demo
 was given cores (the plan's devices in all, whether or not the chosen pipeline uses each; with `--plan
 none`, the three devices'): one, or all of them, whichever runs it faster here (measured first: on a
-loaded 2-core machine two threads ran the demo target at half the speed of one, and in the bench on one
-with AMX at 1.7x its speed). A plan that leaves a core idle is not measured against a target denied it.
+loaded machine more threads can be slower). A plan that leaves a core idle is not measured against a target denied it.
 While it runs, the target alone is pinned to as many cores as its threads, as the pipeline's actors are
-pinned to theirs (pipespec.engine.affinity.pinned: unpinned, it ran at 0.7x). The speedup is the median of
+pinned to theirs (pipespec.engine.affinity.pinned). The speedup is the median of
 the rounds' ratios. The table shows each stage pair's acceptance over all
 runs, and whether every answer equals the target alone's. Last, the held-out questions shipped with the
 models (held_out.jsonl) go through the same pipeline one at a time, then all at once, its stages' forwards

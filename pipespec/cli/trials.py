@@ -17,14 +17,11 @@ coordinator on a free loopback port), is warmed up, then runs `rounds` rounds of
 greedy, each round followed by the same prompts to the target alone in this process, warm, at one
 device's threads and pinned to as many cores, as the actors are (pipespec.engine.affinity.pinned; the
 baseline `pipespec demo` measures against), both timed as a client sees them
-(pipespec.cli.timed_requests: tokens over the seconds of whole requests). The list above is from before the
-profile and the baseline were pinned (an unpinned baseline ran at about 0.7x).
+(pipespec.cli.timed_requests: tokens over the seconds of whole requests).
 
-A trial's speedup is the median of its rounds' ratios. On a shared machine the rate drifts by a
-third within minutes (the demo's target alone, pinned: 115-167 tok/s over the rounds of three runs of
-`pipespec plan` here, experiments/results/plan/repeats.md) while the ratio of two sides measured side
-by side holds; `pipespec.planning.plan.tried` picks by it. Every trial starts its own actors (about
-40 s each for the demo models here), one after the other.
+A trial's speedup is the median of its rounds' ratios: on a shared machine the rate drifts within minutes while
+the ratio of two sides measured side by side holds (experiments/results/plan/repeats.md);
+`pipespec.planning.plan.tried` picks by it. Every trial starts its own actors, one after the other.
 """
 
 from __future__ import annotations

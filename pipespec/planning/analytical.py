@@ -58,8 +58,7 @@ def drafter_bound(drafter_s: float, alpha: float, verifier_s: float, foreseen: f
     drafter_s + (1 - alpha) * lag. The lag is a verifier step plus the wait for the step in progress when
     the draft arrived: none when the verifier waits for drafts (pipespec.engine.patience), half a step when
     it steps back to back; `VERDICT_LAG` steps, between the two. On sleeping mock pairs (no CPU
-    contention; experiments.pair_model: 18 pairs) this puts every measured rate within -6% to +12% of the
-    model, where they fell up to 37% below PipeSpec's formula (it predicted up to 1.58x what ran): a drafter
+    contention; experiments.pair_model) this model holds where PipeSpec's formula overpredicts: a drafter
     a quarter of its verifier's cost or more is the bottleneck of an asynchronous pair, and its rejections
     are what that costs. A rejection a pre-drafted branch foresaw (a share `foreseen` of them:
     pipespec.engine.outcome_cache) costs no lag: the branch's tokens go out as the verdict comes.

@@ -18,13 +18,8 @@ Synchronous speculative decoding with each drafter is shown beside it for refere
 model's drafter-and-target-on-one-device candidate with window gamma predicts exactly that).
 
 The model ranks; it does not know what a link between two actors costs, nor a DREAM drafter's step inside the
-runtime. On the demo models on 2 cores, from forwards alone it predicted 1.6-3.5x what the trials measured in
-three runs (the target alone 1.6-1.8x: its forward profiled alone took 10 ms, a token of a request in the runtime
-16-18 ms, prefill and answers of 7-45 tokens included); timing the target's requests took the target alone to
-within -3% to +15% of its trial over nine runs, and timing the tiny drafter alone too took the one-core pair's
-speedup from 1.30x its trial to 0.93-1.13x over seven (experiments/results/plan/repeats.md has the chains).
-Holding each drafter to what it supplies through its rejections took the DREAM chains from 2.0-2.2x to
-1.5-1.7x the trials on one profile. So `pipespec plan` and `pipespec demo` then try candidates in
+runtime, so its rates can be well off what runs (experiments/results/plan/repeats.md has how far, run by run).
+So `pipespec plan` and `pipespec demo` then try candidates in
 place (pipespec.cli.trials runs them): the fastest predicted on each number of devices, each drafter's
 pair with the target, the next best-ranked chains, and the target alone (`contenders`), each round
 timed beside the target alone in the planner's process. A `Trial` is one candidate's measurement;
@@ -56,13 +51,11 @@ from pipespec.protocol.tree_shape import TreeShape
 
 LOOKAHEADS = (2, 4, 6, 8, 12, 16, 24, 32)  # 1 is left out: a window of 1 leaves the drafter nothing to run ahead with
 # lookaheads whose predicted rate is within 3% of a candidate's best count as tied: the smallest wins. Near its top
-# the model's rate is flat over lookaheads; at 1%, three profiles of the demo models (forwards that moved by up to
-# 60% between runs) put the one-core pair's pick at 6, 4 and 6, where 4 and 6 measured alike side by side
-# (experiments/results/plan/repeats.md); at 3% it was 4 in all three.
+# the model's rate is flat over lookaheads, and a tighter tie lets the profile's noise pick among equals.
 TIE = 0.03
 FEWER_STAGES = 0.02  # a candidate on fewer devices (then stages) within 2% of the best is recommended instead
-# the same among trials, within 5% of the greatest speedup measured. At 10%, a baseline slowed by the machine
-# once made the target alone in the runtime (measured 1.22x, at most 1x in truth) the pick over 1.31x.
+# the same among trials, within 5% of the greatest speedup measured (wider, a slowed baseline can make the target
+# alone the pick over a real speedup).
 TRIAL_TIE = 0.05
 AUTO_TOKENS = 48  # `--plan auto` profiles acceptance on one prompt of this many tokens: a few seconds
 

@@ -2,12 +2,7 @@
 
 `nn.Linear` keeps its weight W as [out, in], row-major, and computes x @ W^T. A decode or verification
 feeds a few rows (1 to 8), and for so few rows MKL's fp32 product is fastest when W^T is the contiguous
-one. Measured on this machine (AMD EPYC, one thread, torch 2.13; the demo target's 168 products of one
-forward, 24 layers at hidden 256; the weight-streaming floor 8.3 ms):
-
-    rows                  1         4         8
-    W row-major      10.0 ms   15.9 ms   19.3 ms
-    W column-major    8.5 ms   10.1 ms   14.4 ms
+one.
 
 The values are the same tensor's; only its strides change, so `weight.shape`, `state_dict` and every
 reader see the same matrix. A row's result still depends on the product's row count, but in two groups
@@ -15,10 +10,9 @@ reader see the same matrix. A row's result still depends on the product's row co
 (pipespec.stages.forwards) stay inside the second group. Only fp32 on a CPU: bf16 and fp16 products
 over this layout cost 2-4x more here, and a GPU's kernels take either layout.
 
-On another CPU (an Intel Xeon with AVX-512, a session later) the layout decides whether batched forwards can be
-exact at all: column-major, a row's result depends on the row count up to 160 rows; row-major, only below 16.
-A target stage measures it when it starts and, where only row-major keeps a least row count, lays its weights
-back (`row_major`; pipespec.stages.invariance).
+On some CPUs the layout decides whether batched forwards can be exact at all: column-major, a row's result may
+depend on the row count up to many more rows than row-major. A target stage measures it when it starts and, where
+only row-major keeps a least row count, lays its weights back (`row_major`; pipespec.stages.invariance).
 """
 
 from __future__ import annotations
