@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipespec.planning.analytical import (
+    PlacedChain,
     chain_rates,
     chain_rates_with_verify_cost,
     client_rate,
@@ -12,8 +13,6 @@ from pipespec.planning.analytical import (
     drafter_bound,
     expected_accepted,
     forward_latency,
-    placed_rate,
-    placed_steps,
     sync_rate,
     tokens_per_step,
 )
@@ -25,8 +24,8 @@ ONE, BLOCK, ALPHAS, WINDOWS = [0.001, 0.004, 0.020], [0.0015, 0.005, 0.030], [0.
 @pytest.mark.parametrize("one, block", [(ONE, ONE), (ONE, BLOCK)], ids=["flat", "costly"])
 def test_a_device_per_stage_is_the_chain_model(one, block):
     expected = chain_rates_with_verify_cost(one, block, 8, ALPHAS, WINDOWS)[-1]
-    assert placed_rate(one, block, 8, ALPHAS, WINDOWS, [0, 1, 2]) == pytest.approx(expected, rel=1e-12)
-    steps, _ = placed_steps(one, block, 8, ALPHAS, WINDOWS, [0, 1, 2])
+    assert PlacedChain(one, block, 8, ALPHAS, WINDOWS, [0, 1, 2]).rate() == pytest.approx(expected, rel=1e-12)
+    steps, _ = PlacedChain(one, block, 8, ALPHAS, WINDOWS, [0, 1, 2]).steps()
     loads = device_loads(steps, [0, 1, 2])
     assert loads[2] == pytest.approx(1 / expected)  # the target is busy all the time
     assert loads[0] <= loads[1] <= loads[2]  # a stage works at most as long as its verifier per token
@@ -39,7 +38,7 @@ def test_a_drafter_and_its_target_on_one_device_is_synchronous_speculation(alpha
     one, block = [0.002, 0.025], [0.003, 0.035]
     verify_s = forward_latency(one[1], block[1], 8, window + 1)
     expected = sync_rate(alpha, window, one[0], verify_s)
-    assert placed_rate(one, block, 8, [alpha], [window], ["cpu", "cpu"]) == pytest.approx(expected, rel=1e-12)
+    assert PlacedChain(one, block, 8, [alpha], [window], ["cpu", "cpu"]).rate() == pytest.approx(expected, rel=1e-12)
 
 
 def test_everything_on_one_device_sums_every_forward_per_token():
@@ -48,7 +47,7 @@ def test_everything_on_one_device_sums_every_forward_per_token():
     Per committed token: the target steps 1/5 (4 ms), mid 4/15 (16/15 ms), tiny 8/15 (8/15 ms)."""
     one, alphas, windows = [0.001, 0.004, 0.020], [1.0, 1.0], [2, 4]
     per_token = 0.004 + 0.004 * 4 / 15 + 0.001 * 8 / 15  # 5.6 ms
-    assert placed_rate(one, one, 8, alphas, windows, [0, 0, 0]) == pytest.approx(1 / per_token)
+    assert PlacedChain(one, one, 8, alphas, windows, [0, 0, 0]).rate() == pytest.approx(1 / per_token)
     nested = expected_accepted(1.0, 4) / (4 / sync_rate(1.0, 2, 0.001, 0.004) + 0.020)  # hierarchical sync
     assert 1 / per_token == pytest.approx(nested)
 
@@ -58,9 +57,9 @@ def test_stages_sharing_a_device_with_a_non_neighbour_are_bounded_by_that_device
     is the chain model's 250 tok/s, 5 tokens per 20 ms), but the first device does the target's 4 ms and
     tiny's 8/15 ms per committed token."""
     one, alphas, windows = [0.001, 0.004, 0.020], [1.0, 1.0], [2, 4]
-    _, rates = placed_steps(one, one, 8, alphas, windows, ["a", "b", "a"])
+    _, rates = PlacedChain(one, one, 8, alphas, windows, ["a", "b", "a"]).steps()
     assert rates[-1] == pytest.approx(250.0)
-    assert placed_rate(one, one, 8, alphas, windows, ["a", "b", "a"]) == pytest.approx(1 / (0.004 + 0.001 * 8 / 15))
+    assert PlacedChain(one, one, 8, alphas, windows, ["a", "b", "a"]).rate() == pytest.approx(1 / (0.004 + 0.001 * 8 / 15))
 
 
 def test_drafters_sharing_a_device_supply_at_their_synchronous_rate():
@@ -68,10 +67,10 @@ def test_drafters_sharing_a_device_supply_at_their_synchronous_rate():
     500 tokens a second: enough to fill the target's window of 4 in its 20 ms, so the target's rate is
     the chain model's; their device is busy 1.6 ms of every 4."""
     one, alphas, windows = [0.001, 0.004, 0.020], [1.0, 1.0], [2, 4]
-    steps, rates = placed_steps(one, one, 8, alphas, windows, [0, 0, 1])
+    steps, rates = PlacedChain(one, one, 8, alphas, windows, [0, 0, 1]).steps()
     assert rates[1] == pytest.approx(500.0) and rates[2] == pytest.approx(250.0)
     assert device_loads(steps, [0, 0, 1]) == pytest.approx({0: 0.0016, 1: 0.004})
-    assert placed_rate(one, one, 8, alphas, windows, [0, 0, 1]) == pytest.approx(250.0)
+    assert PlacedChain(one, one, 8, alphas, windows, [0, 0, 1]).rate() == pytest.approx(250.0)
 
 
 def test_a_drafter_supplies_one_forward_per_token_and_a_verdicts_lag_per_rejection():

@@ -16,11 +16,11 @@ from pipespec.engine.handoff import FeaturedVerifier as _FeaturedVerifier
 from pipespec.errors import ConfigError
 from pipespec.planning import profiling
 from pipespec.planning.analytical import (
+    PlacedChain,
     chain_rates,
     chain_rates_with_verify_cost,
     client_rate,
     forward_latency,
-    placed_rate,
     sync_rate,
     sync_speedup,
 )
@@ -107,7 +107,9 @@ def test_the_target_alone_is_predicted_as_it_was_timed_in_the_runtime_and_the_ch
     plan, untimed = recommend(measured, load_config(raw)), recommend(prof, load_config(raw))
     assert plan.target_tokens_per_s == pytest.approx(timed.tokens_per_s)
     chain = next(c for c in plan.chains if c.stages == ("tiny", "target"))
-    decoding = placed_rate([0.001, 0.013], [0.001, 0.013], 8, [0.8], chain.windows, (0, 1))  # the host cost on the target only
+    decoding = PlacedChain(
+        [0.001, 0.013], [0.001, 0.013], 8, [0.8], chain.windows, (0, 1)
+    ).rate()  # the host cost on the target only
     assert chain.tokens_per_s == pytest.approx(client_rate(decoding, timed.tokens, timed.first_s))
     untimed_chain = next(c for c in untimed.chains if c.stages == ("tiny", "target") and c.lookaheads == chain.lookaheads)
     assert chain.tokens_per_s < untimed_chain.tokens_per_s * 0.9
@@ -122,7 +124,7 @@ def test_a_drafters_step_is_its_forward_and_what_the_runtime_added_to_it_alone(d
     plan = recommend(timed, load_config(raw), devices)
     chain = next(c for c in plan.chains if c.stages == ("tiny", "target"))
     placement = (0, 1) if len(chain.placement) == 2 else (0, 0)  # the devices of tiny and target
-    rate = placed_rate([0.0025, 0.010], [0.0035, 0.012], 8, [0.8], chain.windows, placement)  # 1.5 ms on each step
+    rate = PlacedChain([0.0025, 0.010], [0.0035, 0.012], 8, [0.8], chain.windows, placement).rate()  # 1.5 ms on each step
     assert chain.tokens_per_s == pytest.approx(rate)
     untimed = next(c for c in recommend(prof, load_config(raw), devices).chains if c.stages == ("tiny", "target"))
     assert chain.tokens_per_s < untimed.tokens_per_s

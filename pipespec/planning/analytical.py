@@ -2,7 +2,7 @@
 
 alpha: acceptance rate between neighbouring stages; gamma: window (lookahead);
 c = T_draft / T_target. The chain model (`chain_rates`, `chain_rates_with_verify_cost`) gives every stage
-a device of its own; `placed_rate` places stages on devices, those sharing one serializing their forwards.
+a device of its own; `PlacedChain` places stages on devices, those sharing one serializing their forwards.
 Every asynchronous link is also held to what its drafter can supply through its rejections
 (`drafter_bound`), which PipeSpec's formula leaves out.
 """
@@ -179,39 +179,72 @@ def chain_rates_with_verify_cost(
     return rates
 
 
-def placed_steps(
-    latencies_s: Sequence[float],
-    verify_latencies_s: Sequence[float],
-    verify_tokens: int,
-    alphas: Sequence[float],
-    windows: Sequence[int],
-    devices: Sequence[Hashable],
-) -> tuple[list[Step], list[float]]:
-    """Each stage's mean step and the rate of its own sequence (tokens a second) when stage i runs on
-    `devices[i]`, upstream first; the other arguments as in `chain_rates_with_verify_cost`.
+@dataclass(frozen=True)
+class PlacedChain:
+    """A chain as the model sees it, upstream first: each stage's 1-token and `verify_tokens`-token forward
+    seconds (`latencies_s`, `verify_latencies_s`), each link's acceptance and window (`alphas`, `windows`, as in
+    `chain_rates_with_verify_cost`), and the device each stage runs on (`devices`: stages on one device share it)."""
 
-    A link whose drafter runs on another device is asynchronous (`async_step`, then `linked_step`). A link
-    whose drafter shares the verifier's device is synchronous: the device runs one forward at a time, so the verifier
-    waits while its drafter supplies a full window of w drafts (w / rate_drafter seconds of that device),
-    then verifies them all: rho = 1, a step costs T(w + 1), and the verifier's sequence grows at
-    expected_accepted(alpha, w) / (w / rate_drafter + T(w + 1)) tokens a second.
-    """
-    assert len(latencies_s) == len(verify_latencies_s) == len(alphas) + 1 == len(windows) + 1 == len(devices)
-    steps, rates = [Step(0.0, 0.0, latencies_s[0], 1.0)], [1.0 / latencies_s[0]]
-    for j in range(1, len(latencies_s)):
-        alpha, w, one_s, block_s = alphas[j - 1], windows[j - 1], latencies_s[j], verify_latencies_s[j]
-        if devices[j] == devices[j - 1]:
-            step = Step(float(w), 1.0, forward_latency(one_s, block_s, verify_tokens, w + 1), expected_accepted(alpha, w))
-            rates.append(step.tokens / (w / rates[-1] + step.seconds))
-        else:
-            step = linked_step(async_step(alpha, w, rates[-1], one_s, block_s, verify_tokens), rates[-1], alpha, one_s)
-            rates.append(step.tokens / step.seconds)
-        steps.append(step)
-    return steps, rates
+    latencies_s: Sequence[float]
+    verify_latencies_s: Sequence[float]
+    verify_tokens: int
+    alphas: Sequence[float]
+    windows: Sequence[int]
+    devices: Sequence[Hashable]
+
+    def __post_init__(self) -> None:
+        stages = len(self.latencies_s)
+        if not stages == len(self.verify_latencies_s) == len(self.alphas) + 1 == len(self.windows) + 1 == len(self.devices):
+            raise ValueError(f"a placed chain of {stages} stages needs as many latencies and devices, one link fewer")
+
+    def steps(self) -> tuple[list[Step], list[float]]:
+        """Each stage's mean step and the rate of its own sequence (tokens a second).
+
+        A link whose drafter runs on another device is asynchronous (`async_step`, then `linked_step`). A link
+        whose drafter shares the verifier's device is synchronous: the device runs one forward at a time, so the
+        verifier waits while its drafter supplies a full window of w drafts (w / rate_drafter seconds of that
+        device), then verifies them all: rho = 1, a step costs T(w + 1), and the verifier's sequence grows at
+        expected_accepted(alpha, w) / (w / rate_drafter + T(w + 1)) tokens a second.
+        """
+        one, block, devices = self.latencies_s, self.verify_latencies_s, self.devices
+        steps, rates = [Step(0.0, 0.0, one[0], 1.0)], [1.0 / one[0]]
+        for j in range(1, len(one)):
+            alpha, w = self.alphas[j - 1], self.windows[j - 1]
+            if devices[j] == devices[j - 1]:
+                seconds = forward_latency(one[j], block[j], self.verify_tokens, w + 1)
+                step = Step(float(w), 1.0, seconds, expected_accepted(alpha, w))
+                rates.append(step.tokens / (w / rates[-1] + step.seconds))
+            else:
+                supplied = async_step(alpha, w, rates[-1], one[j], block[j], self.verify_tokens)
+                step = linked_step(supplied, rates[-1], alpha, one[j])
+                rates.append(step.tokens / step.seconds)
+            steps.append(step)
+        return steps, rates
+
+    def rate(self) -> float:
+        """Predicted committed tokens per second.
+
+        Two bounds, the smaller wins. Dependencies: the target's rate in `steps` (asynchronous links across
+        devices, synchronous ones within a device). Devices: a device runs one forward at a time, so the rate
+        is at most 1 / the most loaded device's seconds per committed token (`device_loads`).
+
+        What it assumes: every stage's latencies are those of its device alone (profiled at that device's
+        threads); a verifier that shares its drafter's device takes full windows (the device's scheduler lets
+        the drafter fill the window before the verifier steps); a stage that shares a device with one that is
+        not its neighbour is supplied, in the dependency bound, as if it ran alone, so that bound is optimistic
+        there and the device bound is the one that holds. Consequences: where every device holds consecutive
+        stages the device bound never binds below the dependency one (a block of stages works per committed
+        token at most as long as the stage it feeds), so with a device per stage this is
+        `chain_rates_with_verify_cost`; a drafter and its target on one device give exactly `sync_rate`; every
+        stage on one device gives the sum of all forwards per committed token, hierarchical synchronous
+        speculation.
+        """
+        steps, rates = self.steps()
+        return min(rates[-1], 1.0 / max(device_loads(steps, self.devices).values()))
 
 
 def device_loads(steps: Sequence[Step], devices: Sequence[Hashable]) -> dict[Hashable, float]:
-    """Seconds of work each device does per committed token, for the chain's `placed_steps`.
+    """Seconds of work each device does per committed token, for a chain's `PlacedChain.steps`.
 
     Downstream first: the target steps 1 / tokens_t times per committed token; stage i + 1, stepping F
     times, verifies on F * verifying of them, each taking `drafts` of stage i's tokens, and stage i
@@ -224,35 +257,6 @@ def device_loads(steps: Sequence[Step], devices: Sequence[Hashable]) -> dict[Has
         if j:
             forwards *= steps[j].verifying * steps[j].drafts / steps[j - 1].tokens
     return loads
-
-
-def placed_rate(
-    latencies_s: Sequence[float],
-    verify_latencies_s: Sequence[float],
-    verify_tokens: int,
-    alphas: Sequence[float],
-    windows: Sequence[int],
-    devices: Sequence[Hashable],
-) -> float:
-    """Predicted committed tokens per second of a chain whose stage i runs on `devices[i]`.
-
-    Two bounds, the smaller wins. Dependencies: the target's rate in `placed_steps` (asynchronous links
-    across devices, synchronous ones within a device). Devices: a device runs one forward at a time, so
-    the rate is at most 1 / the most loaded device's seconds per committed token (`device_loads`).
-
-    What it assumes: every stage's latencies are those of its device alone (profiled at that device's
-    threads); a verifier that shares its drafter's device takes full windows (the device's scheduler
-    lets the drafter fill the window before the verifier steps); a stage that shares a device with one
-    that is not its neighbour is supplied, in the dependency bound, as if it ran alone, so that bound is
-    optimistic there and the device bound is the one that holds. Consequences: where every device holds
-    consecutive stages the device bound never binds below the dependency one (a block of stages works
-    per committed token at most as long as the stage it feeds), so with a device per stage this is
-    `chain_rates_with_verify_cost`; a drafter and its target on one device give exactly `sync_rate`;
-    every stage on one device gives the sum of all forwards per committed token, hierarchical
-    synchronous speculation.
-    """
-    steps, rates = placed_steps(latencies_s, verify_latencies_s, verify_tokens, alphas, windows, devices)
-    return min(rates[-1], 1.0 / max(device_loads(steps, devices).values()))
 
 
 def client_rate(rate: float, tokens: Sequence[int], first_s: Sequence[float]) -> float:

@@ -4,7 +4,7 @@ The stages are profiled first (pipespec.planning.profiling: forward latencies at
 acceptance). The recommendation then enumerates every chain (each subsequence of the drafters, in order,
 then the target; the target alone included), every placement of its stages on at most d devices
 (pipespec.planning.placement: a device per stage, drafters sharing one, the target sharing with a drafter) and
-per drafter a `max_lookahead` from a small grid, and predicts each with `placed_rate` of
+per drafter a `max_lookahead` from a small grid, and predicts each with `PlacedChain.rate` of
 pipespec.planning.analytical: the asynchronous chain model across devices, forwards serialized within a device,
 verify costs included. The number of drafts one verification takes is what the runtime allows,
 `PipelineConfig.window` of the candidate config. Rates are as a client sees whole requests
@@ -44,7 +44,7 @@ import yaml
 
 from pipespec.config import PipelineConfig, config_dict, load_config, sub_pipeline, with_stages
 from pipespec.errors import ConfigError
-from pipespec.planning.analytical import client_rate, forward_latency, placed_rate, sync_rate
+from pipespec.planning.analytical import PlacedChain, client_rate, forward_latency, sync_rate
 from pipespec.planning.placement import Devices, label, on_devices, placements
 from pipespec.planning.profiling import IMAGE_PROMPTS, TEXT_PROMPTS, Profile, profile
 from pipespec.protocol.tree_shape import TreeShape
@@ -258,7 +258,7 @@ def _best_chain(
     scored = []
     for combo in itertools.product(grid, repeat=len(indices) - 1):
         windows = _windows(chain, combo)
-        rate = placed_rate(one_s, block_s, prof.stages[-1].verify_tokens, alphas, windows, placement)
+        rate = PlacedChain(one_s, block_s, prof.stages[-1].verify_tokens, alphas, windows, placement).rate()
         scored.append((_seen(prof, rate), combo, windows))
     top = max(rate for rate, _, _ in scored)
     rate, combo, windows = min((s for s in scored if s[0] >= (1 - TIE) * top), key=lambda s: (sum(s[1]), s[1]))
