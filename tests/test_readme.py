@@ -421,6 +421,14 @@ def test_every_relative_link_leads_somewhere_and_the_readme_is_a_front_page():
     assert [p for p in PAGES[1:] if str(p.relative_to(ROOT)) not in indexed] == [], "a docs page the README does not link"
 
 
+def test_every_experiment_is_documented():
+    """experiments/ holds what a user runs: each module and script is named in the README or a docs page."""
+    said = "\n".join(page.read_text() for page in PAGES)
+    named = [f"experiments.{p.stem}" for p in (ROOT / "experiments").glob("*.py") if p.stem != "__init__"]
+    named += [f"experiments/{p.name}" for p in (ROOT / "experiments").glob("*.sh")]
+    assert [n for n in sorted(named) if not re.search(rf"{re.escape(n)}\b", said)] == []
+
+
 def test_the_link_and_diagram_checks_fail_what_they_should(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     (tmp_path / "other.md").write_text("# Its heading\n")
