@@ -34,7 +34,7 @@ from experiments.results_files import table, write_results
 from experiments.tree_acceptance import DEFAULT_CONFIG, DEFAULT_PROMPTS, Side
 from pipespec import LocalPipeline, load_config
 from pipespec.commands.logs import parse_logged
-from pipespec.config import StageSpec, sub_pipeline
+from pipespec.config import StageSpec, sub_pipeline, with_stages
 from pipespec.engine.stage import Stage
 from pipespec.engine.synchronous import SyncResult, generate_sync
 from pipespec.protocol.params import SamplingParams, VerifyMode
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     full = load_config(args.config)
     config = sub_pipeline(full, [args.drafter, full.target.name])
     options = replace(config.target.options or ModelOptions(), max_width=args.width)
-    config = replace(config, stages=(*config.stages[:-1], replace(config.target, options=options)))
+    config = with_stages(config, (*config.stages[:-1], replace(config.target, options=options)))
     model, target = load_stages(config)
     weightless: dict[str, Callable[[], Stage]] = {  # built afresh per mode: a STAND memory starts empty
         kind: lambda kind=kind: build_stage(StageSpec(kind, kind), (StageSpec(kind, kind), config.target), target.vocab_size)

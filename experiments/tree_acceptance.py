@@ -36,7 +36,7 @@ from experiments.prompt_sets import Prompt, load_prompts
 from experiments.results_files import table, write_results
 from pipespec import LocalPipeline, load_config
 from pipespec.commands.logs import parse_logged
-from pipespec.config import sub_pipeline
+from pipespec.config import sub_pipeline, with_stages
 from pipespec.engine.stage import Stage
 from pipespec.engine.synchronous import SyncResult, generate_sync
 from pipespec.engine.tree_verification import TreeVerify
@@ -89,7 +89,7 @@ def run(config_path: str, drafter_name: str, prompts: Sequence[Prompt], args: ar
     full = load_config(config_path)
     config = sub_pipeline(full, [drafter_name, full.target.name])
     options = replace(config.target.options or ModelOptions(), max_width=max(args.widths))
-    config = replace(config, stages=(*config.stages[:-1], replace(config.target, options=options)))
+    config = with_stages(config, (*config.stages[:-1], replace(config.target, options=options)))
     drafter, target = load_stages(config)
     rows = []
     with LocalPipeline(config, stages=[drafter, target]) as pipe:

@@ -52,6 +52,8 @@ def with_tree(config: PipelineConfig, temperature: float) -> PipelineConfig:
 
 
 def run(full: PipelineConfig, names: Sequence[str], prompts: Sequence[Prompt], args: argparse.Namespace) -> list[dict]:
+    if len(names) < 2 or names[-1] != full.target.name:
+        raise SystemExit(f"--chains: {','.join(names)} must be drafters, then the target {full.target.name!r}")
     chain = sub_pipeline(full, names)
     with LocalPipeline(chain) as pipe:
         stages = pipe.stages

@@ -34,6 +34,7 @@ from pipespec.stages.kinds import KINDS, MockOptions, ModelOptions, NgramOptions
 from pipespec.stages.model_source import model_dir
 
 DTYPES = ("float32", "bfloat16", "float16")
+DEFAULT_NAME = "pipeline"  # a config's name when it gives none
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,10 @@ class StageSpec:
     kind: str = field(metadata={"doc": "what runs there: " + ", ".join(KINDS) + " (each kind's own keys below)"})
     model: str | None = field(
         default=None,
-        metadata={"doc": "a directory that from_pretrained loads, or a hub id (org/name) in the local Hugging Face cache"},
+        metadata={
+            "doc": "a directory that from_pretrained loads, or a hub id (org/name) in the local Hugging Face cache: "
+            "required by the kinds that load a model (causal_lm, dream, vlm), refused by the others"
+        },
     )
     max_lookahead: int = field(
         default=8, metadata={"doc": "uncommitted tokens this stage may run ahead of its verifier", "least": 0}
@@ -178,15 +182,15 @@ class FaultSpec:
         default=20.0,
         metadata={"doc": "a request waits this long for a lost stage to be restored, then fails naming it"},
     )
-    max_restarts: int = field(default=3, metadata={"doc": "Ray restarts of each stage actor and of the coordinator", "min": 0})
+    max_restarts: int = field(default=3, metadata={"doc": "Ray restarts of each stage actor and of the coordinator", "least": 0})
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
     """A pipeline: its stages and the sections every stage shares."""
 
-    name: str = field(default="pipeline", metadata={"doc": "the pipeline's name: the model id it serves over HTTP"})
-    stages: tuple[StageSpec, ...] = field(default=(), metadata={"doc": "upstream to downstream; the last is the target"})
+    name: str = field(metadata={"doc": "the pipeline's name: the model id it serves over HTTP", "shown": DEFAULT_NAME})
+    stages: tuple[StageSpec, ...] = field(metadata={"doc": "upstream to downstream; the last is the target"})
     sampling: SamplingSpec = field(default=SamplingSpec(), metadata={"doc": "defaults for requests that do not set them"})
     server: ServerSpec = field(default=ServerSpec(), metadata={"doc": "where the coordinator listens"})
     limits: LimitsSpec = field(default=LimitsSpec(), metadata={"doc": "every input's limit; a refusal names it"})
@@ -242,7 +246,7 @@ def load_config(source: str | os.PathLike | Mapping[str, Any]) -> PipelineConfig
     stages = tuple(_stage(s, i) for i, s in enumerate(stages_raw))
     _check_chain(stages)
     return PipelineConfig(
-        name=_typed(raw.get("name", PipelineConfig.name), str, "config.name"),
+        name=_typed(raw.get("name", DEFAULT_NAME), str, "config.name"),
         stages=stages,
         sampling=_sampling(raw.get("sampling") or {}),
         server=_server(raw.get("server") or {}),
@@ -296,9 +300,11 @@ def sub_pipeline(config: PipelineConfig, names: Sequence[str]) -> PipelineConfig
 
 
 def with_stages(config: PipelineConfig, stages: Sequence[StageSpec]) -> PipelineConfig:
-    """`config` with these stages (edited with `dataclasses.replace`: each stage's own keys stay as validated),
-    checked as a loaded config's chain is: places, trees, relays, one device's resources; a ConfigError says why."""
+    """`config` with these stages (edited with `dataclasses.replace`), checked as a loaded config's are: each stage's
+    rules between its keys, then the chain's (places, trees, relays, one device's resources); a ConfigError says why."""
     stages = tuple(stages)
+    for i, spec in enumerate(stages):
+        _check_stage(spec, f"stages[{i}]")
     _check_chain(stages)
     return replace(config, stages=stages)
 
@@ -360,16 +366,7 @@ def _stage(raw: Any, i: int) -> StageSpec:
         _declared(raw, declared[key], where)
         for key in ("max_lookahead", "verify_window", "predraft", "max_batch", "adaptive_window", "relay_above")
     )
-    if max_batch > 1 and not stage_kind.batches:
-        batching = ", ".join(name for name, k in KINDS.items() if k.batches)
-        raise ConfigError(
-            f"{where}.max_batch: kind {kind!r} carries one request a forward (only {batching} batch), got {max_batch}"
-        )
-    if relay_above is not None and predraft:
-        raise ConfigError(f"{where}.relay_above: a stage that pre-drafts (predraft {predraft}) does not relay, got {relay_above}")
     tree = _tree(raw.get("tree"), f"{where}.tree")
-    if tree is not None and predraft:
-        raise ConfigError(f"{where}.tree: a stage that pre-drafts (predraft {predraft}) offers no trees")
     dtype = raw.get("dtype", StageSpec.dtype)
     if dtype not in DTYPES:
         raise ConfigError(f"{where}.dtype: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
@@ -377,26 +374,20 @@ def _stage(raw: Any, i: int) -> StageSpec:
     if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", device):
         raise ConfigError(f"{where}.device: unknown device {device!r}; expected cpu, cuda or cuda:N")
     group = raw.get("device_group")
-    if group is not None and not _typed(group, str, f"{where}.device_group"):
-        raise ConfigError(f"{where}.device_group: must be a non-empty name")
-    on_gpu = device != "cpu"
-    resources = raw.get("resources", {"num_cpus": 1, "num_gpus": 1} if on_gpu else {"num_cpus": 1})
+    if group is not None:
+        _typed(group, str, f"{where}.device_group")
+    resources = raw.get("resources", {"num_cpus": 1, "num_gpus": 1} if device != "cpu" else {"num_cpus": 1})
     if not isinstance(resources, Mapping) or not all(
         isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for k, v in resources.items()
     ):
         raise ConfigError(f"{where}.resources: must map resource names to non-negative numbers, got {resources!r}")
-    if on_gpu and not resources.get("num_gpus"):
-        raise ConfigError(
-            f"{where}.resources: stage {name!r} runs on device {device!r} but its resources {dict(resources)!r} reserve "
-            f"no GPU; give num_gpus (stages sharing one GPU: one device_group, so they share one actor and one compute thread)"
-        )
 
     options = None
     if option_cls is not None:
         values = {f.name: _typed(raw[f.name], _type_of(f), f"{where}.{f.name}") for f in fields(option_cls) if f.name in raw}
         options = option_cls(**values)
         options.check(where)
-    return StageSpec(
+    spec = StageSpec(
         name,
         kind,
         model,
@@ -413,6 +404,33 @@ def _stage(raw: Any, i: int) -> StageSpec:
         relay_above,
         tree,
     )
+    _check_stage(spec, where)
+    return spec
+
+
+def _check_stage(spec: StageSpec, where: str) -> None:
+    """The rules between a stage's own keys, for a stage loaded or edited (`with_stages`): a ConfigError naming the
+    key."""
+    kind = kind_of(spec)
+    if spec.max_batch > 1 and not kind.batches:
+        batching = ", ".join(name for name, k in KINDS.items() if k.batches)
+        raise ConfigError(
+            f"{where}.max_batch: kind {spec.kind!r} carries one request a forward (only {batching} batch), got {spec.max_batch}"
+        )
+    if spec.relay_above is not None and spec.predraft:
+        raise ConfigError(
+            f"{where}.relay_above: a stage that pre-drafts (predraft {spec.predraft}) does not relay, got {spec.relay_above}"
+        )
+    if spec.tree is not None and spec.predraft:
+        raise ConfigError(f"{where}.tree: a stage that pre-drafts (predraft {spec.predraft}) offers no trees")
+    if spec.device_group is not None and not spec.device_group:
+        raise ConfigError(f"{where}.device_group: must be a non-empty name")
+    if spec.device != "cpu" and not spec.resources.get("num_gpus"):
+        raise ConfigError(
+            f"{where}.resources: stage {spec.name!r} runs on device {spec.device!r} but its resources {dict(spec.resources)!r} "
+            f"reserve no GPU; give num_gpus (stages sharing one GPU: one device_group, so they share one actor and one "
+            f"compute thread)"
+        )
 
 
 _TYPES: Mapping[str, type | tuple[type, ...]] = {  # a declared field's type (its annotation) -> what a YAML value may be
@@ -447,9 +465,9 @@ def _tree(raw: Any, where: str) -> TreeShape | None:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: must be a mapping of {', '.join(f.name for f in fields(TreeShape))}, got {raw!r}")
     _reject_unknown(raw, [f.name for f in fields(TreeShape)], where)
-    for key, least in (("budget", 1), ("depth", 1), ("branching", 2)):  # a branching of 1 offers no siblings: a chain
-        if key in raw and _typed(raw[key], int, f"{where}.{key}") < least:
-            raise ConfigError(f"{where}.{key}: must be >= {least}, got {raw[key]}")
+    for f in fields(TreeShape):
+        if f.name in raw and "least" in f.metadata:
+            _declared(raw, f, where)
     if "temperature" in raw and not 0 < _typed(raw["temperature"], (int, float), f"{where}.temperature") < math.inf:
         raise ConfigError(f"{where}.temperature: must be a finite number > 0, got {raw['temperature']}")
     return TreeShape(**raw)
@@ -525,7 +543,7 @@ def _server(raw: Any) -> ServerSpec:
 
 def _positive(raw: Any, cls: type, where: str) -> Any:
     """A section of numbers (`cls`'s fields, typed as their defaults), positive unless a field's metadata
-    gives its `min`; unset keys keep the defaults."""
+    gives its `least`; unset keys keep the defaults."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config.{where}: must be a mapping, got {raw!r}")
     _reject_unknown(raw, [f.name for f in fields(cls)], where)
@@ -533,7 +551,7 @@ def _positive(raw: Any, cls: type, where: str) -> Any:
     for f in fields(cls):
         if f.name in raw:
             value = _typed(raw[f.name], type(f.default), f"{where}.{f.name}")
-            low = f.metadata.get("min")
+            low = f.metadata.get("least")
             if not (value > 0 if low is None else value >= low):
                 raise ConfigError(f"{where}.{f.name}: must be {'positive' if low is None else f'>= {low}'}, got {value!r}")
             values[f.name] = value

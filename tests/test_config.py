@@ -18,6 +18,7 @@ from pipespec.config import (
     StageSpec,
     load_config,
     sub_pipeline,
+    with_stages,
 )
 from pipespec.protocol.params import VerifyMode
 from pipespec.protocol.tree_shape import TreeShape
@@ -497,3 +498,17 @@ def test_zero_restarts_is_allowed_negative_is_not():
     assert load_config(mock_config(faults={"max_restarts": 0})).faults.max_restarts == 0
     with pytest.raises(ConfigError, match=r"faults\.max_restarts: must be >= 0, got -1"):
         load_config(mock_config(faults={"max_restarts": -1}))
+
+
+def test_an_edited_config_is_checked_as_a_loaded_one():
+    """`with_stages` holds stages edited with `dataclasses.replace` to a loaded stage's rules and the chain's."""
+    replace = dataclasses.replace
+    config = load_config({"stages": [{"name": "d", "kind": "mock", "predraft": 2}, {"name": "t", "kind": "mock"}]})
+    d, t = config.stages
+    assert with_stages(config, [replace(d, max_lookahead=3), t]).stages[0].max_lookahead == 3
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.tree: a stage that pre-drafts \(predraft 2\) offers no trees"):
+        with_stages(config, [replace(d, tree=TreeShape()), t])
+    with pytest.raises(ConfigError, match=r"stages\[1\]\.resources: stage 't' runs on device 'cuda' but .* reserve no GPU"):
+        with_stages(config, [d, replace(t, device="cuda")])
+    with pytest.raises(ConfigError, match=r"stages\[1\]\.tree: only the stage right before the target offers trees"):
+        with_stages(config, [d, replace(t, tree=TreeShape())])  # the chain's rules too

@@ -368,7 +368,10 @@ def test_fragments_compile(block: Block, entry: Entry):
 
 
 NODE = r"\w+(?:\[[^\]]*\]|\(\[[^\]]*\]\)|\([^)]*\))?"  # an id, with a [label], ([label]) or (label)
-MERMAID_LINE = re.compile(rf"^{NODE}(?:\s*&\s*{NODE})*(?:\s*(?:--|-\.)\s*[^-.>|]*\s*(?:-->|\.->)\s*{NODE}(?:\s*&\s*{NODE})*)?$")
+NODES = rf"{NODE}(?:\s*&\s*{NODE})*"  # one node, or several joined by &
+# an arrow: `-->` or `-.->`, each with a |label| or none, or with its label inside: `-- label -->`, `-. label .->`
+ARROW = r"(?:-->|-\.->)(?:\|[^|]*\|)?|--\s[^|]*?\s-->|-\.\s[^|]*?\s\.->"
+MERMAID_LINE = re.compile(rf"^{NODES}(?:\s*(?:{ARROW})\s*{NODES})?$")
 
 
 def diagram_problems(text: str) -> list[str]:
@@ -392,15 +395,21 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+def _prose(markdown: str) -> str:
+    """`markdown` without its code: fenced blocks (``` or ~~~, indented up to 3 spaces) and inline spans."""
+    without_blocks = re.sub(r"^ {0,3}(`{3,}|~{3,}).*?^ {0,3}\1", "", markdown, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", without_blocks)
+
+
 def anchors(page: Path) -> set[str]:
     """The anchors of `page`'s headings (lines in code blocks are not headings)."""
-    prose = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    prose = _prose(page.read_text())
     return {slug(line.lstrip("#")) for line in prose.splitlines() if line.startswith("#")}
 
 
 def link_problems(page: Path) -> list[str]:
     """`page`'s relative links whose file, or heading, does not exist (in code, blocks or spans, they are not links)."""
-    prose = re.sub(r"`[^`\n]*`", "", re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M))
+    prose = _prose(page.read_text())
     problems = []
     for target in LINK.findall(prose):
         if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
@@ -417,7 +426,7 @@ def link_problems(page: Path) -> list[str]:
 def test_every_relative_link_leads_somewhere_and_the_readme_is_a_front_page():
     assert [problem for page in PAGES for problem in link_problems(page)] == []
     assert len(README.read_bytes()) <= README_BYTES, f"README.md is over {README_BYTES} bytes: move detail to docs/"
-    indexed = set(LINK.findall(README.read_text()))
+    indexed = set(LINK.findall(_prose(README.read_text())))
     assert [p for p in PAGES[1:] if str(p.relative_to(ROOT)) not in indexed] == [], "a docs page the README does not link"
 
 
@@ -435,7 +444,12 @@ def test_the_link_and_diagram_checks_fail_what_they_should(tmp_path: Path, monke
     page = tmp_path / "page.md"
     page.write_text("[a](other.md#its-heading) [b](gone.md) [c](other.md#nothing) [d](https://x.org) `[e](f)`?\n")
     assert link_problems(page) == ["page.md: gone.md: no such file", "page.md: other.md#nothing: no such heading"]
-    assert diagram_problems("flowchart LR\n    a[A] -- x --> b & c\n    a -> b\n") == ["'a -> b' is neither a node nor an edge"]
+    good = "flowchart LR\n    a[A] -- x --> b & c\n    a --> b\n    b -.-> c\n    c -->|y| a\n    c -. z .-> d([D])\n"
+    assert diagram_problems(good) == []
+    assert diagram_problems("flowchart LR\n    a -> b\n    a -- x .-> b\n") == [
+        "'a -> b' is neither a node nor an edge",
+        "'a -- x .-> b' is neither a node nor an edge",
+    ]
 
 
 @pytest.mark.parametrize(("block", "entry"), of_kind(Kind.LOADED))

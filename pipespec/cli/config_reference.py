@@ -36,21 +36,34 @@ def reference() -> str:
     for cls, kinds in by_options.items():
         names = " and ".join(f"`{k}`" for k in kinds)
         parts.append(_table(f"`stages[i]` of kind {names}: its own keys", fields(cls)))
-    for name, cls in (("sampling", SamplingSpec), ("server", ServerSpec), ("limits", LimitsSpec), ("faults", FaultSpec)):
+    for name, cls in (("sampling", SamplingSpec), ("server", ServerSpec)):
         parts.append(_table(f"`{name}`", fields(cls)))
+    for name, cls in (("limits", LimitsSpec), ("faults", FaultSpec)):  # numbers, positive unless a field says less
+        parts.append(_table(f"`{name}`", fields(cls), positive=True))
     return "\n".join(parts)
 
 
-def _table(title: str, declared: Iterable[Field], extra: Mapping[str, str] | None = None) -> str:
+def _table(title: str, declared: Iterable[Field], extra: Mapping[str, str] | None = None, positive: bool = False) -> str:
+    """A section's keys as a table; `positive`: a key without its own bound must be above 0."""
     lines = [f"## {title}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
     for f in declared:
         doc = f.metadata.get("doc")
         if doc is None:
             raise ValueError(f"config key {f.name!r} declares no doc: say what it means in its field's metadata")
-        lines.append(f"| `{f.name}` | {_type(f)} | {_default(f)} | {doc} |")
+        lines.append(f"| `{f.name}` | {_type(f)} | {_default(f)} | {doc}{_bound(f, positive)} |")
     for key, doc in (extra or {}).items():
         lines.append(f"| `{key}` | str or null | null | {doc} |")
     return "\n".join(lines) + "\n"
+
+
+def _bound(f: Field, positive: bool) -> str:
+    """What the parser holds a key's value to, as the end of its meaning (nothing where it holds none)."""
+    if "least" in f.metadata:
+        unit = f.metadata.get("unit")
+        return f" (at least {f.metadata['least']}{' ' + unit if unit else ''})"
+    if "choices" in f.metadata:
+        return f" (one of {', '.join(f.metadata['choices'])})"
+    return " (above 0)" if positive else ""
 
 
 def _type(f: Field) -> str:

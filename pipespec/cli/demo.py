@@ -5,7 +5,7 @@ text drafter and a DREAM drafter, all trained by `python -m demo.train`) run as 
 actors linked by gRPC streams: by default (`--plan auto`) the chain, placement and lookaheads that
 `pipespec plan` recommends for this machine's cores, profiled here first on the demo's own question,
 then its contenders tried in place on the demo's request (pipespec.cli.trials: five pipelines started
-one after the other, about 40 s each here); with `--plan none`, all three, tiny -> dream -> target,
+one after the other); with `--plan none`, all three, tiny -> dream -> target,
 each stage on a device of its own with a third of this machine's cores. A picture from the world's
 held-out split (or `--image`) and a question (or `--prompt`) go through the `Client`; the first answer
 streams token by token.

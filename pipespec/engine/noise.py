@@ -107,10 +107,8 @@ def scalar_uniform(seed: int, position: int, stream: int) -> float:
     return _uniforms(seed, position, 1, stream)[0]
 
 
-# Up to this many elements `uniform_rows` computes in Python integers, where that is faster (this 2-core CPU):
-# at 4, a mock stage's vocabulary, 27 us against 51 us of array operations; at 8, 38 against 49; at 16, 67
-# against 51; at 64, 271 against 63. (On a GPU the tensor path's launches cost more: only mock-sized
-# vocabularies of 13 to 32 tokens, in Python there until 2026-11-29, pay it.)
+# Up to this many elements `uniform_rows` computes in Python integers, where that is faster than array operations
+# (mock stages' vocabularies; experiments/results/noise/README.md).
 _FEW = 12
 
 

@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 class TreeShape:
     """A drafter's `tree` section: how big a tree it grows for its verifier."""
 
-    budget: int = field(default=7, metadata={"doc": "most nodes: with the root, the rows of the verifier's tree forward"})
-    depth: int = field(default=7, metadata={"doc": "most levels (the synchronous engine's trees)"})
-    branching: int = field(default=4, metadata={"doc": "most children of a node (at least 2)"})
+    budget: int = field(
+        default=7, metadata={"doc": "most nodes: with the root, the rows of the verifier's tree forward", "least": 1}
+    )
+    depth: int = field(default=7, metadata={"doc": "most levels (the synchronous engine's trees)", "least": 1})
+    branching: int = field(default=4, metadata={"doc": "most children of a node (1 offers no siblings: a chain)", "least": 2})
     temperature: float = field(
         default=1.0,
         metadata={"doc": "divides the drafter's log-probabilities in a node's value: its calibration (`pipespec plan` fits it)"},

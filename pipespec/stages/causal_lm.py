@@ -1,7 +1,6 @@
 """Any Hugging Face causal LM as a stage: a tiny drafter, or a text target.
 
-Loaded from a directory with `AutoModelForCausalLM.from_pretrained` (bf16 by default: on this CPU a
-4-token verification costs about what one token does). Each request owns a `StaticKV` sized to what it
+Loaded from a directory with `AutoModelForCausalLM.from_pretrained` (bf16 by default). Each request owns a `StaticKV` sized to what it
 can use, within the stage's KV budget (pipespec.stages.kv_pool); the prompt goes in by chunks, eager, several
 requests' in one forward between the steps (pipespec.engine.stage.ChunkedPrefillStage), and every later forward runs at the stage's fixed shapes, compiled, the forwards of up to `max_batch` requests packed into one (`forward_batch`,
 pipespec.stages.packed_forwards); a rollback sets the cache's length. The length invariant is asserted

@@ -2,8 +2,7 @@
 
 torch.compile's own CUDA graphs (its "reduce-overhead" mode, cudagraph trees) bind a compiled function to
 the graph manager of the thread that first called it, the thread that built the stage, and that manager is
-not thread-safe: with stages serving from threads of their own it corrupted memory on an H200 (index out of
-bounds asserts in a drafter's kernels). The graph a call needs is known here anyway: the request's cache and
+not thread-safe: with stages serving from threads of their own it corrupts memory. The graph a call needs is known here anyway: the request's cache and
 the forward's width name it. So `GraphedStep` captures the compiled step once per (cache, width), with its
 own buffers for the token ids and positions, and a call copies those two small tensors in and replays
 (experiments/results/device/README.md has what a replay costs).

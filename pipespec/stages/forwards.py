@@ -159,7 +159,7 @@ class Forwards:
 
 def _without_registry_guards(entries: Sequence) -> list[bool]:
     """Keep the guards on what a forward is given, drop those on what never changes once a stage is
-    built: its modules (checking them cost 1.2 ms per call of the demo target's 17 ms), and
+    built: its modules (checking them costs a share of every call), and
     transformers' registry of output captures, which grows whenever another model class first runs
     (a drafter loading beside the target, the vision tower's first prefill) and would recompile a
     forward mid-request, while what it adds never enters our graphs."""

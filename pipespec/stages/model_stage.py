@@ -96,10 +96,10 @@ class PackedSession:
     def __init__(self, stage: Any, prompt: Sequence[int], cache_size: int):
         """`stage`: a `PackedModelStage` with `forward_batch`; `prompt`: the stage's view of the request's."""
         self.stage = stage
-        self.cache: StaticKV | None = stage.caches.take(cache_size)
         self.prompt = tuple(prompt)
         self.prompt_len = len(prompt)
         self.last_prompt_token = prompt[-1]
+        self.cache: StaticKV | None = stage.caches.take(cache_size)  # last: nothing above can fail with it taken
 
     def forward(self, keep: int, tokens: Sequence[int]) -> torch.Tensor:
         ((logits, _),) = self.stage.forward_batch([Feed(self, keep, tokens)])
