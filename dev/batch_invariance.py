@@ -180,8 +180,8 @@ def stage_threads(shape: str, dtype: str, prompt: int = 300) -> bool:
     from pipespec.config import StageSpec
     from pipespec.protocol.messages import RequestSpec
     from pipespec.protocol.params import SamplingParams
+    from pipespec.schema.kinds import ModelOptions
     from pipespec.stages.causal_lm import CausalLMStage
-    from pipespec.stages.kinds import ModelOptions
 
     config = Qwen2Config(vocab_size=32000, num_hidden_layers=2, **STAGE_SHAPES[shape])
     spec = StageSpec(

@@ -70,7 +70,7 @@ def stage_costs(target_shape: dict[str, int], tiny_shapes: dict[str, dict[str, i
     from pipespec.config import load_config
     from pipespec.local import LocalPipeline
     from pipespec.planning.profiling import open_session, time_forwards
-    from pipespec.stages.kinds import kind_of
+    from pipespec.schema.kinds import kind_of
 
     root = Path(tempfile.mkdtemp(prefix="demo_shapes_"))
     try:

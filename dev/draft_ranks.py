@@ -9,7 +9,7 @@ case), and at every position we note the rank of the target's token in the draft
 acceptance; at the other positions (the rejections), the share of rank 2 is how often a branch keyed on
 the drafter's runner-up would be the right one, and of ranks 2 and 3 the most two branches a position
 (pipespec.engine.outcome_cache.ALTERNATIVES) can hit. The mock stages' `runner_up` and `third` options
-(pipespec.stages.kinds.MockOptions) emulate these shares.
+(pipespec.schema.kinds.MockOptions) emulate these shares.
 
 Writes draft_ranks.json and draft_ranks.md under --out (default experiments/results/predraft).
 """

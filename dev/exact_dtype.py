@@ -23,7 +23,7 @@ from experiments.prompt_sets import load_prompts
 from pipespec import Client, LocalPipeline, load_config
 from pipespec.commands.logs import parse_logged
 from pipespec.config import PipelineConfig, sub_pipeline
-from pipespec.stages.kinds import kind_of
+from pipespec.schema.kinds import kind_of
 
 PROMPTS = "experiments/prompts/world_held_out.jsonl"
 MODES = {"greedy": {"temperature": 0.0}, "seeded t=0.8": {"temperature": 0.8}}

@@ -30,8 +30,8 @@ from pipespec.config import StageSpec
 from pipespec.planning.profiling import time_forwards
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
+from pipespec.schema.kinds import ModelOptions
 from pipespec.stages.causal_lm import DTYPES, CausalLMStage
-from pipespec.stages.kinds import ModelOptions
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,8 @@ from pipespec.engine.stage import Stage
 from pipespec.engine.synchronous import SyncResult, generate_sync
 from pipespec.protocol.params import SamplingParams, VerifyMode
 from pipespec.protocol.tree_shape import TreeShape
+from pipespec.schema.kinds import ModelOptions
 from pipespec.stages.build import build_stage, load_stages
-from pipespec.stages.kinds import ModelOptions
 
 log = logging.getLogger(__name__)
 

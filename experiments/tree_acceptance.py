@@ -44,8 +44,8 @@ from pipespec.planning.profiling import value_temperature
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams, VerifyMode
 from pipespec.protocol.tree_shape import TreeShape
+from pipespec.schema.kinds import ModelOptions
 from pipespec.stages.build import load_stages
-from pipespec.stages.kinds import ModelOptions
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from pipespec.config import PipelineConfig, config_dict, sub_pipeline
 from pipespec.engine.synchronous import generate_sync
 from pipespec.planning.profiling import value_temperature
 from pipespec.protocol.stats import merged_pairs
-from pipespec.stages.kinds import ModelOptions
+from pipespec.schema.kinds import ModelOptions
 
 log = logging.getLogger(__name__)
 

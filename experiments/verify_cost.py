@@ -29,7 +29,7 @@ from pipespec import LocalPipeline, load_config
 from pipespec.commands.logs import parse_logged
 from pipespec.config import PipelineConfig
 from pipespec.planning.profiling import open_session, time_forwards
-from pipespec.stages.kinds import ModelOptions, kind_of
+from pipespec.schema.kinds import ModelOptions, kind_of
 
 PROMPTS = "experiments/prompts/world_held_out.jsonl"
 

@@ -11,7 +11,7 @@ room named for its role, lowest first (tests/test_layering.py holds the order):
 - `protocol`: the messages between stages, their codec and links (torch-free)
 - `engine`: what runs inside a stage's process (runner, scheduler, choice functions, ...)
 - `requests`: a request's way in and out (arguments, chat, images, front door, outputs)
-- `stages`: the stage kinds and their table (`stages.kinds`), and building them
+- `stages`: the stage kinds and their table (`schema.kinds`), and building them
 - `serving`: the coordinator and how it is served to clients (gRPC's `Serving`, the HTTP server)
 - `protos`, `transport`: gRPC, its generated code and everything that imports it
 - `wiring`: a config's parts built and connected, the same for every way it runs

@@ -3,9 +3,9 @@
 Every error names the offending key path and value (`stages[1].kind: unknown kind 'causal-lm' ...`),
 and unknown keys are errors with a did-you-mean hint. Nothing downstream re-validates. What each
 kind adds (its own keys, whether it loads a model, where in a chain it may sit) is asked of the
-table of stage kinds, `pipespec.stages.kinds`. A stage's `model` is a directory that exists or a
+table of stage kinds, `pipespec.schema.kinds`. A stage's `model` is a directory that exists or a
 Hugging Face hub id (`org/name`, at an optional `revision`) in the local cache, kept as the snapshot
-directory it resolves to (`pipespec.stages.model_source`); whether their tokenizers agree is checked
+directory it resolves to (`pipespec.schema.model_source`); whether their tokenizers agree is checked
 by `pipespec.requests.tokenization` before any weights load.
 
 A stage on a GPU (`device: cuda` or `cuda:N`) reserves one: its `resources` default to a CPU and a
@@ -30,8 +30,8 @@ import yaml
 from pipespec.errors import ConfigError
 from pipespec.protocol.params import SamplingParams, VerifyMode
 from pipespec.protocol.tree_shape import TreeShape
-from pipespec.stages.kinds import KINDS, MockOptions, ModelOptions, NgramOptions, StandOptions, kind_of
-from pipespec.stages.model_source import model_dir
+from pipespec.schema.kinds import KINDS, MockOptions, ModelOptions, NgramOptions, StandOptions, kind_of
+from pipespec.schema.model_source import model_dir
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_NAME = "pipeline"  # a config's name when it gives none

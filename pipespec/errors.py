@@ -1,7 +1,7 @@
 """The runtime's errors that are not about one generation: an invalid config, a peer breaking the protocol.
 
 `ConfigError` has its own module, the lowest of the runtime, so that everything that raises it imports
-it from here: `pipespec.config`, the table of stage kinds it validates with (`pipespec.stages.kinds`),
+it from here: `pipespec.config`, the table of stage kinds it validates with (`pipespec.schema.kinds`),
 the stages themselves. `pipespec.config` re-exports it, and that is where users import it from.
 """
 

@@ -144,7 +144,7 @@ def test_a_dream_chain_with_images_in_flight_answers_as_the_target_alone(relay_a
 def test_requests_past_the_kv_budget_wait_for_memory_and_answer_the_same(family, prompts, one_at_a_time):
     """A target whose KV budget holds two requests' caches: sixteen in flight all answer, each as alone, and the
     caches held never pass the budget (the others waited to be opened, pipespec.stages.kv_pool)."""
-    from pipespec.stages.kinds import ModelOptions
+    from pipespec.schema.kinds import ModelOptions
 
     probe = CausalLMStage(StageSpec("target", "causal_lm", family["target"], dtype="float32"))
     size = probe.caches.size_for(len(prompts[0]) + NEW_TOKENS + probe.shapes.widths[-1])
@@ -200,7 +200,7 @@ def test_prompts_in_small_chunks_answer_as_the_target_alone(family, prompts, one
     """Prompts fed 5 tokens a forward, several requests' chunks in one, 16 in flight: every answer is the one the
     target gives with each prompt fed whole, one request at a time (a chunk's cache is what a whole prefill
     leaves, wherever the chunks start and whatever rides with them)."""
-    from pipespec.stages.kinds import ModelOptions
+    from pipespec.schema.kinds import ModelOptions
 
     options = ModelOptions(prefill_chunk=5)
     target = CausalLMStage(
@@ -220,7 +220,7 @@ def test_prompts_in_small_chunks_answer_as_the_target_alone(family, prompts, one
 def test_a_long_prompt_goes_in_between_the_streams_steps(family, prompts):
     """A 100-token prompt arriving while a request streams goes in by chunks, the stream's steps between them: it
     does not stall the stream for its whole prefill; both answer as they do alone."""
-    from pipespec.stages.kinds import ModelOptions
+    from pipespec.schema.kinds import ModelOptions
 
     long_prompt = [t for line in prompt_ids(family["target"], 12, length=40, seed=5) for t in line][:100]
     options = ModelOptions(prefill_chunk=8)

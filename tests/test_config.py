@@ -22,7 +22,7 @@ from pipespec.config import (
 )
 from pipespec.protocol.params import VerifyMode
 from pipespec.protocol.tree_shape import TreeShape
-from pipespec.stages.kinds import DreamOptions
+from pipespec.schema.kinds import DreamOptions
 
 
 def mock_config(**overrides):

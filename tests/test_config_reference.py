@@ -11,7 +11,7 @@ import pytest
 from pipespec.cli import main
 from pipespec.cli.config_reference import _table, reference
 from pipespec.config import STAGE_KEYS
-from pipespec.stages.kinds import KINDS
+from pipespec.schema.kinds import KINDS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "config-reference.md"
 

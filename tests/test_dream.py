@@ -298,9 +298,9 @@ def test_compiled_dream_forwards_draft_what_eager_ones_do(world):
     prefill, blocks of several widths, a rollback, and target features that replace own ones already
     read (a recompute), on a state a longer request used and gave back."""
     from pipespec.protocol.messages import TargetFeatures
+    from pipespec.schema.kinds import DreamOptions
     from pipespec.stages.dream.checkpoint import load
     from pipespec.stages.dream.stage import DreamStage
-    from pipespec.stages.kinds import DreamOptions
 
     with LocalPipeline(vlm_chain(world, ["dream", "target"])) as p:
         spec, _ = p.request(PROMPTS[0], image=IMAGES[0], max_new_tokens=12)
@@ -338,9 +338,9 @@ def test_compiled_dream_forwards_draft_what_eager_ones_do(world):
 @pytest.mark.parametrize("refresh", [True, False])
 def test_a_target_feature_over_an_own_one_already_read_is_fed_again_only_with_refresh(world, refresh):
     from pipespec.protocol.messages import TargetFeatures
+    from pipespec.schema.kinds import DreamOptions
     from pipespec.stages.dream.checkpoint import load
     from pipespec.stages.dream.stage import DreamStage
-    from pipespec.stages.kinds import DreamOptions
 
     with LocalPipeline(vlm_chain(world, ["dream", "target"])) as p:
         spec, _ = p.request(PROMPTS[0], image=IMAGES[0], max_new_tokens=12)

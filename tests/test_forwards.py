@@ -17,9 +17,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from pipespec.config import StageSpec
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
+from pipespec.schema.kinds import ModelOptions
 from pipespec.stages.causal_lm import CausalLMStage
 from pipespec.stages.forwards import Shapes
-from pipespec.stages.kinds import ModelOptions
 
 PROMPT = tuple(range(3, 15))
 TOKENS = [(17 * i + 5) % 500 + 3 for i in range(20)]  # the generated tokens, fed after the prompt

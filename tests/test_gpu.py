@@ -21,9 +21,9 @@ import torch
 
 from pipespec import LocalPipeline
 from pipespec.config import PipelineConfig, StageSpec
+from pipespec.schema.kinds import ModelOptions, kind_of
 from pipespec.stages.causal_lm import CausalLMStage
 from pipespec.stages.cuda_graphs import GraphedStep
-from pipespec.stages.kinds import ModelOptions, kind_of
 from pipespec.stages.packed_forwards import PackedForwards
 from tests.fixtures.exactness import (
     assert_same,
@@ -161,7 +161,7 @@ def test_a_cpu_dream_drafter_reads_a_gpu_targets_features(llava_dream_zoo, image
 def test_block_invariant_logits_on_the_gpu(tmp_path_factory, dtype, compiled):
     """A position's logits on the GPU are bitwise those of one token alone, whatever its block (every
     forward `max_width` wide there: pipespec.stages.forwards), eager and compiled with CUDA graphs."""
-    from pipespec.stages.kinds import ModelOptions
+    from pipespec.schema.kinds import ModelOptions
     from tests.test_forwards import _llama, logits_in_blocks
 
     path = _llama(tmp_path_factory.mktemp("wide"), 1024, 2)

@@ -14,8 +14,8 @@ from pipespec.config import ConfigError, load_config
 from pipespec.engine.stage import CommitLearner, FeatureReader, FeatureSource
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
+from pipespec.schema.kinds import KINDS, kind_of
 from pipespec.stages.build import BUILDERS, MODULES
-from pipespec.stages.kinds import KINDS, kind_of
 
 USER_KINDS = ("causal_lm", "ngram", "stand", "dream", "vlm", "mock")  # as design section 6 and the config's errors list them
 
@@ -30,7 +30,7 @@ def test_every_kind_a_config_accepts_has_one_entry_in_the_order_errors_list_them
 
 def test_the_table_and_what_validates_through_it_import_without_torch():
     modules = (
-        "pipespec.stages.kinds, pipespec.stages.build, pipespec.config, "
+        "pipespec.schema.kinds, pipespec.stages.build, pipespec.config, "
         "pipespec.requests.frontdoor, pipespec.requests.images, pipespec.requests.tokenization"
     )
     code = f"import sys, {modules}\nassert 'torch' not in sys.modules, 'torch was imported'"

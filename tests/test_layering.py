@@ -34,8 +34,7 @@ LAYERS = (
     "pipespec.errors",  # the runtime's errors
     "pipespec.commands",  # what every command line shares: logging, the shipped example configs
     "pipespec.protocol",  # the messages between stages, their codec and links; torch-free
-    "pipespec.stages.kinds",  # the table of stage kinds and their options, which the config reads
-    "pipespec.stages.model_source",  # a stage's model: a directory or a hub id in the local cache, which the config reads
+    "pipespec.schema",  # what a config is made of: the table of stage kinds, where a stage's model is
     "pipespec.config",  # a pipeline config, validated
     "pipespec.engine",  # what runs inside a stage's process: runner, scheduler, choice, ...
     "pipespec.requests",  # a request's way in and out: arguments, chat, images, front door, outputs

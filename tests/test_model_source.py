@@ -1,4 +1,4 @@
-"""A stage's `model` as a Hugging Face hub id, resolved from the local cache offline (pipespec.stages.model_source).
+"""A stage's `model` as a Hugging Face hub id, resolved from the local cache offline (pipespec.schema.model_source).
 
 The cache is built here: toy models saved with `save_pretrained` (tests/fixtures/toy_models), laid out
 as the hub's cache lays out a download (`models--org--name/blobs/<sha256>`, `snapshots/<commit>/<file>`

@@ -18,8 +18,8 @@ from pipespec.config import StageSpec
 from pipespec.engine.stage import Feed
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
+from pipespec.schema.kinds import ModelOptions
 from pipespec.stages.causal_lm import CausalLMStage
-from pipespec.stages.kinds import ModelOptions
 from pipespec.stages.packed_forwards import PackedForwards
 from tests.test_forwards import _llama
 

@@ -37,8 +37,8 @@ def llama(tmp_path_factory) -> str:
 
 def _llama_stage(path: str, name: str, dtype: str):
     from pipespec.config import StageSpec
+    from pipespec.schema.kinds import ModelOptions
     from pipespec.stages.causal_lm import CausalLMStage
-    from pipespec.stages.kinds import ModelOptions
 
     return CausalLMStage(StageSpec(name, "causal_lm", path, dtype=dtype, options=ModelOptions(compile=False, max_width=16)))
 

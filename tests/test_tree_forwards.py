@@ -13,8 +13,8 @@ from pipespec.engine.draft_tree import DraftTree
 from pipespec.engine.stage import Feed, TreeNodes
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.params import SamplingParams
+from pipespec.schema.kinds import ModelOptions
 from pipespec.stages.causal_lm import CausalLMStage
-from pipespec.stages.kinds import ModelOptions
 from tests.test_forwards import _llama
 
 PROMPT = (5, 17, 33, 101, 7, 250, 9)

@@ -1,5 +1,5 @@
 """The configuration reference: every key of a pipeline config, with its type, default and meaning, rendered from
-the config's own declarations (each dataclass field's `doc`, pipespec.config and pipespec.stages.kinds), so it cannot
+the config's own declarations (each dataclass field's `doc`, pipespec.config and pipespec.schema.kinds), so it cannot
 drift from what the parser accepts. `pipespec config --reference` prints it; docs/config-reference.md is its output
 (tests/test_config_reference.py fails when they differ)."""
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from pipespec.config import STAGE_EXTRA_KEYS, FaultSpec, LimitsSpec, PipelineConfig, SamplingSpec, ServerSpec, StageSpec
 from pipespec.protocol.tree_shape import TreeShape
-from pipespec.stages.kinds import KINDS
+from pipespec.schema.kinds import KINDS
 
 HEADER = """# Configuration reference
 

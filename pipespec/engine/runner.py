@@ -58,7 +58,7 @@ from pipespec.protocol.messages import (
 )
 from pipespec.protocol.stats import StageStats
 from pipespec.protocol.tree_shape import TreeShape
-from pipespec.stages.kinds import kind_of
+from pipespec.schema.kinds import kind_of
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ before it, the target's sessions are `FeatureSource`s and the drafter's `Feature
 (their runner then gathers every ready request's step into one batch, up to its `max_batch`); a
 `ChunkedPrefillStage` feeds prompts in chunks, several requests' in one forward, between the steps; an
 `AdmittingStage` opens a request only once its memory fits; a `CommitLearner` learns from what the target
-commits. Which kind has which is said by the table of stage kinds (pipespec.stages.kinds).
+commits. Which kind has which is said by the table of stage kinds (pipespec.schema.kinds).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from pipespec.errors import ConfigError
 from pipespec.protocol.messages import RequestSpec
 from pipespec.protocol.stats import PairStats
 from pipespec.requests.generate_args import DEFAULT_MAX_NEW_TOKENS
-from pipespec.stages.kinds import kind_of
+from pipespec.schema.kinds import kind_of
 
 log = logging.getLogger(__name__)
 

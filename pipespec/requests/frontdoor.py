@@ -24,7 +24,7 @@ from pipespec.protocol.messages import RequestSpec
 from pipespec.requests.generate_args import GenerateArgs
 from pipespec.requests.images import encode_image_prompt, encode_text_prompt, load_image
 from pipespec.requests.tokenization import encode_prompt
-from pipespec.stages.kinds import kind_of
+from pipespec.schema.kinds import kind_of
 
 if TYPE_CHECKING:
     from pipespec.engine.stage import TargetStage

@@ -29,7 +29,7 @@ from pipespec.config import LimitsSpec, PipelineConfig
 from pipespec.errors import ConfigError
 from pipespec.protocol.messages import ImageInputs
 from pipespec.requests.chat import ChatMessage
-from pipespec.stages.kinds import kind_of
+from pipespec.schema.kinds import kind_of
 
 _TEXT_KEYS = ("input_ids", "attention_mask")  # what the processor returns besides the image arrays
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")  # what a user's image may be (PIL opens more, some through helper programs)

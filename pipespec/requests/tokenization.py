@@ -13,7 +13,7 @@ from typing import Any
 from pipespec.config import PipelineConfig
 from pipespec.errors import ConfigError
 from pipespec.requests.chat import ChatMessage
-from pipespec.stages.kinds import kind_of
+from pipespec.schema.kinds import kind_of
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,6 @@
 """The stage kinds (design sections 3 and 6): what each kind is, and the stages themselves.
 
-- `kinds`: the table of stage kinds and their options (torch-free, below the config, which reads it)
-- `model_source`: where a stage's model is: a directory, or a Hugging Face hub id in the local cache (torch-free,
-  below the config, which reads it)
+(The table of stage kinds and where a stage's model is, which the config reads, are below it: pipespec.schema.)
 - `build_context`: what building one stage needs besides its spec (`BuildContext`)
 - `build`: each kind's builder by name; `build_stage`, `load_stages`, `check_vocabularies`
 - `causal_lm`, `vlm`, `mock`, `ngram`, `stand`, `dream/`: one stage class per kind, each built from its `StageSpec`;

@@ -1,7 +1,7 @@
 """Building a config's stages: each kind's builder by name, `build_stage`, `load_stages`, `check_vocabularies`.
 
 A stage of a kind is built by its own class, from its `StageSpec` and a `BuildContext`; `BUILDERS`
-maps each name of the table of kinds (`pipespec.stages.kinds`) to that builder, which imports the
+maps each name of the table of kinds (`pipespec.schema.kinds`) to that builder, which imports the
 kind's module (`MODULES`; and torch) only when a stage of that kind is built or `prepare`d, so
 importing this module stays torch-free. A kind that runs a model computes on its spec's `device` (its
 stage class resolves it through `pipespec.stages.device`); mock, ngram and stand stages compute on the CPU.
@@ -15,8 +15,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from pipespec.errors import ConfigError
+from pipespec.schema.kinds import kind_of
 from pipespec.stages.build_context import BuildContext
-from pipespec.stages.kinds import kind_of
 
 if TYPE_CHECKING:
     from pipespec.config import PipelineConfig, StageSpec
@@ -31,7 +31,7 @@ MODULES: Mapping[str, str] = {
     "dream": "pipespec.stages.dream.stage",
     "vlm": "pipespec.stages.vlm",
     "mock": "pipespec.stages.mock",
-}  # one per name of pipespec.stages.kinds.KINDS
+}  # one per name of pipespec.schema.kinds.KINDS
 
 
 def _module(kind: str) -> ModuleType:

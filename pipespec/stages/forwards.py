@@ -45,7 +45,7 @@ from pipespec.stages.cuda_graphs import GraphedStep, Step
 from pipespec.stages.kv_pool import KVPool, RequestCache
 
 if TYPE_CHECKING:
-    from pipespec.stages.kinds import ModelOptions
+    from pipespec.schema.kinds import ModelOptions
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from pipespec.engine import noise
 from pipespec.engine.draft_tree import DraftTree
 from pipespec.engine.stage import NO_SIDES, Feed, TreeNodes, check_keep, check_length
 from pipespec.protocol.messages import RequestSpec
+from pipespec.schema.kinds import MockOptions
 from pipespec.stages.build_context import ALONE, BuildContext
-from pipespec.stages.kinds import MockOptions
 
 if TYPE_CHECKING:
     from pipespec.config import StageSpec

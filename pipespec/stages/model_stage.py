@@ -14,11 +14,11 @@ import torch
 
 from pipespec.engine.stage import Feed, TreeNodes, check_length
 from pipespec.protocol.messages import RequestSpec
+from pipespec.schema.kinds import ModelOptions
 from pipespec.stages.build_context import BuildContext
 from pipespec.stages.device import kv_budget
 from pipespec.stages.forwards import Shapes, compiles
 from pipespec.stages.invariance import fit_model
-from pipespec.stages.kinds import ModelOptions
 from pipespec.stages.kv_pool import KVPool
 from pipespec.stages.packed_forwards import PackedForwards
 from pipespec.stages.static_kv import StaticKV, static_pool

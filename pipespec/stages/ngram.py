@@ -16,8 +16,8 @@ import torch
 
 from pipespec.engine.stage import check_keep, check_length
 from pipespec.protocol.messages import RequestSpec
+from pipespec.schema.kinds import NgramOptions
 from pipespec.stages.build_context import BuildContext
-from pipespec.stages.kinds import NgramOptions
 
 if TYPE_CHECKING:
     from pipespec.config import StageSpec

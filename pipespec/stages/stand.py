@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from pipespec.protocol.messages import Commit, RequestSpec
+from pipespec.schema.kinds import StandOptions
 from pipespec.stages.build_context import BuildContext
-from pipespec.stages.kinds import StandOptions
 from pipespec.stages.ngram import NgramSession, drafting_width, lookup, one_hot
 from pipespec.stages.ngram_memory import NgramMemory
 

@@ -28,8 +28,8 @@ from pipespec.protocol.links import Inbox, InProcessLink, Link
 from pipespec.requests.frontdoor import FrontDoor, TargetInfo
 from pipespec.requests.images import load_target_processor
 from pipespec.requests.tokenization import IncrementalDetokenizer, check_shared_tokenizer
+from pipespec.schema.kinds import StandOptions, kind_of
 from pipespec.serving.coordinator import Coordinator
-from pipespec.stages.kinds import StandOptions, kind_of
 
 if TYPE_CHECKING:
     from pipespec.engine.runner import StageRunner

@@ -8,7 +8,7 @@ the target holds as true. Until the prefill features arrive the runner does not 
 Memory (`FeatureMemory`): one feature per context position, the target's where it has sent one and
 the drafter's own predicted f beyond (feature-level autoregression). When a target feature replaces
 an own one that later positions already read, their cached keys are stale: with `refresh`
-(pipespec.stages.kinds.DreamOptions) the next `forward` feeds them again (their token ids are known);
+(pipespec.schema.kinds.DreamOptions) the next `forward` feeds them again (their token ids are known);
 by default they stay, and only positions fed later read the target's feature.
 
 Forwards (pipespec.stages.forwards): each request's caches and memory are preallocated at the stage's
@@ -28,6 +28,7 @@ import torch
 
 from pipespec.engine.stage import NO_SIDES, Feed, check_keep, check_length
 from pipespec.protocol.messages import RequestSpec, TargetFeatures
+from pipespec.schema.kinds import DreamOptions
 from pipespec.stages.build_context import ALONE, BuildContext
 from pipespec.stages.causal_lm import DTYPES
 from pipespec.stages.device import kv_budget, stage_device
@@ -35,7 +36,6 @@ from pipespec.stages.dream.checkpoint import DreamCheckpoint, load
 from pipespec.stages.dream.compression import kept_positions
 from pipespec.stages.dream.model import DraftCaches, DreamConfig, Memory
 from pipespec.stages.forwards import Forwards, Shapes, compiles
-from pipespec.stages.kinds import DreamOptions
 from pipespec.stages.kv_pool import KVPool
 from pipespec.stages.vocabulary import LogitsFit
 from pipespec.stages.weight_layout import column_major, column_major_weight
