@@ -249,6 +249,28 @@ def test_a_learning_first_stage_gets_every_commit_with_its_top_and_the_client_wh
         assert [(lp.token, len(lp.top_ids), len(lp.top_logprobs)) for lp in got] == [(t, asked, asked) for t in (4, 5, 6)]
 
 
+def test_a_relay_that_fails_costs_the_learner_not_the_request():
+    class Broken(Sent):
+        def send(self, message) -> None:
+            if isinstance(message, Commit):
+                raise RuntimeError("the link broke")
+            super().send(message)
+
+    async def run() -> list:
+        coordinator = Coordinator(["stand", "t"], None, learns_top=3)
+        coordinator.connect([Broken(), Sent()])
+        stream = coordinator.generate(RequestSpec("r", (1,), SamplingParams(), 2))
+        head = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)
+        coordinator.deliver(Commit("r", 0, (4, 5), (top3(4), top3(5))))
+        coordinator.deliver(Closed("r", "stand", StageStats("stand")))
+        coordinator.deliver(Closed("r", "t", StageStats("t")))
+        return [await head] + [d async for d in stream]
+
+    deltas = asyncio.run(run())
+    assert [d.token_ids for d in deltas] == [(4, 5), ()] and deltas[-1].finish_reason == "length"
+
+
 def test_a_commit_without_the_logprobs_asked_for_fails_its_request():
     async def run() -> list:
         coordinator = Coordinator(["t"], None)

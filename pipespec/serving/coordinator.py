@@ -277,10 +277,15 @@ class Coordinator:
             self._finish(live, reason)
 
     def _relay(self, commit: Commit) -> None:
-        """`commit` (what the client gets of it) to the first stage, which learns from it; not if that link is lost."""
+        """`commit` (what the client gets of it) to the first stage, which learns from it; not if that link is lost.
+        A relay that fails costs that stage's drafts, never the request."""
         link = self.stages[0] if self.stages else None
-        if link is not None:
+        if link is None:
+            return
+        try:
             link.send(commit)
+        except Exception as error:  # any fault of the link's: logged, the request goes on
+            log.warning("request %s: a commit not relayed to %s", commit.request_id, self.stage_names[0], exc_info=error)
 
     def _finish(self, live: _Live, reason: str) -> None:
         live.finish_reason = reason
