@@ -271,8 +271,7 @@ class RequestProtocol:
             per_token = seconds / len(decision.tokens)
             around.token_s = per_token if around.token_s is None else 0.8 * around.token_s + 0.2 * per_token
             around.patience.observe_forward(seconds)
-        tree = plan.tree
-        req.stats.tokens_fed += len(plan.feed) + (len(plan.drafts) if tree is None else len(tree))
+        req.stats.tokens_fed += len(plan.feed) + plan.drafted
         if predrafting.grown(req, plan, decision, grown):
             return  # a forward of a branch: the main line is as it was
         if plan.rev != req.rev:  # a verdict changed our tokens meanwhile: keep only the valid cache

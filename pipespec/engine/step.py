@@ -60,11 +60,15 @@ class StepPlan:
         return line_tree(self.drafts, self.siblings, self.room)
 
     @property
+    def drafted(self) -> int:
+        """The rows its drafts take: the line, or the tree's nodes (the line and the siblings it takes)."""
+        tree = self.tree
+        return len(self.drafts) if tree is None else len(tree)
+
+    @property
     def rows(self) -> int:
         """The rows its forward computes: its own tokens, its drafts (and their siblings), its riders' lines."""
-        tree = self.tree
-        drafted = len(self.drafts) if tree is None else len(tree)
-        return len(self.feed) + drafted + sum(len(rider.feed) for rider in self.riders)
+        return len(self.feed) + self.drafted + sum(len(rider.feed) for rider in self.riders)
 
     def verifying(self, n: int) -> StepPlan:
         """This step checking only its first `n` drafts (the rest stay pending: pipespec.engine.verify_budget)."""
@@ -287,10 +291,9 @@ def _take_path(
     taken = verify_tree(rows, tree, spec.params, plan.start, depth)
     session.keep_path(plan.keep + len(plan.feed), taken.path)
     line = next((i for i, node in enumerate(taken.path) if node >= len(plan.drafts)), taken.accepted)
-    path = torch.tensor(taken.path, dtype=torch.long)
-    decided = rows[torch.cat([torch.zeros(1, dtype=torch.long), path + 1]).to(rows.device)]  # [accepted + 1, V]
+    decided = taken.on_path(rows)  # [accepted + 1, V]
     if hidden is not None:
-        hidden = torch.cat([hidden[: len(plan.feed)], hidden[len(plan.feed) + path]])
+        hidden = taken.on_path(hidden, root=len(plan.feed) - 1)  # [F + accepted, H]
     return Decision(taken.accepted, taken.tokens, None, agreed=line), decided, hidden
 
 

@@ -198,15 +198,14 @@ def _generate_tree(
             decision = verify_tree(t_rows, tree, params, start, 0, method)
             trees.append(tree)
             if features:  # the target's hidden states of its own tokens and the accepted path
-                hidden = t.session.hidden
-                rows = torch.cat([hidden[: t.fed_own], hidden[t.fed_own + torch.tensor(decision.path, dtype=torch.long)]])
-                d.session.add_features(step_message(spec.request_id, t.fed_from, rows, t.fed_own, decision.accepted))
+                kept = decision.on_path(t.session.hidden, root=t.fed_own - 1)  # [fed + accepted, H]
+                d.session.add_features(step_message(spec.request_id, t.fed_from, kept, t.fed_own, decision.accepted))
             t.keep_path(decision.path)
             d.fed += line.kept(decision.tokens[:-1]) if line else 0  # the accepted path's start that its line holds
             pair.record(len(tree), decision.accepted)  # a tree's nodes are all drafts here (no line of the drafter's)
             accept_lengths.append(_commit(tokens, decision.tokens, spec.stop_token_ids))
-            if learner is not None:  # the rows of the root and the path
-                _teach(learner, spec, start, tokens[start:], t_rows[[0, *(i + 1 for i in decision.path)]])
+            if learner is not None:
+                _teach(learner, spec, start, tokens[start:], decision.on_path(t_rows))
             first_s = first_s or time.perf_counter()
     finally:
         t.session.close()

@@ -51,6 +51,13 @@ class TreeDecision:
     def accepted(self) -> int:
         return len(self.path)
 
+    def on_path(self, rows: torch.Tensor, root: int = 0) -> torch.Tensor:
+        """rows [root + 1 + nodes, ...] whose row `root` is the tree's root and the rows after it its nodes' -> the rows
+        up to the root, then the path's nodes' [root + 1 + accepted, ...] (logits of the tokens decided, hidden states
+        of what is kept)."""
+        index = [*range(root + 1), *(root + 1 + node for node in self.path)]
+        return rows[torch.tensor(index, dtype=torch.long, device=rows.device)]
+
 
 def verify_tree(
     logits: torch.Tensor,  # [n + 1, V]: the root's row, then each node's
